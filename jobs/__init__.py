@@ -1,0 +1,1 @@
+"""What a user touches: the JobClient, job records, the CLI."""

@@ -1,0 +1,69 @@
+"""baton's error hierarchy, in one place.
+
+Whether an error is retried is decided by its type, never by matching its text:
+- ``UserCodeError``: the job's own model/data code failed. The job fails, it is not retried.
+- ``TransientError``: infrastructure that may come back (storage throttling, a dropped connection).
+  Retried with backoff where it happens; if it outlives the retries the job is *lost*, not failed.
+- ``PermanentError``: a configuration or access problem that retrying cannot fix.
+"""
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """Base class of every error baton raises on purpose."""
+
+
+class SpecError(BatonError):
+    """A job spec is invalid. ``problems`` holds one ``"dotted.path: message"`` line per wrong field."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid job spec:\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class UserCodeError(BatonError):
+    """The job's model or data code raised; ``traceback`` is the formatted original."""
+
+    def __init__(self, message: str, traceback: str = ""):
+        super().__init__(message)
+        self.traceback = traceback
+
+
+class NonFiniteLossError(UserCodeError):
+    """The loss became NaN or infinite under the ``nonfinite: fail`` policy."""
+
+
+class TransientError(BatonError):
+    """Infrastructure trouble that may pass: retried with backoff."""
+
+
+class PermanentError(BatonError):
+    """Infrastructure or configuration trouble that retrying cannot fix."""
+
+
+class StorageUnavailable(TransientError):
+    """The object store could not be reached, throttled us, or answered 5xx."""
+
+
+class AccessDenied(PermanentError):
+    """The object store refused our credentials for this bucket or key."""
+
+
+class PreconditionFailed(BatonError):
+    """A conditional write lost its race: the object changed since it was read."""
+
+
+class CheckpointCorrupt(BatonError):
+    """A checkpoint's bytes do not match the size or sha256 recorded when it was committed."""
+
+
+class FencedOut(BaseException):
+    """This worker's attempt is no longer the job's current one; it must stop and commit nothing.
+
+    A ``BaseException`` on purpose (as rq does for its shutdown signal): a stray
+    ``except Exception`` in user code must not swallow it.
+    """
+
+
+class JobNotFound(BatonError):
+    """No job with this id exists."""

@@ -1,0 +1,78 @@
+"""Turns Pydantic's validation errors into one ``dotted.path: message`` line per wrong field."""
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+# Validators that check several fields at once raise ValueError whose text is one
+# "relative.path: message" line per problem; PROBLEM_SEP joins them.
+PROBLEM_SEP = "\n"
+
+
+def _path(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _join(prefix: str, suffix: str) -> str:
+    return f"{prefix}.{suffix}" if prefix and suffix else prefix or suffix
+
+
+def _message(err: dict) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "greater_than":
+        return f"must be > {ctx['gt']}"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']}"
+    if kind == "less_than":
+        return f"must be < {ctx['lt']}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']} (got {err.get('input')!r})"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer (got {err.get('input')!r})"
+    if kind in ("float_type", "float_parsing"):
+        return f"must be a number (got {err.get('input')!r})"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"must be true or false (got {err.get('input')!r})"
+    if kind in ("string_type",):
+        return f"must be a string (got {err.get('input')!r})"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping (got {type(err.get('input')).__name__})"
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx['pattern']} (got {err.get('input')!r})"
+    if kind == "finite_number":
+        return "must be a finite number"
+    return err["msg"]
+
+
+def problems_from(error: ValidationError, prefix: str = "") -> list[str]:
+    """One line per problem, each naming the field's dotted path from the spec's root."""
+    lines: list[str] = []
+    for err in error.errors(include_url=False):
+        where = _join(prefix, _path(err["loc"]))
+        if err["type"] == "value_error":
+            text = str(err["ctx"]["error"]) if "error" in err.get("ctx", {}) else err["msg"]
+            for line in text.split(PROBLEM_SEP):
+                field, sep, msg = line.partition(": ")
+                lines.append(f"{_join(where, field)}: {msg}" if sep else f"{where or 'spec'}: {line}")
+        else:
+            lines.append(f"{where or 'spec'}: {_message(err)}")
+    return lines
+
+
+class Problems:
+    """Collects cross-field problems in a validator, then raises them together."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, field: str, message: str) -> None:
+        self.lines.append(f"{field}: {message}")
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            raise ValueError(PROBLEM_SEP.join(self.lines))

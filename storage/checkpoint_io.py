@@ -1,0 +1,65 @@
+"""The checkpoint format: ``torch.save`` of a dict of tensors and plain values, with its sha256.
+
+Loading always uses ``weights_only=True``: a checkpoint can carry tensors, numbers, strings and
+containers of them, never code.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from schemas.errors import CheckpointCorrupt
+
+FORMAT_VERSION = 1
+
+
+class _HashingWriter(io.RawIOBase):
+    """A write-only file that hashes and counts what passes through to the real file."""
+
+    def __init__(self, fh: BinaryIO):
+        self._fh = fh
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # type: ignore[override]
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.size += view.nbytes
+        self._fh.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+def save_to_file(state: dict[str, Any], path: Path) -> tuple[int, str]:
+    """Serialize ``state`` to ``path``; returns ``(size, sha256 hex)`` of the bytes written."""
+    with open(path, "wb") as fh:
+        writer = _HashingWriter(fh)
+        torch.save(state, writer)
+        writer.flush()
+        return writer.size, writer.sha256.hexdigest()
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_bytes(data: bytes, expected_sha256: str | None = None, where: str = "checkpoint") -> dict[str, Any]:
+    """Verify the digest (when given), then ``torch.load(weights_only=True)`` onto the CPU."""
+    if expected_sha256 is not None and sha256_of(data) != expected_sha256:
+        raise CheckpointCorrupt(f"{where}: sha256 does not match the committed digest")
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: say which one, keep the cause
+        raise CheckpointCorrupt(f"{where}: cannot be loaded: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+        raise CheckpointCorrupt(f"{where}: not a baton checkpoint of format {FORMAT_VERSION}")
+    return state

@@ -1,0 +1,191 @@
+"""The asynchronous checkpointer: the loop waits only for the host snapshot.
+
+Serialization, sha256, upload, verification and the manifest commit run on one background
+thread. At most one checkpoint is in flight. The policy when the next one is due while the
+previous is still in flight:
+
+- a periodic (``every_steps``) checkpoint is *skipped* and counted: training goes on, and the
+  next periodic checkpoint is taken when due;
+- a mandatory checkpoint (epoch end, preemption, cancel) *waits* for the one in flight.
+
+A checkpoint becomes visible (listed in the manifest) only after its object is uploaded and its
+size verified; rotation deletes objects only after the manifest that drops them is committed.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from schemas.errors import TransientError
+from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
+
+from .base import ObjectStore
+from .checkpoint_io import save_to_file
+from .layout import JobPaths
+from .manifest_store import ManifestStore
+from .retry import retry_transient
+from .rotation import rotate
+from .snapshot import HostSnapshot
+
+UPLOAD_RETRY_S = 600.0
+"""How long one checkpoint's upload and commit are retried through transient storage errors."""
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    kind: str  # "step" | "epoch" | "stop"
+    best: Optional[tuple[str, float]] = None  # (metric, value) when this checkpoint is the new best
+    metrics_rows: Optional[list[dict]] = None  # the whole metrics.jsonl, rewritten after the commit
+
+
+@dataclass
+class CheckpointStats:
+    key: str
+    kind: str
+    stall_s: float
+    write_s: float = 0.0
+    bytes: int = 0
+
+
+@dataclass
+class _InFlight:
+    future: Future
+    stats: CheckpointStats
+
+
+@dataclass
+class CheckpointerTotals:
+    taken: int = 0
+    skipped: int = 0
+    done: list[CheckpointStats] = field(default_factory=list)
+
+
+class AsyncCheckpointer:
+    def __init__(
+        self,
+        store: ObjectStore,
+        paths: JobPaths,
+        attempt: int,
+        keep_last: int,
+        *,
+        fence: Callable[[], None] = lambda: None,
+        pin_memory: bool = False,
+        upload_retry_s: float = UPLOAD_RETRY_S,
+        log: Callable[[str], None] = print,
+    ):
+        self.store = store
+        self.paths = paths
+        self.attempt = attempt
+        self.keep_last = keep_last
+        self.fence = fence
+        self.upload_retry_s = upload_retry_s
+        self.log = log
+        self.manifests = ManifestStore(store, paths)
+        self.totals = CheckpointerTotals()
+        self._snapshot = HostSnapshot(pin_memory=pin_memory)
+        self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-"))
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint")
+        self._inflight: Optional[_InFlight] = None
+
+    # --- called by the training loop -------------------------------------------------------
+    def save(self, state: dict[str, Any], request: CheckpointRequest, mandatory: bool) -> bool:
+        """Snapshot ``state`` and commit it in the background. False when skipped (see policy)."""
+        if self._inflight is not None and not self._inflight.future.done():
+            if not mandatory:
+                self.totals.skipped += 1
+                return False
+        self.wait()
+        started = time.perf_counter()
+        snapshot = self._snapshot.take(state)
+        stats = CheckpointStats(self.paths.checkpoint(request.step), request.kind, time.perf_counter() - started)
+        self.totals.taken += 1
+        future = self._pool.submit(self._write_and_commit, snapshot, request, stats)
+        self._inflight = _InFlight(future, stats)
+        return True
+
+    def poll(self) -> None:
+        """Collect the checkpoint in flight if it has finished (re-raising its failure)."""
+        if self._inflight is not None and self._inflight.future.done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the checkpoint in flight is committed; re-raise its failure."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.future.result()
+            self.totals.done.append(inflight.stats)
+
+    def close(self) -> None:
+        """Finish the checkpoint in flight (raising its error), then release the thread and spool."""
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            shutil.rmtree(self._spool, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """Shut down after a failure elsewhere: let the checkpoint in flight finish (it is valid),
+        log rather than raise its own error so the original failure is the one reported."""
+        try:
+            self.close()
+        except BaseException as exc:  # noqa: BLE001 - reported, and the caller re-raises its own
+            self.log(f"checkpoint in flight failed while stopping: {type(exc).__name__}: {exc}")
+
+    # --- the background thread -------------------------------------------------------------
+    def _retry(self, fn: Callable[[], Any], what: str) -> Any:
+        return retry_transient(fn, self.upload_retry_s, what, self.log)
+
+    def _write_and_commit(self, snapshot: Any, request: CheckpointRequest, stats: CheckpointStats) -> None:
+        started = time.perf_counter()
+        tmp = self._spool / f"step-{request.step}.pt"
+        try:
+            size, sha256 = save_to_file(snapshot, tmp)
+            del snapshot  # the buffers may be reused from here on
+            self._retry(lambda: self._upload_verified(stats.key, tmp, size), f"upload {stats.key}")
+        finally:
+            tmp.unlink(missing_ok=True)
+        if request.best is not None:
+            self._retry(lambda: self.store.copy(stats.key, self.paths.best), "copy best.pt")
+        entry = CheckpointEntry(
+            key=stats.key, step=request.step, epoch=request.epoch, batch_in_epoch=request.batch_in_epoch,
+            kind=request.kind, attempt=self.attempt, size=size, sha256=sha256, created_at=time.time(),
+        )
+        self.fence()
+        dropped: list[CheckpointEntry] = []
+
+        def commit(manifest: CheckpointManifest) -> None:
+            manifest.checkpoints = [e for e in manifest.checkpoints if e.key != entry.key] + [entry]
+            if request.best is not None:
+                metric, value = request.best
+                manifest.best = BestEntry(**{**entry.model_dump(), "key": self.paths.best}, metric=metric, value=value)
+            dropped[:] = rotate(manifest, self.keep_last)
+
+        self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest")
+        self._delete(dropped)
+        if request.metrics_rows is not None:
+            body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
+            self._retry(lambda: self.store.put_bytes(self.paths.metrics, body), "write metrics.jsonl")
+        stats.write_s = time.perf_counter() - started
+        stats.bytes = size
+
+    def _upload_verified(self, key: str, path: Path, size: int) -> None:
+        self.store.put_file(key, path)
+        stored = self.store.size(key)
+        if stored != size:
+            raise TransientError(f"{key}: stored {stored} bytes, wrote {size}")
+
+    def _delete(self, entries: list[CheckpointEntry]) -> None:
+        for entry in entries:
+            try:
+                self._retry(lambda: self.store.delete(entry.key), f"delete {entry.key}")
+            except TransientError as exc:  # a leftover object costs space, not correctness
+                self.log(f"rotation: could not delete {entry.key}: {exc}")

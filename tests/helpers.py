@@ -1,0 +1,131 @@
+"""Helpers shared by the tests: specs, the ``baton`` command, and comparing training states."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BATON = [sys.executable, "-m", "jobs"]
+
+BASE_SPEC: dict[str, Any] = {
+    "name": "t",
+    "seed": 11,
+    "model": {"target": "builtin:mlp", "kwargs": {"in_features": 2, "hidden": 32, "out_features": 3, "dropout": 0.2}},
+    "data": {"target": "builtin:spiral", "kwargs": {"n_per_class": 300}, "batch_size": 32, "num_workers": 0, "val_fraction": 0.2},
+    "optimizer": {"name": "adamw", "lr": 0.01, "weight_decay": 0.01},
+    "scheduler": {"name": "onecycle", "warmup_fraction": 0.2},
+    "loop": {"epochs": 3, "grad_accum_steps": 1, "max_grad_norm": 1.0, "precision": "fp32", "deterministic": True},
+    "checkpoint": {"every_steps": 5, "keep_last": 3, "monitor": "val_loss", "mode": "min"},
+    "resources": {"device": "cpu", "cpu_threads": 1},
+}
+
+
+def make_spec(**sections: dict) -> dict:
+    """BASE_SPEC with each named section updated (``kwargs`` replaced whole when given)."""
+    spec = copy.deepcopy(BASE_SPEC)
+    for name, changes in sections.items():
+        if isinstance(changes, dict) and isinstance(spec.get(name), dict):
+            spec[name].update(copy.deepcopy(changes))
+        else:
+            spec[name] = copy.deepcopy(changes)
+    return spec
+
+
+def write_spec(directory: Path, spec: dict, name: str = "job.yaml") -> Path:
+    path = directory / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def baton_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["BATON_ALLOWED_MODULES"] = "tests"
+    env.pop("BATON_STORAGE_URL", None)
+    env.update(extra)
+    return env
+
+
+def run_baton(*args: str, env: Optional[dict] = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*BATON, *args], env=env or baton_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def start_baton(*args: str, env: Optional[dict] = None, log: Optional[Path] = None) -> subprocess.Popen:
+    out = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen([*BATON, *args], env=env or baton_env(), stdout=out, stderr=subprocess.STDOUT,
+                            cwd=REPO, start_new_session=True)
+
+
+def read_manifest(store_root: Path, job_id: str) -> Optional[dict]:
+    path = store_root / "jobs" / job_id / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def kill_when(proc: subprocess.Popen, store_root: Path, job_id: str, ready: Callable[[dict], bool],
+              timeout: float = 120) -> dict:
+    """SIGKILL ``proc`` at a moment when its committed manifest satisfies ``ready``.
+
+    The process is frozen (SIGSTOP) while the manifest is checked, so what is checked is what
+    the resume will see. Returns that manifest.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended (rc {proc.returncode}) before the kill condition held")
+        manifest = read_manifest(store_root, job_id)
+        if manifest and ready(manifest):
+            os.killpg(proc.pid, signal.SIGSTOP)
+            manifest = read_manifest(store_root, job_id)
+            if manifest and ready(manifest):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return manifest
+            os.killpg(proc.pid, signal.SIGCONT)
+        time.sleep(0.005)
+    proc.kill()
+    raise AssertionError("kill condition never held")
+
+
+def load_checkpoint(store_root: Path, key: str) -> dict:
+    return torch.load(store_root / key, map_location="cpu", weights_only=True)
+
+
+def final_state(store_root: Path, job_id: str) -> dict:
+    manifest = read_manifest(store_root, job_id)
+    assert manifest and manifest["completed"], f"job {job_id} did not complete"
+    return load_checkpoint(store_root, manifest["checkpoints"][-1]["key"])
+
+
+def assert_bit_equal(a: Any, b: Any, path: str = "state") -> None:
+    """Every tensor torch.equal (same dtype and shape), every other value ==, recursively."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{path}: tensor vs {type(b).__name__}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        assert torch.equal(a, b), f"{path}: tensors differ"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for key in a:
+            assert_bit_equal(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bit_equal(x, y, f"{path}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"
+
+
+def metrics_rows(store_root: Path, job_id: str) -> list[dict]:
+    return [json.loads(line) for line in (store_root / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,72 @@
+"""`baton run` and `baton validate` as a user runs them: exit codes, messages, resume, learning."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from tests.helpers import REPO, make_spec, read_manifest, run_baton, start_baton, write_spec
+
+
+@pytest.mark.parametrize("example,min_accuracy", [("spiral.yaml", 0.95), ("digits.yaml", 0.95)])
+def test_example_jobs_learn(example, min_accuracy, tmp_path):
+    done = run_baton("run", str(REPO / "examples" / example), "--id", "ex", "--storage", f"file://{tmp_path}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "jobs/ex/report.json").read_text())
+    assert report["best"]["val_accuracy"] >= min_accuracy, report["best"]
+    for artifact in ("final/model.safetensors", "curves.png", "metrics.jsonl", "spec.json", "checkpoints/best.pt"):
+        assert (tmp_path / "jobs/ex" / artifact).is_file(), artifact
+
+
+def test_validate_exits_2_naming_the_field(tmp_path):
+    bad = write_spec(tmp_path, make_spec(optimizer={"lr": -1}))
+    result = run_baton("validate", str(bad))
+    assert result.returncode == 2
+    assert "optimizer.lr: must be > 0" in result.stderr
+    assert run_baton("validate", str(write_spec(tmp_path, make_spec(), "ok.yaml"))).returncode == 0
+
+
+def test_run_with_a_bad_spec_exits_2_and_writes_nothing(tmp_path):
+    bad = write_spec(tmp_path, make_spec(loop={"epochs": 0}))
+    result = run_baton("run", str(bad), "--id", "x", "--storage", f"file://{tmp_path / 'store'}")
+    assert result.returncode == 2 and "loop.epochs" in result.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_user_code_exception_exits_1_with_its_traceback(tmp_path):
+    spec = write_spec(tmp_path, make_spec(model={"target": "tests.probes:raising", "kwargs": {}}))
+    result = run_baton("run", str(spec), "--id", "x", "--storage", f"file://{tmp_path}")
+    assert result.returncode == 1
+    assert "boom from user model code" in result.stderr and "Traceback" in result.stderr
+
+
+def test_finished_job_says_so_and_exits_0(tmp_path):
+    spec = write_spec(tmp_path, make_spec(loop={"epochs": 1}, scheduler={"name": "none"}))
+    args = ("run", str(spec), "--id", "once", "--storage", f"file://{tmp_path}")
+    assert run_baton(*args).returncode == 0
+    again = run_baton(*args)
+    assert again.returncode == 0 and "already finished" in again.stdout
+
+
+def test_same_id_with_a_different_spec_is_refused(tmp_path):
+    first = write_spec(tmp_path, make_spec(loop={"epochs": 1}, scheduler={"name": "none"}), "a.yaml")
+    second = write_spec(tmp_path, make_spec(loop={"epochs": 2}, scheduler={"name": "none"}), "b.yaml")
+    assert run_baton("run", str(first), "--id", "j", "--storage", f"file://{tmp_path}").returncode == 0
+    result = run_baton("run", str(second), "--id", "j", "--storage", f"file://{tmp_path}")
+    assert result.returncode == 2 and "different spec" in result.stderr
+
+
+def test_sigterm_checkpoints_at_the_next_step_and_exits_3(tmp_path):
+    spec = write_spec(tmp_path, make_spec(checkpoint={"every_steps": 1000}, loop={"epochs": 30}))
+    proc = start_baton("run", str(spec), "--id", "t", "--storage", f"file://{tmp_path}", log=tmp_path / "log")
+    deadline = time.monotonic() + 60
+    while not (read_manifest(tmp_path, "t") or {}).get("checkpoints"):  # wait for the first epoch end
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 3, (tmp_path / "log").read_text()
+    latest = read_manifest(tmp_path, "t")["checkpoints"][-1]
+    assert latest["kind"] in ("stop", "epoch") and not read_manifest(tmp_path, "t")["completed"]
+    assert "run again with --id t to resume" in (tmp_path / "log").read_text()

@@ -1,0 +1,93 @@
+"""Model and data targets for tests: ordinary user code that records what the loop did to it.
+
+Specs name them as ``tests.probes:NAME`` (the tests allow the ``tests`` prefix).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from workers.builtins.data import TensorPairs
+from workers.data import split_indices
+
+FORWARDS: list[dict] = []
+"""One entry per forward of a RecordingMLP: the mode and autograd/autocast state it ran under."""
+GRAD_WAS_NONE: list[bool] = []
+"""Per backward through a RecordingMLP: whether the first layer's .grad was None before accumulating."""
+
+
+class RecordingMLP(nn.Module):
+    def __init__(self, in_features: int = 2, hidden: int = 16, out_features: int = 3, dropout: float = 0.0):
+        super().__init__()
+        self.first = nn.Linear(in_features, hidden)
+        self.rest = nn.Sequential(nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, out_features))
+        self.first.weight.register_hook(self._before_accumulate)
+
+    def _before_accumulate(self, grad: torch.Tensor) -> torch.Tensor:
+        GRAD_WAS_NONE.append(self.first.weight.grad is None)
+        return grad
+
+    def forward(self, x):
+        hidden = self.first(x)
+        FORWARDS.append({"training": self.training, "grad": torch.is_grad_enabled(),
+                         "dtype": hidden.dtype, "batch": len(x)})
+        return self.rest(hidden)
+
+
+def recording_mlp(**kwargs) -> nn.Module:
+    return RecordingMLP(**kwargs)
+
+
+def linear(in_features: int = 2, out_features: int = 3) -> nn.Module:
+    return nn.Linear(in_features, out_features)
+
+
+class _Relocating(nn.Linear):
+    """Moving it replaces its Parameter objects, as moving real weights to a GPU does."""
+
+    def _apply(self, fn, recurse=True):
+        self.weight = nn.Parameter(fn(self.weight.detach().clone()))
+        self.bias = nn.Parameter(fn(self.bias.detach().clone()))
+        return self
+
+
+def relocating_linear(in_features: int = 2, out_features: int = 3) -> nn.Module:
+    return _Relocating(in_features, out_features)
+
+
+def blobs(seed: int = 0, n: int = 300, features: int = 2, classes: int = 3) -> Dataset:
+    """Gaussian blobs: quick to learn, no augmentation."""
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % classes
+    centers = torch.randn(classes, features, generator=gen) * 3
+    return TensorPairs(centers[labels] + torch.randn(n, features, generator=gen), labels)
+
+
+def diverging(seed: int = 0, n: int = 200, val_fraction: float = 0.25) -> Dataset:
+    """Training samples are class 0, held-out ones class 1, inputs all alike: the more the model
+    learns, the worse it validates. The best epoch is the first one."""
+    _, val = split_indices(n, val_fraction, seed)
+    labels = torch.zeros(n, dtype=torch.long)
+    labels[val] = 1
+    return TensorPairs(torch.ones(n, 2), labels)
+
+
+def with_nan(seed: int = 0, n: int = 256, bad_every: int = 50, val_fraction: float = 0.25) -> Dataset:
+    """Blobs with a NaN input in every ``bad_every``-th training sample (validation stays clean)."""
+    base = blobs(seed, n)
+    train, _ = split_indices(n, val_fraction, seed)
+    inputs = base.inputs.clone()
+    inputs[train[::bad_every]] = math.nan
+    return TensorPairs(inputs, base.labels)
+
+
+def raising(**kwargs) -> nn.Module:
+    raise RuntimeError("boom from user model code")
+
+
+def eval_mode_mlp(**kwargs) -> nn.Module:
+    """User code that hands over its model in eval mode: the loop must switch it to train mode."""
+    return RecordingMLP(**kwargs).eval()

@@ -1,0 +1,107 @@
+"""The job spec: valid examples load; each malformed spec is rejected naming the wrong field."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.specfile import load_spec
+from schemas.errors import SpecError
+from schemas.spec import JobSpec
+from tests.helpers import REPO, make_spec
+
+
+def _set(path: str, value):
+    """A spec with the dotted ``path`` set to ``value`` (``...`` deletes it)."""
+    spec = make_spec()
+    *parents, leaf = path.split(".")
+    node = spec
+    for key in parents:
+        node = node[key]
+    if value is ...:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return spec
+
+
+BAD_SPECS = [
+    # (what is wrong, the spec, the field the message must name, a phrase it must contain)
+    ("lr zero", _set("optimizer.lr", 0), "optimizer.lr", "> 0"),
+    ("lr as a string", _set("optimizer.lr", "0.1"), "optimizer.lr", "number"),
+    ("unknown optimizer", _set("optimizer.name", "lion"), "optimizer.name", "one of"),
+    ("momentum with adamw", _set("optimizer.momentum", 0.9), "optimizer.momentum", "only sgd"),
+    ("unknown top-level key", {**make_spec(), "epochs": 3}, "epochs", "unknown field"),
+    ("misspelled loop key", _set("loop.grad_acum_steps", 2), "loop.grad_acum_steps", "unknown field"),
+    ("epochs missing", _set("loop.epochs", ...), "loop.epochs", "required"),
+    ("epochs negative", _set("loop.epochs", -1), "loop.epochs", "> 0"),
+    ("precision unknown", _set("loop.precision", "fp8"), "loop.precision", "one of"),
+    ("fp16 on the cpu", _set("loop.precision", "fp16"), "loop.precision", "cuda"),
+    ("nonfinite policy unknown", _set("loop.nonfinite", "ignore"), "loop.nonfinite", "one of"),
+    ("keep_last 1", _set("checkpoint.keep_last", 1), "checkpoint.keep_last", ">= 2"),
+    ("monitor not produced", _set("checkpoint.monitor", "f1"), "checkpoint.monitor", "one of"),
+    ("accuracy minimised", {**make_spec(), "checkpoint": {"monitor": "val_accuracy", "mode": "min"}},
+     "checkpoint.mode", "mode: max"),
+    ("every_steps zero", _set("checkpoint.every_steps", 0), "checkpoint.every_steps", "> 0"),
+    ("batch size zero", _set("data.batch_size", 0), "data.batch_size", "> 0"),
+    ("no held-out split", _set("data.val_fraction", 0.0), "data.val_fraction", "> 0"),
+    ("negative workers", _set("data.num_workers", -1), "data.num_workers", ">= 0"),
+    ("bad target syntax", _set("model.target", "not a target"), "model.target", "builtin:NAME"),
+    ("unknown builtin", _set("data.target", "builtin:mnist"), "data.target", "unknown built-in"),
+    ("builtin kwarg misspelled", _set("model.kwargs", {"hiden": 3}), "model.kwargs.hiden", "unknown field"),
+    ("builtin kwarg out of range", _set("model.kwargs", {"dropout": 1.5}), "model.kwargs.dropout", "< 1.0"),
+    ("device unknown", _set("resources.device", "tpu"), "resources.device", "one of"),
+    ("bad job name", _set("name", "has spaces"), "name", "must match"),
+    ("seed negative", _set("seed", -3), "seed", ">= 0"),
+    ("retry zero", {**make_spec(), "retry": {"max_attempts": 0}}, "retry.max_attempts", "> 0"),
+    ("onecycle without warmup", _set("scheduler.warmup_fraction", 0.0), "scheduler.warmup_fraction", "warmup > 0"),
+    ("section not a mapping", _set("optimizer", "adamw"), "optimizer", "mapping"),
+]
+
+
+@pytest.mark.parametrize("what,spec,field,phrase", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
+def test_bad_spec_is_rejected_naming_the_field(what, spec, field, phrase):
+    with pytest.raises(SpecError) as caught:
+        JobSpec.parse(spec)
+    lines = caught.value.problems
+    matching = [line for line in lines if line.startswith(f"{field}: ")]
+    assert matching, f"no problem names {field!r}: {lines}"
+    assert phrase in matching[0], matching[0]
+
+
+def test_every_problem_is_reported_at_once():
+    spec = make_spec(checkpoint={"keep_last": 1, "monitor": "val_accuracy", "mode": "min"})
+    with pytest.raises(SpecError) as caught:
+        JobSpec.parse(spec)
+    assert {line.split(":")[0] for line in caught.value.problems} == {"checkpoint.keep_last", "checkpoint.mode"}
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(example: Path):
+    assert load_spec(example).name
+
+
+def test_json_and_yaml_and_dict_load_the_same_spec(tmp_path):
+    spec = JobSpec.parse(make_spec())
+    (tmp_path / "s.json").write_text(spec.model_dump_json())
+    assert load_spec(tmp_path / "s.json") == load_spec(make_spec()) == spec
+    assert JobSpec.parse(spec.model_dump(mode="json")) == spec  # a JSON round trip (Celery) keeps it
+
+
+def test_module_outside_the_allowlist_is_refused_with_how_to_allow_it():
+    spec = make_spec(model={"target": "os.path:join", "kwargs": {}})
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec, allowed_prefixes=("mycompany",))
+    assert caught.value.problems[0].startswith("model.target: module 'os.path' is not allowed")
+    assert "BATON_ALLOWED_MODULES" in caught.value.problems[0]
+    assert load_spec(spec, allowed_prefixes=("os",)).model.target == "os.path:join"
+    with pytest.raises(SpecError):  # a prefix is a package boundary, not a string prefix
+        load_spec(spec, allowed_prefixes=("os.pa",))
+
+
+def test_unreadable_files_are_spec_errors(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("name: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(tmp_path / "broken.yaml")

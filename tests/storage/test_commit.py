@@ -1,0 +1,162 @@
+"""The commit protocol: manifests fence stale attempts, checkpoints appear only once verified,
+rotation never deletes what a resume needs, a corrupt latest falls back to the one before."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from schemas.errors import FencedOut
+from schemas.manifest import CheckpointEntry, CheckpointManifest
+from storage.checkpoint_io import load_bytes
+from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+from storage.file_store import FileStore
+from storage.layout import JobPaths
+from storage.manifest_store import ManifestStore
+from storage.rotation import rotate
+from workers.resume import load_latest_good, pin_resume_point
+
+PATHS = JobPaths("job")
+
+
+def _state(step: int) -> dict:
+    return {"format": 1, "model": {"w": torch.full((64,), float(step))}, "progress": {"global_step": step}}
+
+
+def _request(step: int, kind: str = "step", **extra) -> CheckpointRequest:
+    return CheckpointRequest(step=step, epoch=0, batch_in_epoch=step, kind=kind, **extra)
+
+
+def _checkpointer(store, attempt: int = 1, keep_last: int = 2, **kw) -> AsyncCheckpointer:
+    return AsyncCheckpointer(store, PATHS, attempt, keep_last, log=lambda m: None, **kw)
+
+
+def test_a_newer_attempt_fences_out_an_older_one(store):
+    manifests = ManifestStore(store, PATHS)
+    manifests.update(1, lambda m: None)
+    manifests.update(2, lambda m: None)
+    with pytest.raises(FencedOut):
+        manifests.update(1, lambda m: None)
+    assert manifests.read().attempt == 2
+
+
+def test_checkpoint_is_listed_only_after_its_verified_upload(store):
+    ckpt = _checkpointer(store)
+    ckpt.save(_state(5), _request(5), mandatory=True)
+    ckpt.close()
+    entry = ManifestStore(store, PATHS).read().latest
+    data = store.get_bytes(entry.key)
+    assert entry.key == PATHS.checkpoint(5) and entry.size == len(data)
+    state = load_bytes(data, entry.sha256)
+    assert torch.equal(state["model"]["w"], torch.full((64,), 5.0))
+
+
+def test_the_snapshot_is_taken_before_save_returns(store):
+    live = _state(1)
+    ckpt = _checkpointer(store)
+    ckpt.save(live, _request(1), mandatory=True)
+    live["model"]["w"].add_(100)  # the loop moves on at once
+    ckpt.close()
+    saved = load_bytes(store.get_bytes(PATHS.checkpoint(1)))
+    assert torch.equal(saved["model"]["w"], torch.full((64,), 1.0))
+
+
+def test_rotation_keeps_the_newest_and_deletes_objects_after_the_commit(store):
+    ckpt = _checkpointer(store, keep_last=2)
+    for step in (1, 2, 3, 4):
+        ckpt.save(_state(step), _request(step), mandatory=True)
+    ckpt.close()
+    manifest = ManifestStore(store, PATHS).read()
+    assert [e.step for e in manifest.checkpoints] == [3, 4]
+    assert store.list(PATHS.checkpoints) == [PATHS.checkpoint(3), PATHS.checkpoint(4)]
+
+
+def test_rotation_never_drops_the_checkpoint_the_attempt_resumed_from():
+    entries = [CheckpointEntry(key=f"k{s}", step=s, epoch=0, batch_in_epoch=s, kind="step", attempt=1, size=1,
+                               sha256="x", created_at=0.0) for s in (1, 2, 3, 4, 5)]
+    manifest = CheckpointManifest(job_id="j", checkpoints=entries, resumed_from=2)
+    dropped = rotate(manifest, keep_last=2)
+    assert [e.step for e in manifest.checkpoints] == [2, 4, 5]
+    assert [e.step for e in dropped] == [1, 3]
+
+
+def test_best_is_kept_apart_and_metrics_written_after_the_commit(store):
+    ckpt = _checkpointer(store, keep_last=2)
+    rows = [{"epoch": 0, "val_loss": 0.5}]
+    ckpt.save(_state(1), _request(1, "epoch", best=("val_loss", 0.5), metrics_rows=rows), mandatory=True)
+    for step in (2, 3, 4):
+        ckpt.save(_state(step), _request(step), mandatory=True)
+    ckpt.close()
+    manifest = ManifestStore(store, PATHS).read()
+    assert manifest.best.step == 1 and manifest.best.value == 0.5 and manifest.best.key == PATHS.best
+    assert torch.equal(load_bytes(store.get_bytes(PATHS.best), manifest.best.sha256)["model"]["w"], torch.full((64,), 1.0))
+    assert [json.loads(line) for line in store.get_bytes(PATHS.metrics).decode().splitlines()] == rows
+
+
+class GatedStore(FileStore):
+    """A file store whose uploads wait for a gate: holds a checkpoint in flight on demand."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.gate = threading.Event()
+
+    def put_file(self, key, path):
+        self.gate.wait(timeout=30)
+        super().put_file(key, path)
+
+
+def test_periodic_checkpoint_is_skipped_while_one_is_in_flight_and_mandatory_ones_wait(tmp_path):
+    store = GatedStore(tmp_path)
+    ckpt = _checkpointer(store)
+    assert ckpt.save(_state(1), _request(1), mandatory=False)
+    assert not ckpt.save(_state(2), _request(2), mandatory=False)  # skipped, counted
+    assert ckpt.totals.skipped == 1
+    threading.Timer(0.2, store.gate.set).start()
+    assert ckpt.save(_state(3), _request(3, "epoch"), mandatory=True)  # waits for step 1, then goes
+    ckpt.close()
+    assert [e.step for e in ManifestStore(store, PATHS).read().checkpoints] == [1, 3]
+
+
+def test_a_fenced_out_checkpointer_commits_nothing(store):
+    ckpt = _checkpointer(store, attempt=1)
+    ckpt.save(_state(1), _request(1), mandatory=True)
+    ckpt.wait()
+    ManifestStore(store, PATHS).update(2, lambda m: None)  # another worker took the job over
+    ckpt.save(_state(2), _request(2), mandatory=True)
+    with pytest.raises(FencedOut):
+        ckpt.close()
+    assert [e.step for e in ManifestStore(store, PATHS).read().checkpoints] == [1]
+
+
+def test_corrupt_latest_falls_back_to_the_previous_one_and_says_so(store):
+    ckpt = _checkpointer(store, keep_last=3)
+    for step in (1, 2):
+        ckpt.save(_state(step), _request(step), mandatory=True)
+    ckpt.close()
+    data = bytearray(store.get_bytes(PATHS.checkpoint(2)))
+    data[len(data) // 2] ^= 0xFF
+    store.put_bytes(PATHS.checkpoint(2), bytes(data))
+
+    logged: list[str] = []
+    manifests = ManifestStore(store, PATHS)
+    state, entry = load_latest_good(store, manifests.read(), logged.append)
+    assert entry.step == 1 and torch.equal(state["model"]["w"], torch.full((64,), 1.0))
+    assert any("step-2.pt" in m and "sha256" in m and "falling back" in m for m in logged)
+
+    pin_resume_point(manifests, 2, entry, logged.append)
+    manifest = manifests.read()
+    assert [e.step for e in manifest.checkpoints] == [1] and manifest.resumed_from == 1
+    assert not store.exists(PATHS.checkpoint(2))
+
+
+def test_missing_latest_falls_back_too(store):
+    ckpt = _checkpointer(store, keep_last=3)
+    for step in (1, 2):
+        ckpt.save(_state(step), _request(step), mandatory=True)
+    ckpt.close()
+    store.delete(PATHS.checkpoint(2))
+    logged: list[str] = []
+    _, entry = load_latest_good(store, ManifestStore(store, PATHS).read(), logged.append)
+    assert entry.step == 1 and any("missing" in m for m in logged)

@@ -1,0 +1,83 @@
+"""The ObjectStore contract: one suite, run against every implementation."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from schemas.errors import PreconditionFailed
+
+
+def test_put_get_roundtrip_and_overwrite(store):
+    store.put_bytes("a/b/c.bin", b"one")
+    assert store.get_bytes("a/b/c.bin") == b"one"
+    store.put_bytes("a/b/c.bin", b"two")
+    assert store.get_bytes("a/b/c.bin") == b"two"
+    assert store.size("a/b/c.bin") == 3
+
+
+def test_files_roundtrip(store, tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(bytes(range(256)) * 1000)
+    store.put_file("f/x.bin", src)
+    dst = tmp_path / "dst.bin"
+    store.get_file("f/x.bin", dst)
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_missing_object_is_file_not_found(store, tmp_path):
+    for call in (lambda: store.get_bytes("nope"), lambda: store.size("nope"),
+                 lambda: store.get_file("nope", tmp_path / "x"), lambda: store.copy("nope", "other")):
+        with pytest.raises(FileNotFoundError):
+            call()
+    assert not store.exists("nope")
+    assert store.read_versioned("nope") is None
+    store.delete("nope")  # deleting what is not there is fine
+
+
+def test_list_by_prefix_sorted(store):
+    for key in ("jobs/b/x", "jobs/a/y", "jobs/a/x", "other/z"):
+        store.put_bytes(key, b"")
+    assert store.list("jobs/a/") == ["jobs/a/x", "jobs/a/y"]
+    assert store.list("jobs/") == ["jobs/a/x", "jobs/a/y", "jobs/b/x"]
+    store.delete("jobs/a/x")
+    assert store.list("jobs/a/") == ["jobs/a/y"]
+
+
+def test_copy(store):
+    store.put_bytes("src", b"payload")
+    store.copy("src", "dir/dst")
+    assert store.get_bytes("dir/dst") == b"payload"
+
+
+def test_conditional_put_is_a_compare_and_swap(store):
+    store.put_if("m.json", b"v1", None)
+    with pytest.raises(PreconditionFailed):
+        store.put_if("m.json", b"again", None)  # must not exist
+    data, version = store.read_versioned("m.json")
+    assert data == b"v1"
+    store.put_if("m.json", b"v2", version)
+    with pytest.raises(PreconditionFailed):
+        store.put_if("m.json", b"v3", version)  # stale version
+    assert store.get_bytes("m.json") == b"v2"
+
+
+def test_racing_conditional_puts_have_one_winner(store):
+    store.put_if("race", b"initial", None)
+    _, version = store.read_versioned("race")
+    wins, barrier = [], threading.Barrier(8)
+
+    def contender(i: int) -> None:
+        barrier.wait()
+        try:
+            store.put_if("race", str(i).encode(), version)
+            wins.append(i)
+        except PreconditionFailed:
+            pass
+
+    threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1 and store.get_bytes("race") == str(wins[0]).encode()

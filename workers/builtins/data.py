@@ -1,0 +1,62 @@
+"""Built-in data sets: ``builtin:spiral`` (generated from the seed) and ``builtin:digits`` (real).
+
+Each is a map-style Dataset of ``(input, label)``. A data set may define
+``augment(x, generator)``: baton calls it for training samples only, with a generator seeded
+by (seed, epoch, index), so augmentation is the same whatever the number of loader workers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import Dataset
+
+from schemas.builtins import DigitsKwargs, SpiralKwargs
+from schemas.errors import PermanentError
+
+
+class TensorPairs(Dataset):
+    """Inputs and integer labels held in two tensors, with optional Gaussian jitter."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, jitter: float = 0.0):
+        self.inputs, self.labels, self.jitter = inputs, labels, jitter
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.inputs[index], self.labels[index]
+
+    def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        if not self.jitter:
+            return x
+        return x + self.jitter * torch.randn(x.shape, generator=generator, dtype=x.dtype)
+
+
+def spiral(seed: int = 0, **kwargs) -> Dataset:
+    """The classic interleaved-spirals classification set: ``classes`` arms in the plane."""
+    k = SpiralKwargs.model_validate(kwargs)
+    gen = torch.Generator().manual_seed(seed)
+    radius = torch.linspace(0.0, 1.0, k.n_per_class, dtype=torch.float64)
+    points, labels = [], []
+    for cls in range(k.classes):
+        start = cls * 2 * math.pi / k.classes
+        theta = torch.linspace(start, start + 4 * math.pi / k.classes * 1.5, k.n_per_class, dtype=torch.float64)
+        theta = theta + k.noise * torch.randn(k.n_per_class, generator=gen, dtype=torch.float64)
+        points.append(torch.stack([radius * torch.sin(theta), radius * torch.cos(theta)], dim=1))
+        labels.append(torch.full((k.n_per_class,), cls, dtype=torch.long))
+    return TensorPairs(torch.cat(points).float(), torch.cat(labels), k.jitter)
+
+
+def digits(seed: int = 0, **kwargs) -> Dataset:
+    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes), scaled to [0, 1]."""
+    k = DigitsKwargs.model_validate(kwargs)
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise PermanentError(
+            "builtin:digits needs scikit-learn, which is not installed: pip install 'baton[digits]'"
+        ) from None
+    bunch = load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    return TensorPairs(images, torch.tensor(bunch.target, dtype=torch.long), k.jitter)

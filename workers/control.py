@@ -1,0 +1,38 @@
+"""What the training loop asks of whoever runs it, between optimizer steps.
+
+``baton run`` answers from signal handlers; a Celery worker from its lease, the job record
+(cancel) and SIGTERM. ``stop_reason`` may raise FencedOut: a fenced-out attempt must not even
+write a last checkpoint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class StepReport:
+    epoch: int
+    epochs: int
+    step: int
+    total_steps: int
+    loss: float  # the last micro-batch's training loss
+    lr: float
+    samples_per_s: float
+
+
+class LoopControl:
+    """The default: never stop, report nothing."""
+
+    def stop_reason(self) -> Optional[str]:
+        """None to go on, or why to checkpoint and stop ("preempted", "cancelled", "interrupted")."""
+        return None
+
+    def on_step(self, report: StepReport) -> None:
+        """Called after every optimizer step (keep it cheap)."""
+
+    def on_epoch(self, row: dict) -> None:
+        """Called after every validation with its metrics row."""
+
+    def log(self, message: str) -> None:
+        print(message, flush=True)

@@ -1,0 +1,37 @@
+"""The reproducible configuration: deterministic kernels and a pinned intra-op thread count.
+
+CUDA's cuBLAS needs CUBLAS_WORKSPACE_CONFIG in the environment before its first call, so entry
+points call ``prepare_process()`` before any CUDA work.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+
+def prepare_process() -> None:
+    """Set what must be set before CUDA initialises (harmless without CUDA)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+
+
+def configure(deterministic: bool, cpu_threads: int) -> None:
+    """Apply the job's determinism and thread count to this process."""
+    prepare_process()
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic
+    torch.set_num_threads(cpu_threads)
+
+
+def resolve_device(requested: str) -> torch.device:
+    """``auto`` -> cuda when visible, else cpu. Asking for cuda on a node without one is an error,
+    never a silent CPU run."""
+    cuda = torch.cuda.is_available()
+    if requested == "cuda" and not cuda:
+        raise RuntimeError("the spec asks for resources.device: cuda but this worker sees no CUDA device")
+    if requested == "auto":
+        return torch.device("cuda" if cuda else "cpu")
+    return torch.device(requested)

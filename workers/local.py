@@ -1,0 +1,107 @@
+"""``baton run``: a job in this process, no Redis. Ctrl-C or SIGTERM checkpoints and stops."""
+from __future__ import annotations
+
+import json
+import signal
+from datetime import datetime, timezone
+from typing import Optional
+
+from tqdm import tqdm
+
+from schemas.errors import SpecError
+from schemas.spec import JobSpec
+from storage.base import ObjectStore
+from storage.layout import JobPaths, check_job_id
+from storage.manifest_store import ManifestStore
+
+from .control import LoopControl, StepReport
+from .determinism import prepare_process
+from .session import run_attempt
+
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_STOPPED = 0, 1, 2, 3
+
+
+def new_job_id(name: str) -> str:
+    import secrets
+
+    return f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+class LocalControl(LoopControl):
+    """Signals and a progress bar. The first SIGINT/SIGTERM stops at the next step boundary after a
+    checkpoint; a second one exits at once."""
+
+    def __init__(self, progress_bar: bool):
+        self._stop: Optional[str] = None
+        self._bar: Optional[tqdm] = None
+        self._progress_bar = progress_bar
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self._stop is not None:
+            raise SystemExit(128 + signum)
+        self._stop = "interrupted"
+        self.log(f"{signal.Signals(signum).name}: checkpointing at the next step, then stopping (again to abort)")
+
+    def stop_reason(self) -> Optional[str]:
+        return self._stop
+
+    def on_step(self, report: StepReport) -> None:
+        if not self._progress_bar:
+            return
+        if self._bar is None:
+            self._bar = tqdm(total=report.total_steps, initial=report.step - 1, unit="step", dynamic_ncols=True)
+        self._bar.update(report.step - self._bar.n)
+        self._bar.set_postfix(epoch=f"{report.epoch + 1}/{report.epochs}", loss=f"{report.loss:.4f}",
+                              lr=f"{report.lr:.2e}", sps=f"{report.samples_per_s:.0f}", refresh=False)
+
+    def on_epoch(self, row: dict) -> None:
+        self.log(f"epoch {row['epoch']}: step {row['step']} train_loss {row['train_loss']:.4f} "
+                 f"val_loss {row['val_loss']:.4f} val_acc {row['val_accuracy']:.4f}{' *best' if row['is_best'] else ''}")
+
+    def log(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def register_spec(store: ObjectStore, paths: JobPaths, spec: JobSpec) -> None:
+    """Store spec.json, or check that the job's stored spec is this one (a resume must not change it)."""
+    if store.exists(paths.spec):
+        stored = JobSpec.parse(json.loads(store.get_bytes(paths.spec)))
+        if stored != spec:
+            raise SpecError([f"spec: job {paths.job_id} already exists with a different spec; use a new --id"])
+        return
+    store.put_bytes(paths.spec, spec.model_dump_json(indent=2).encode())
+
+
+def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: tuple[str, ...],
+              progress_bar: bool) -> int:
+    prepare_process()
+    check_job_id(job_id)
+    paths = JobPaths(job_id)
+    register_spec(store, paths, spec)
+    manifest = ManifestStore(store, paths).read()
+    if manifest.completed:
+        print(f"job {job_id} already finished; its artifacts are under {store.url}/{paths.root}")
+        return EXIT_DONE
+    control = LocalControl(progress_bar)
+    try:
+        result = run_attempt(spec, job_id, store, manifest.attempt + 1, control, allowed_prefixes=allowed_prefixes)
+    finally:
+        control.close()
+    if not result.outcome.completed:
+        print(f"job {job_id} stopped ({result.outcome.reason}) after a checkpoint; "
+              f"run again with --id {job_id} to resume")
+        return EXIT_STOPPED
+    if result.report:
+        for line in result.report["note"]:
+            print(line)
+    print(f"job {job_id} finished; artifacts under {store.url}/{paths.root}")
+    return EXIT_DONE

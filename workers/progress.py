@@ -1,0 +1,77 @@
+"""Where training stands, and the best-checkpoint tracker: both travel in every checkpoint."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+
+@dataclass
+class Progress:
+    """The data position and the running sums of the current epoch (all plain numbers)."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of this epoch consumed
+    global_step: int = 0  # optimizer steps completed
+    micro_step: int = 0  # micro-batches completed, all epochs
+    nonfinite_steps: int = 0  # optimizer steps skipped for a non-finite loss, all epochs
+    epoch_loss_sum: float = 0.0  # sum over samples of the training loss, this epoch
+    epoch_samples: int = 0
+    epoch_grad_norm_sum: float = 0.0
+    epoch_grad_norm_max: float = 0.0
+    epoch_steps: int = 0  # optimizer steps with a finite gradient norm, this epoch
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Progress":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in state.items() if k in known})
+
+    def record_grad_norm(self, norm: float) -> None:
+        if math.isfinite(norm):
+            self.epoch_grad_norm_sum += norm
+            self.epoch_grad_norm_max = max(self.epoch_grad_norm_max, norm)
+            self.epoch_steps += 1
+
+    def start_next_epoch(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self.epoch_loss_sum = 0.0
+        self.epoch_samples = 0
+        self.epoch_grad_norm_sum = 0.0
+        self.epoch_grad_norm_max = 0.0
+        self.epoch_steps = 0
+
+
+@dataclass
+class BestTracker:
+    """The best value of the monitored metric so far, and where it was reached."""
+
+    metric: str
+    mode: str  # min | max
+    value: Optional[float] = None
+    step: Optional[int] = None
+    epoch: Optional[int] = None
+
+    def improves(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.value is None:
+            return True
+        return value < self.value if self.mode == "min" else value > self.value
+
+    def update(self, value: float, step: int, epoch: int) -> bool:
+        """Record ``value``; True when it is a new best."""
+        if not self.improves(value):
+            return False
+        self.value, self.step, self.epoch = value, step, epoch
+        return True
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict) -> "BestTracker":
+        return cls(**state)

@@ -1,0 +1,57 @@
+"""Finding the checkpoint to resume from: the newest committed one whose bytes verify.
+
+A corrupt or missing latest falls back to the one before it (and says so). The entries after
+the one chosen are dropped from the manifest and their objects deleted, so the manifest stays
+in step order and the next commit cannot land behind a broken entry.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from schemas.errors import CheckpointCorrupt, TransientError
+from schemas.manifest import CheckpointEntry, CheckpointManifest
+from storage.base import ObjectStore
+from storage.checkpoint_io import load_bytes
+from storage.manifest_store import ManifestStore
+from storage.retry import retry_transient
+
+READ_RETRY_S = 120.0
+"""How long reading a checkpoint is retried through transient storage errors."""
+
+
+def load_latest_good(
+    store: ObjectStore, manifest: CheckpointManifest, log: Callable[[str], None]
+) -> tuple[Optional[dict[str, Any]], Optional[CheckpointEntry]]:
+    """(state, entry) of the newest checkpoint that loads and verifies, or (None, None)."""
+    for entry in reversed(manifest.checkpoints):
+        try:
+            data = retry_transient(lambda: store.get_bytes(entry.key), READ_RETRY_S, f"read {entry.key}", log)
+            return load_bytes(data, entry.sha256, where=entry.key), entry
+        except FileNotFoundError:
+            log(f"checkpoint {entry.key} is missing; falling back to the one before it")
+        except CheckpointCorrupt as exc:
+            log(f"{exc}; falling back to the one before it")
+    return None, None
+
+
+def pin_resume_point(manifests: ManifestStore, attempt: int, entry: Optional[CheckpointEntry],
+                     log: Callable[[str], None]) -> None:
+    """Record where this attempt resumes from; drop (and delete) the broken entries after it."""
+    dropped: list[CheckpointEntry] = []
+
+    def mutate(manifest: CheckpointManifest) -> None:
+        keep = manifest.checkpoints
+        if entry is None:
+            dropped[:], keep = keep, []
+        else:
+            index = next(i for i, e in enumerate(keep) if e.key == entry.key)
+            dropped[:], keep = keep[index + 1:], keep[:index + 1]
+        manifest.checkpoints = keep
+        manifest.resumed_from = entry.step if entry is not None else None
+
+    manifests.update(attempt, mutate)
+    for bad in dropped:
+        try:
+            manifests.store.delete(bad.key)
+        except TransientError as exc:
+            log(f"could not delete unusable checkpoint {bad.key}: {exc}")

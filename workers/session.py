@@ -1,0 +1,77 @@
+"""One attempt at a job: claim it, resume from the latest good checkpoint, train, finalize.
+
+Shared by ``baton run`` (in-process) and the Celery task, which differ only in their
+LoopControl and their fence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from schemas.spec import JobSpec
+from storage.base import ObjectStore
+from storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer
+from storage.layout import JobPaths
+from storage.manifest_store import ManifestStore
+
+from . import rng, train_state
+from .components import build_components
+from .control import LoopControl
+from .determinism import configure, resolve_device
+from .finalize import finalize
+from .loop import Outcome, TrainingLoop
+from .resume import load_latest_good, pin_resume_point
+
+
+@dataclass
+class AttemptResult:
+    outcome: Outcome
+    resumed_from_step: Optional[int]
+    report: Optional[dict] = None
+
+
+def run_attempt(
+    spec: JobSpec,
+    job_id: str,
+    store: ObjectStore,
+    attempt: int,
+    control: LoopControl,
+    *,
+    allowed_prefixes: tuple[str, ...] = (),
+    fence: Callable[[], None] = lambda: None,
+    upload_retry_s: float = UPLOAD_RETRY_S,
+) -> AttemptResult:
+    paths = JobPaths(job_id)
+    manifests = ManifestStore(store, paths)
+    manifest = manifests.update(attempt, lambda m: None)  # claim: older attempts are fenced out from here
+    if manifest.completed:
+        return AttemptResult(Outcome(True, "already completed"), None)
+
+    state, entry = load_latest_good(store, manifest, control.log)
+    pin_resume_point(manifests, attempt, entry, control.log)
+
+    device = resolve_device(spec.resources.device)
+    threads = spec.resources.cpu_threads or (state["config"]["cpu_threads"] if state else torch.get_num_threads())
+    configure(spec.loop.deterministic, threads)
+    rng.seed_all(spec.seed)
+    parts = build_components(spec, device, allowed_prefixes)
+    checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence,
+                                     pin_memory=device.type == "cuda", upload_retry_s=upload_retry_s, log=control.log)
+    loop = TrainingLoop(parts, checkpointer, control, threads)
+    if state is not None:
+        loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
+        control.log(f"resuming {job_id} from step {entry.step} (epoch {entry.epoch}, batch {entry.batch_in_epoch}) "
+                    f"as attempt {attempt}")
+    try:
+        outcome = loop.run()
+    except BaseException:
+        checkpointer.abandon()
+        raise
+    checkpointer.close()
+    report = None
+    if outcome.completed:
+        report = finalize(store, paths, attempt, spec.model_dump(mode="json"), parts.model, loop.metrics,
+                          loop.best.state_dict(), fence, control.log)
+    return AttemptResult(outcome, entry.step if entry else None, report)

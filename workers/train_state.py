@@ -1,0 +1,42 @@
+"""A checkpoint's contents: the full training state, and putting it back.
+
+Top-level keys: format, model, optimizer, scheduler, scaler, rng, progress, best, metrics,
+config. Everything is a tensor or a plain value, loadable with ``weights_only=True``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from storage.checkpoint_io import FORMAT_VERSION
+
+from . import rng
+from .components import Components
+from .progress import BestTracker, Progress
+
+
+def capture(parts: Components, progress: Progress, best: BestTracker, metrics: list[dict], cpu_threads: int) -> dict[str, Any]:
+    """The live state (tensors are references: snapshot it before the loop moves on)."""
+    return {
+        "format": FORMAT_VERSION,
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
+        "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
+        "rng": rng.capture(),
+        "progress": progress.state_dict(),
+        "best": best.state_dict(),
+        "metrics": list(metrics),
+        "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type},
+    }
+
+
+def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTracker, list[dict]]:
+    """Load ``state`` into ``parts`` (RNG last, after anything that might draw from it)."""
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    if parts.scheduler is not None:
+        parts.scheduler.load_state_dict(state["scheduler"])
+    if parts.scaler.is_enabled():
+        parts.scaler.load_state_dict(state["scaler"])
+    rng.restore(state["rng"])
+    return Progress.from_state(state["progress"]), BestTracker.from_state(state["best"]), list(state["metrics"])
