@@ -5,6 +5,7 @@ commands must work on a machine with only the client's needs installed.
 """
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Optional
@@ -73,4 +74,5 @@ def run(
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app()

@@ -97,15 +97,16 @@ class AsyncCheckpointer:
         self._inflight: Optional[_InFlight] = None
 
     # --- called by the training loop -------------------------------------------------------
-    def save(self, state: dict[str, Any], request: CheckpointRequest, mandatory: bool) -> bool:
-        """Snapshot ``state`` and commit it in the background. False when skipped (see policy)."""
+    def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool) -> bool:
+        """Snapshot the state ``capture()`` returns and commit it in the background; False when
+        skipped (see the policy above). The stall is the time for capture and snapshot."""
         if self._inflight is not None and not self._inflight.future.done():
             if not mandatory:
                 self.totals.skipped += 1
                 return False
         self.wait()
         started = time.perf_counter()
-        snapshot = self._snapshot.take(state)
+        snapshot = self._snapshot.take(capture())
         stats = CheckpointStats(self.paths.checkpoint(request.step), request.kind, time.perf_counter() - started)
         self.totals.taken += 1
         future = self._pool.submit(self._write_and_commit, snapshot, request, stats)

@@ -14,6 +14,11 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
+from schemas.metrics import DETERMINISTIC_FIELDS
+from storage.base import ObjectStore
+from storage.checkpoint_io import load_bytes
+from storage.layout import JobPaths
+
 REPO = Path(__file__).resolve().parents[1]
 BATON = [sys.executable, "-m", "jobs"]
 
@@ -66,29 +71,26 @@ def start_baton(*args: str, env: Optional[dict] = None, log: Optional[Path] = No
                             cwd=REPO, start_new_session=True)
 
 
-def read_manifest(store_root: Path, job_id: str) -> Optional[dict]:
-    path = store_root / "jobs" / job_id / "manifest.json"
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+def read_manifest(store: ObjectStore, job_id: str) -> Optional[dict]:
+    found = store.read_versioned(JobPaths(job_id).manifest)
+    return json.loads(found[0]) if found else None
 
 
-def kill_when(proc: subprocess.Popen, store_root: Path, job_id: str, ready: Callable[[dict], bool],
+def kill_when(proc: subprocess.Popen, store: ObjectStore, job_id: str, ready: Callable[[dict], bool],
               timeout: float = 120) -> dict:
     """SIGKILL ``proc`` at a moment when its committed manifest satisfies ``ready``.
 
-    The process is frozen (SIGSTOP) while the manifest is checked, so what is checked is what
-    the resume will see. Returns that manifest.
+    The process is frozen (SIGSTOP) while the manifest is checked again, so what is checked is
+    what the resume will see. Returns that manifest.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"the job ended (rc {proc.returncode}) before the kill condition held")
-        manifest = read_manifest(store_root, job_id)
+        manifest = read_manifest(store, job_id)
         if manifest and ready(manifest):
             os.killpg(proc.pid, signal.SIGSTOP)
-            manifest = read_manifest(store_root, job_id)
+            manifest = read_manifest(store, job_id)
             if manifest and ready(manifest):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -99,14 +101,21 @@ def kill_when(proc: subprocess.Popen, store_root: Path, job_id: str, ready: Call
     raise AssertionError("kill condition never held")
 
 
-def load_checkpoint(store_root: Path, key: str) -> dict:
-    return torch.load(store_root / key, map_location="cpu", weights_only=True)
+def mid_epoch_after_two_checkpoints() -> Callable[[dict], bool]:
+    """True once two mid-epoch checkpoints have been committed and the latest is mid-epoch."""
+    seen: set[int] = set()
+
+    def ready(manifest: dict) -> bool:
+        seen.update(e["step"] for e in manifest["checkpoints"] if e["kind"] == "step")
+        latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None
+        return len(seen) >= 2 and latest is not None and latest["kind"] == "step" and latest["batch_in_epoch"] > 0
+    return ready
 
 
-def final_state(store_root: Path, job_id: str) -> dict:
-    manifest = read_manifest(store_root, job_id)
+def final_state(store: ObjectStore, job_id: str) -> dict:
+    manifest = read_manifest(store, job_id)
     assert manifest and manifest["completed"], f"job {job_id} did not complete"
-    return load_checkpoint(store_root, manifest["checkpoints"][-1]["key"])
+    return load_bytes(store.get_bytes(manifest["checkpoints"][-1]["key"]))
 
 
 def assert_bit_equal(a: Any, b: Any, path: str = "state") -> None:
@@ -127,5 +136,16 @@ def assert_bit_equal(a: Any, b: Any, path: str = "state") -> None:
         assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"
 
 
-def metrics_rows(store_root: Path, job_id: str) -> list[dict]:
-    return [json.loads(line) for line in (store_root / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
+def metrics_rows(store: ObjectStore, job_id: str) -> list[dict]:
+    return [json.loads(line) for line in store.get_bytes(JobPaths(job_id).metrics).decode().splitlines()]
+
+
+def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore, job_b: str) -> None:
+    """G1's comparison: final state bit for bit, equal losses, identical exported weights."""
+    a, b = final_state(store_a, job_a), final_state(store_b, job_b)
+    for part in ("model", "optimizer", "scheduler", "scaler", "progress", "best", "rng"):
+        assert_bit_equal(a[part], b[part], part)
+    rows_a, rows_b = metrics_rows(store_a, job_a), metrics_rows(store_b, job_b)
+    assert [{k: r[k] for k in DETERMINISTIC_FIELDS} for r in rows_a] == \
+           [{k: r[k] for k in DETERMINISTIC_FIELDS} for r in rows_b]
+    assert store_a.get_bytes(JobPaths(job_a).final_model) == store_b.get_bytes(JobPaths(job_b).final_model)

@@ -5,12 +5,13 @@ Specs name them as ``tests.probes:NAME`` (the tests allow the ``tests`` prefix).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from workers.builtins.data import TensorPairs
+from workers.builtins.data import TensorPairs, spiral
 from workers.data import split_indices
 
 FORWARDS: list[dict] = []
@@ -91,3 +92,21 @@ def raising(**kwargs) -> nn.Module:
 def eval_mode_mlp(**kwargs) -> nn.Module:
     """User code that hands over its model in eval mode: the loop must switch it to train mode."""
     return RecordingMLP(**kwargs).eval()
+
+
+class _Slow(Dataset):
+    def __init__(self, base: Dataset, delay_s: float):
+        self.base, self.delay_s = base, delay_s
+        self.augment = getattr(base, "augment", None)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        time.sleep(self.delay_s)
+        return self.base[index]
+
+
+def slow_spiral(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:
+    """The built-in spiral, loading each sample in ``delay_s``: training paced like real data."""
+    return _Slow(spiral(seed=seed, **kwargs), delay_s)

@@ -168,12 +168,12 @@ class TrainingLoop:
 
     def _checkpoint(self, kind: str, mandatory: bool, best=None, with_metrics: bool = False) -> None:
         p = self.progress
-        state = train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads)
         request = CheckpointRequest(
             step=p.global_step, epoch=p.epoch, batch_in_epoch=p.batch_in_epoch, kind=kind, best=best,
             metrics_rows=list(self.metrics) if with_metrics else None,
         )
-        self.checkpointer.save(state, request, mandatory=mandatory)
+        self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads),
+                               request, mandatory=mandatory)
 
     def _checkpoint_costs(self) -> dict:
         self.checkpointer.poll()

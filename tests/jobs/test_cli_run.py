@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from storage.file_store import FileStore
 from tests.helpers import REPO, make_spec, read_manifest, run_baton, start_baton, write_spec
 
 
@@ -62,11 +63,12 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits_3(tmp_path):
     spec = write_spec(tmp_path, make_spec(checkpoint={"every_steps": 1000}, loop={"epochs": 30}))
     proc = start_baton("run", str(spec), "--id", "t", "--storage", f"file://{tmp_path}", log=tmp_path / "log")
     deadline = time.monotonic() + 60
-    while not (read_manifest(tmp_path, "t") or {}).get("checkpoints"):  # wait for the first epoch end
+    store = FileStore(tmp_path)
+    while not (read_manifest(store, "t") or {}).get("checkpoints"):  # wait for the first epoch end
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 3, (tmp_path / "log").read_text()
-    latest = read_manifest(tmp_path, "t")["checkpoints"][-1]
-    assert latest["kind"] in ("stop", "epoch") and not read_manifest(tmp_path, "t")["completed"]
+    latest = read_manifest(store, "t")["checkpoints"][-1]
+    assert latest["kind"] in ("stop", "epoch") and not read_manifest(store, "t")["completed"]
     assert "run again with --id t to resume" in (tmp_path / "log").read_text()

@@ -44,7 +44,7 @@ def test_a_newer_attempt_fences_out_an_older_one(store):
 
 def test_checkpoint_is_listed_only_after_its_verified_upload(store):
     ckpt = _checkpointer(store)
-    ckpt.save(_state(5), _request(5), mandatory=True)
+    ckpt.save(lambda: _state(5), _request(5), mandatory=True)
     ckpt.close()
     entry = ManifestStore(store, PATHS).read().latest
     data = store.get_bytes(entry.key)
@@ -56,7 +56,7 @@ def test_checkpoint_is_listed_only_after_its_verified_upload(store):
 def test_the_snapshot_is_taken_before_save_returns(store):
     live = _state(1)
     ckpt = _checkpointer(store)
-    ckpt.save(live, _request(1), mandatory=True)
+    ckpt.save(lambda: live, _request(1), mandatory=True)
     live["model"]["w"].add_(100)  # the loop moves on at once
     ckpt.close()
     saved = load_bytes(store.get_bytes(PATHS.checkpoint(1)))
@@ -66,7 +66,7 @@ def test_the_snapshot_is_taken_before_save_returns(store):
 def test_rotation_keeps_the_newest_and_deletes_objects_after_the_commit(store):
     ckpt = _checkpointer(store, keep_last=2)
     for step in (1, 2, 3, 4):
-        ckpt.save(_state(step), _request(step), mandatory=True)
+        ckpt.save(lambda: _state(step), _request(step), mandatory=True)
     ckpt.close()
     manifest = ManifestStore(store, PATHS).read()
     assert [e.step for e in manifest.checkpoints] == [3, 4]
@@ -85,9 +85,9 @@ def test_rotation_never_drops_the_checkpoint_the_attempt_resumed_from():
 def test_best_is_kept_apart_and_metrics_written_after_the_commit(store):
     ckpt = _checkpointer(store, keep_last=2)
     rows = [{"epoch": 0, "val_loss": 0.5}]
-    ckpt.save(_state(1), _request(1, "epoch", best=("val_loss", 0.5), metrics_rows=rows), mandatory=True)
+    ckpt.save(lambda: _state(1), _request(1, "epoch", best=("val_loss", 0.5), metrics_rows=rows), mandatory=True)
     for step in (2, 3, 4):
-        ckpt.save(_state(step), _request(step), mandatory=True)
+        ckpt.save(lambda: _state(step), _request(step), mandatory=True)
     ckpt.close()
     manifest = ManifestStore(store, PATHS).read()
     assert manifest.best.step == 1 and manifest.best.value == 0.5 and manifest.best.key == PATHS.best
@@ -110,21 +110,21 @@ class GatedStore(FileStore):
 def test_periodic_checkpoint_is_skipped_while_one_is_in_flight_and_mandatory_ones_wait(tmp_path):
     store = GatedStore(tmp_path)
     ckpt = _checkpointer(store)
-    assert ckpt.save(_state(1), _request(1), mandatory=False)
-    assert not ckpt.save(_state(2), _request(2), mandatory=False)  # skipped, counted
+    assert ckpt.save(lambda: _state(1), _request(1), mandatory=False)
+    assert not ckpt.save(lambda: _state(2), _request(2), mandatory=False)  # skipped, counted
     assert ckpt.totals.skipped == 1
     threading.Timer(0.2, store.gate.set).start()
-    assert ckpt.save(_state(3), _request(3, "epoch"), mandatory=True)  # waits for step 1, then goes
+    assert ckpt.save(lambda: _state(3), _request(3, "epoch"), mandatory=True)  # waits for step 1, then goes
     ckpt.close()
     assert [e.step for e in ManifestStore(store, PATHS).read().checkpoints] == [1, 3]
 
 
 def test_a_fenced_out_checkpointer_commits_nothing(store):
     ckpt = _checkpointer(store, attempt=1)
-    ckpt.save(_state(1), _request(1), mandatory=True)
+    ckpt.save(lambda: _state(1), _request(1), mandatory=True)
     ckpt.wait()
     ManifestStore(store, PATHS).update(2, lambda m: None)  # another worker took the job over
-    ckpt.save(_state(2), _request(2), mandatory=True)
+    ckpt.save(lambda: _state(2), _request(2), mandatory=True)
     with pytest.raises(FencedOut):
         ckpt.close()
     assert [e.step for e in ManifestStore(store, PATHS).read().checkpoints] == [1]
@@ -133,7 +133,7 @@ def test_a_fenced_out_checkpointer_commits_nothing(store):
 def test_corrupt_latest_falls_back_to_the_previous_one_and_says_so(store):
     ckpt = _checkpointer(store, keep_last=3)
     for step in (1, 2):
-        ckpt.save(_state(step), _request(step), mandatory=True)
+        ckpt.save(lambda: _state(step), _request(step), mandatory=True)
     ckpt.close()
     data = bytearray(store.get_bytes(PATHS.checkpoint(2)))
     data[len(data) // 2] ^= 0xFF
@@ -154,7 +154,7 @@ def test_corrupt_latest_falls_back_to_the_previous_one_and_says_so(store):
 def test_missing_latest_falls_back_too(store):
     ckpt = _checkpointer(store, keep_last=3)
     for step in (1, 2):
-        ckpt.save(_state(step), _request(step), mandatory=True)
+        ckpt.save(lambda: _state(step), _request(step), mandatory=True)
     ckpt.close()
     store.delete(PATHS.checkpoint(2))
     logged: list[str] = []

@@ -16,6 +16,7 @@ from workers.components import build_components
 from workers.data import split_indices
 from workers.evaluate import evaluate
 from tests import probes
+from storage.file_store import FileStore
 from tests.helpers import final_state, make_spec
 from tests.workers.conftest import read_rows
 
@@ -88,7 +89,7 @@ def test_accumulation_divides_the_loss_and_steps_every_n_micro_batches(run_job):
     finally:
         handle.remove()
     assert steps_whole == steps_accum == 3  # 192 samples: 3 x 64, or 6 x 32 in groups of 2
-    a, b = final_state(root, whole_id)["model"], final_state(root, accum_id)["model"]
+    a, b = final_state(FileStore(root), whole_id)["model"], final_state(FileStore(root), accum_id)["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
 
@@ -170,7 +171,7 @@ def test_cosine_steps_once_per_epoch_after_the_epoch(run_job):
 
 def test_losses_are_logged_as_python_floats(run_job):
     result, root, job = run_job(spec(loop={"epochs": 1}))
-    state = final_state(root, job)
+    state = final_state(FileStore(root), job)
     for row in state["metrics"]:
         assert all(type(row[k]) is float for k in ("train_loss", "val_loss", "val_accuracy", "grad_norm"))
     assert type(state["progress"]["epoch_loss_sum"]) is float
@@ -181,7 +182,7 @@ def test_validation_loss_is_averaged_per_sample(run_job):
     job_spec = spec(data={**BLOBS, "kwargs": {"n": 600}, "val_batch_size": 64}, loop={"epochs": 1})
     _, root, job = run_job(job_spec)
     row = read_rows(root, job)[-1]
-    state = final_state(root, job)
+    state = final_state(FileStore(root), job)
     parts = build_components(JobSpec.parse(job_spec), torch.device("cpu"), ("tests",))
     parts.model.load_state_dict(state["model"])
     parts.model.eval()
@@ -206,7 +207,7 @@ def test_nonfinite_loss_skips_the_step_under_skip(run_job):
                                      loop={"epochs": 2, "nonfinite": "skip"}))
     rows = read_rows(root, job)
     assert rows[-1]["nonfinite_steps"] > 0
-    assert all(torch.isfinite(t).all() for t in final_state(root, job)["model"].values())
+    assert all(torch.isfinite(t).all() for t in final_state(FileStore(root), job)["model"].values())
 
 
 @pytest.mark.parametrize("monitor,mode", [("val_loss", "min"), ("val_accuracy", "max")])

@@ -1,0 +1,124 @@
+"""Local services for the demo and the tests: a redis-server and an S3 endpoint (moto's server),
+each on a free loopback port, started as child processes and stopped by PID.
+
+Never used on a worker's real path: real deployments point BATON_REDIS_URL and AWS_ENDPOINT_URL
+at real services.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Optional
+
+READY_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait(check, what: str, proc: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} while starting")
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not become ready within {timeout_s:.0f}s")
+
+
+def _stop(proc: Optional[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass
+class RedisServer:
+    """``redis-server`` on a free loopback port, keeping nothing on disk."""
+
+    port: int = field(default_factory=free_port)
+    proc: Optional[subprocess.Popen] = None
+    workdir: Optional[str] = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
+        self.workdir = tempfile.mkdtemp(prefix="baton-redis-")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.workdir, "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        _wait(self._pong, f"redis-server on port {self.port}", self.proc)
+        return self
+
+    def _pong(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass
+class S3Server:
+    """moto's S3-compatible HTTP server on a free loopback port (objects live in its memory)."""
+
+    port: int = field(default_factory=free_port)
+    proc: Optional[subprocess.Popen] = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables a boto3 client needs to talk to this endpoint."""
+        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": "baton-local",
+                "AWS_SECRET_ACCESS_KEY": "baton-local", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def start(self) -> "S3Server":
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait(self._answers, f"S3 endpoint on port {self.port}", self.proc)
+        return self
+
+    def _answers(self) -> bool:
+        with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1) as response:
+            return response.status == 200
+
+    def create_bucket(self, name: str) -> None:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+                     aws_access_key_id="baton-local", aws_secret_access_key="baton-local").create_bucket(Bucket=name)
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
