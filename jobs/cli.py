@@ -54,7 +54,8 @@ def run(
     Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable).
     """
     from storage.open import open_store
-    from workers.local import EXIT_FAILED, new_job_id, run_local
+    from storage.layout import new_job_id
+    from workers.local import EXIT_FAILED, run_local
 
     settings = _settings()
     parsed = _load_or_exit(spec, settings)

@@ -5,7 +5,7 @@ and a Redis password travels inside ``BATON_REDIS_URL`` (``rediss://`` for TLS).
 """
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STORAGE_URL = "file://./baton-data"
@@ -21,12 +21,28 @@ class BatonSettings(BaseSettings):
         "", description="Comma-separated module prefixes whose callables a spec may name as targets (builtins always allowed)."
     )
 
+    lease_ttl_s: float = Field(6.0, gt=0, description="A running job's lease lives this long unless renewed.")
+    heartbeat_s: float = Field(1.5, gt=0, description="How often a worker renews its lease (and reads cancel/stop flags).")
+    reaper_period_s: float = Field(2.0, gt=0, description="How often each worker looks for expired leases.")
+    preempt_grace_s: float = Field(
+        60.0, gt=0, description="After SIGTERM a worker checkpoints, releases its job and exits within this; "
+        "match it to the platform's notice (Kubernetes terminationGracePeriodSeconds, spot notice)."
+    )
+    redis_ca_certs: str = Field("", description="CA bundle for rediss:// (default: the system's).")
+
     @field_validator("storage_url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
         if not url.startswith(("s3://", "file://")):
             raise ValueError(f"must start with s3:// or file:// (got {url!r})")
         return url
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeats(self) -> "BatonSettings":
+        if self.heartbeat_s * 2 > self.lease_ttl_s:
+            raise ValueError(f"BATON_HEARTBEAT_S ({self.heartbeat_s}) must be at most half of BATON_LEASE_TTL_S "
+                             f"({self.lease_ttl_s}): one late heartbeat must not lose the lease")
+        return self
 
     @property
     def allowed_prefixes(self) -> tuple[str, ...]:

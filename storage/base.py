@@ -19,8 +19,9 @@ class ObjectStore(ABC):
         """Write ``data`` to ``key`` atomically: readers see the old object or the new one."""
 
     @abstractmethod
-    def put_file(self, key: str, path: Path) -> None:
-        """Upload a local file (multipart where the backend needs it), atomically as put_bytes."""
+    def put_file(self, key: str, path: Path, consume: bool = False) -> None:
+        """Upload a local file (multipart where the backend needs it), atomically as put_bytes.
+        ``consume``: the caller is done with the file, so a local backend may move it into place."""
 
     @abstractmethod
     def get_bytes(self, key: str) -> bytes:
@@ -54,6 +55,11 @@ class ObjectStore(ABC):
     def put_if(self, key: str, data: bytes, version: Optional[str]) -> None:
         """Compare-and-swap: write only if ``key`` is still at ``version`` (None: only if it does not
         exist); raise PreconditionFailed otherwise."""
+
+    def scratch_dir(self) -> Optional[Path]:
+        """Where to write files that will be ``put_file(consume=True)``: on the objects' own
+        filesystem for a local store (a rename instead of a copy), None for a remote one."""
+        return None
 
     def exists(self, key: str) -> bool:
         try:

@@ -78,6 +78,7 @@ class AsyncCheckpointer:
         keep_last: int,
         *,
         fence: Callable[[], None] = lambda: None,
+        on_commit: Callable[[CheckpointManifest], None] = lambda manifest: None,
         pin_memory: bool = False,
         upload_retry_s: float = UPLOAD_RETRY_S,
         log: Callable[[str], None] = print,
@@ -87,12 +88,13 @@ class AsyncCheckpointer:
         self.attempt = attempt
         self.keep_last = keep_last
         self.fence = fence
+        self.on_commit = on_commit
         self.upload_retry_s = upload_retry_s
         self.log = log
         self.manifests = ManifestStore(store, paths)
         self.totals = CheckpointerTotals()
         self._snapshot = HostSnapshot(pin_memory=pin_memory)
-        self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-"))
+        self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-", dir=store.scratch_dir()))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint")
         self._inflight: Optional[_InFlight] = None
 
@@ -170,7 +172,8 @@ class AsyncCheckpointer:
                 manifest.best = BestEntry(**{**entry.model_dump(), "key": self.paths.best}, metric=metric, value=value)
             dropped[:] = rotate(manifest, self.keep_last)
 
-        self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest")
+        manifest = self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest")
+        self.on_commit(manifest)
         self._delete(dropped)
         if request.metrics_rows is not None:
             body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
@@ -179,7 +182,7 @@ class AsyncCheckpointer:
         stats.bytes = size
 
     def _upload_verified(self, key: str, path: Path, size: int) -> None:
-        self.store.put_file(key, path)
+        self.store.put_file(key, path, consume=True)
         stored = self.store.size(key)
         if stored != size:
             raise TransientError(f"{key}: stored {stored} bytes, wrote {size}")

@@ -21,6 +21,7 @@ from .base import ObjectStore
 
 _TMP_PREFIX = ".tmp-"
 _LOCK_DIR = ".locks"
+_SCRATCH_DIR = ".scratch"
 
 
 class FileStore(ObjectStore):
@@ -51,9 +52,20 @@ class FileStore(ObjectStore):
         with self._temporary(self._path(key)) as tmp:
             tmp.write_bytes(data)
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path, consume: bool = False) -> None:
         with self._temporary(self._path(key)) as tmp:
+            if consume:
+                try:
+                    os.replace(path, tmp)  # same filesystem: no copy
+                    return
+                except OSError:
+                    pass
             shutil.copyfile(path, tmp)
+
+    def scratch_dir(self) -> Path:
+        scratch = self.root / _SCRATCH_DIR
+        scratch.mkdir(exist_ok=True)
+        return scratch
 
     def get_bytes(self, key: str) -> bytes:
         return self._path(key).read_bytes()

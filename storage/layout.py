@@ -14,6 +14,14 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def new_job_id(name: str) -> str:
+    """``<name>-<UTC time>-<4 hex>``: readable, sortable, unlikely to collide."""
+    import secrets
+    from datetime import datetime, timezone
+
+    return check_job_id(f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}")
+
+
 @dataclass(frozen=True)
 class JobPaths:
     job_id: str

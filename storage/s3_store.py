@@ -123,7 +123,7 @@ class S3Store(ObjectStore):
         else:
             self._call(key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path, consume: bool = False) -> None:
         self._call(key, lambda: self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer))
 
     def get_bytes(self, key: str) -> bytes:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import signal
-from datetime import datetime, timezone
 from typing import Optional
 
 from tqdm import tqdm
@@ -21,17 +20,12 @@ from .session import run_attempt
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_STOPPED = 0, 1, 2, 3
 
 
-def new_job_id(name: str) -> str:
-    import secrets
-
-    return f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
 class LocalControl(LoopControl):
     """Signals and a progress bar. The first SIGINT/SIGTERM stops at the next step boundary after a
     checkpoint; a second one exits at once."""
 
-    def __init__(self, progress_bar: bool):
+    def __init__(self, job_id: str, progress_bar: bool):
+        self.job_id = job_id
         self._stop: Optional[str] = None
         self._bar: Optional[tqdm] = None
         self._progress_bar = progress_bar
@@ -59,6 +53,9 @@ class LocalControl(LoopControl):
     def on_epoch(self, row: dict) -> None:
         self.log(f"epoch {row['epoch']}: step {row['step']} train_loss {row['train_loss']:.4f} "
                  f"val_loss {row['val_loss']:.4f} val_acc {row['val_accuracy']:.4f}{' *best' if row['is_best'] else ''}")
+
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
+        self.log(f"resuming {self.job_id} from step {step} (epoch {epoch}, batch {batch_in_epoch}) as attempt {attempt}")
 
     def log(self, message: str) -> None:
         if self._bar is not None:
@@ -91,7 +88,7 @@ def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: 
     if manifest.completed:
         print(f"job {job_id} already finished; its artifacts are under {store.url}/{paths.root}")
         return EXIT_DONE
-    control = LocalControl(progress_bar)
+    control = LocalControl(job_id, progress_bar)
     try:
         result = run_attempt(spec, job_id, store, manifest.attempt + 1, control, allowed_prefixes=allowed_prefixes)
     finally:

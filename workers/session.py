@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
+from schemas.manifest import CheckpointManifest
 from schemas.spec import JobSpec
 from storage.base import ObjectStore
 from storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer
@@ -41,6 +42,7 @@ def run_attempt(
     *,
     allowed_prefixes: tuple[str, ...] = (),
     fence: Callable[[], None] = lambda: None,
+    on_commit: Callable[[CheckpointManifest], None] = lambda manifest: None,
     upload_retry_s: float = UPLOAD_RETRY_S,
 ) -> AttemptResult:
     paths = JobPaths(job_id)
@@ -57,13 +59,12 @@ def run_attempt(
     configure(spec.loop.deterministic, threads)
     rng.seed_all(spec.seed)
     parts = build_components(spec, device, allowed_prefixes)
-    checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence,
+    checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence, on_commit=on_commit,
                                      pin_memory=device.type == "cuda", upload_retry_s=upload_retry_s, log=control.log)
     loop = TrainingLoop(parts, checkpointer, control, threads)
     if state is not None:
         loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
-        control.log(f"resuming {job_id} from step {entry.step} (epoch {entry.epoch}, batch {entry.batch_in_epoch}) "
-                    f"as attempt {attempt}")
+        control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
     try:
         outcome = loop.run()
     except BaseException:

@@ -102,9 +102,9 @@ class GatedStore(FileStore):
         super().__init__(root)
         self.gate = threading.Event()
 
-    def put_file(self, key, path):
+    def put_file(self, key, path, consume=False):
         self.gate.wait(timeout=30)
-        super().put_file(key, path)
+        super().put_file(key, path, consume)
 
 
 def test_periodic_checkpoint_is_skipped_while_one_is_in_flight_and_mandatory_ones_wait(tmp_path):

@@ -81,3 +81,12 @@ def test_racing_conditional_puts_have_one_winner(store):
     for t in threads:
         t.join()
     assert len(wins) == 1 and store.get_bytes("race") == str(wins[0]).encode()
+
+
+def test_put_file_consuming_the_source(store, tmp_path):
+    scratch = store.scratch_dir() or tmp_path
+    src = scratch / "spool.bin"
+    src.write_bytes(b"x" * 4096)
+    store.put_file("c/spool.bin", src, consume=True)
+    assert store.get_bytes("c/spool.bin") == b"x" * 4096
+    assert store.list("") == ["c/spool.bin"]  # the scratch file is not an object
