@@ -74,6 +74,140 @@ def run(
     raise typer.Exit(code)
 
 
+def _client():
+    from .client import JobClient
+
+    return JobClient()
+
+
+def _job(job_id: str):
+    from schemas.errors import JobNotFound
+
+    try:
+        return _client().job(job_id)
+    except JobNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+
+
+def _follow(job) -> int:
+    """Show a job until it ends; exit status 0 if it succeeded."""
+    from .display import progress_line
+
+    tty = sys.stderr.isatty()
+    status = job.wait(progress=True, on_change=None if tty else lambda s: typer.echo(progress_line(s)))
+    if tty:
+        typer.echo(progress_line(status))
+    if status.error:
+        typer.echo(f"error: {status.error}", err=True)
+    return 0 if status.state.value == "succeeded" else 1
+
+
+@app.command()
+def submit(
+    spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
+    job_id: Optional[str] = typer.Option(None, "--id", help="Job id [default: NAME-TIME-XXXX]."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends (exit 1 unless it succeeds)."),
+) -> None:
+    """Validate a spec and queue it (exit 2 naming each wrong field; nothing is queued then)."""
+    settings = _settings()
+    _load_or_exit(spec, settings)
+    try:
+        job = _client().submit(spec, job_id)
+    except SpecError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_BAD_SPEC)
+    typer.echo(job.id)
+    if wait:
+        raise typer.Exit(_follow(job))
+
+
+@app.command()
+def status(job_id: Optional[str] = typer.Argument(None, help="A job id; all recent jobs when left out.")) -> None:
+    """A job's state, attempt, worker, progress, checkpoints and error; or a table of recent jobs."""
+    from .display import details, table
+
+    if job_id:
+        typer.echo(details(_job(job_id).status()))
+    else:
+        typer.echo(table(_client().list()))
+
+
+@app.command("list")
+def list_jobs(limit: int = typer.Option(50, help="How many, newest first.")) -> None:
+    """Recent jobs as a table."""
+    from .display import table
+
+    typer.echo(table(_client().list(limit)))
+
+
+@app.command()
+def watch(job_id: str) -> None:
+    """Follow a job with a live progress bar until it ends."""
+    raise typer.Exit(_follow(_job(job_id)))
+
+
+@app.command()
+def cancel(job_id: str) -> None:
+    """Cancel: at once if the job is waiting, else at its next step after a checkpoint."""
+    result = _job(job_id).cancel()
+    typer.echo({"cancelled": f"{job_id}: cancelled", "requested": f"{job_id}: cancel requested; it stops at its next "
+                "step after a checkpoint"}.get(result, f"{job_id}: already {result}"))
+
+
+@app.command()
+def resume(job_id: str) -> None:
+    """Queue a cancelled or failed job again, from its latest checkpoint."""
+    try:
+        attempt = _job(job_id).resume()
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{job_id}: queued as attempt {attempt}")
+
+
+@app.command()
+def fetch(
+    job_id: str,
+    which: str = typer.Option("best", "--which", help="best | latest | final"),
+    out: Path = typer.Option(Path("."), "-o", "--out", help="Directory to write into (a folder per job)."),
+) -> None:
+    """Download a job's best or latest checkpoint (sha256-verified) or its final artifacts."""
+    try:
+        path = _job(job_id).download(out, which=which)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    typer.echo(str(path))
+
+
+@app.command()
+def worker(
+    name: Optional[str] = typer.Option(None, "--name", help="Worker name [default: baton-PID@HOST]."),
+    queues: str = typer.Option("default", "--queues", "-Q", help="Comma-separated queues to take jobs from."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Jobs at once (one process each)."),
+    loglevel: str = typer.Option("INFO", "--loglevel", help="Celery log level."),
+) -> None:
+    """Start a worker: a Celery worker with baton's settings, one job per process."""
+    from workers.worker_main import run_worker
+
+    logging.getLogger("baton").setLevel(logging.INFO)
+    raise typer.Exit(run_worker(name, queues, concurrency, loglevel))
+
+
+@app.command()
+def demo(
+    spec: Path = typer.Option(Path("examples/spiral.yaml"), "--spec", help="The job to run."),
+    out: Path = typer.Option(Path("demo-out"), "--out", help="Where logs and fetched artifacts go."),
+    redis_url: Optional[str] = typer.Option(None, "--redis-url", help="Use this Redis instead of starting one."),
+    storage_url: Optional[str] = typer.Option(None, "--storage-url", help="Use this store instead of a local S3 endpoint."),
+) -> None:
+    """A job that survives a SIGKILLed worker: local Redis + S3 endpoint, two workers, bit-exact check."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(spec, out, redis_url, storage_url))
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app()

@@ -6,6 +6,7 @@ at real services.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -24,6 +25,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """preexec_fn for children: the kernel sends them SIGTERM when their parent dies (Linux), so an
+    interrupted demo or test run leaves no servers or workers behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _wait(check, what: str, proc: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -71,7 +83,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.workdir, "--daemonize", "no", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )
         _wait(self._pong, f"redis-server on port {self.port}", self.proc)
         return self
@@ -105,7 +117,7 @@ class S3Server:
 
     def start(self) -> "S3Server":
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         _wait(self._answers, f"S3 endpoint on port {self.port}", self.proc)
         return self
 
@@ -122,3 +134,47 @@ class S3Server:
     def stop(self) -> None:
         _stop(self.proc)
 
+
+
+@dataclass
+class WorkerProcess:
+    """A ``baton worker`` in its own process group (so the whole group can be signalled)."""
+
+    name: str
+    env: dict[str, str]
+    log_path: str
+    proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "WorkerProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "jobs", "worker", "--name", self.name],
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=die_with_parent)
+        log.close()
+        return self
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as fh:
+            return fh.read().decode(errors="replace")
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> "WorkerProcess":
+        _wait(lambda: f"baton worker {self.name} ready" in self.log(), f"worker {self.name}", self.proc, timeout_s)
+        return self
+
+    def signal(self, signum: int, group: bool = True) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            if group:
+                os.killpg(self.proc.pid, signum)
+            else:
+                self.proc.send_signal(signum)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.signal(signal.SIGCONT)  # in case a test left it stopped
+        self.signal(signal.SIGTERM, group=False)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()

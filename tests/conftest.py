@@ -40,3 +40,61 @@ def redis_server():
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+class Cluster:
+    """Real ``baton worker`` processes against the test Redis and S3, and a client for them."""
+
+    def __init__(self, env: dict, log_dir, redis_url: str, storage_url: str):
+        self.env, self.log_dir = env, log_dir
+        self.redis_url, self.storage_url = redis_url, storage_url
+        self.workers: list = []
+        self._client = None
+
+    def start_workers(self, n: int = 2) -> list:
+        from jobs.services import WorkerProcess
+
+        new = [WorkerProcess(f"w{len(self.workers) + i}@test", self.env, str(self.log_dir / f"w{len(self.workers) + i}.log"))
+               for i in range(n)]
+        for worker in new:
+            worker.start()
+        for worker in new:
+            worker.wait_ready()
+        self.workers += new
+        return new
+
+    def worker(self, name: str):
+        return next(w for w in self.workers if w.name == name)
+
+    @property
+    def client(self):
+        from jobs.client import JobClient
+
+        if self._client is None:
+            self._client = JobClient(redis_url=self.redis_url, storage_url=self.storage_url)
+        return self._client
+
+    def store(self):
+        from storage.open import open_store
+
+        return open_store(self.storage_url)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+
+@pytest.fixture
+def cluster(redis_server, s3_server, s3_bucket, s3_env, tmp_path, monkeypatch):
+    """A flushed Redis, a new bucket, and a way to start workers; every worker is stopped after."""
+    import redis as redis_lib
+
+    from tests.helpers import baton_env
+
+    redis_lib.Redis.from_url(redis_server.url).flushdb()
+    storage_url = f"s3://{s3_bucket}/runs"
+    monkeypatch.setenv("BATON_ALLOWED_MODULES", "tests")
+    env = baton_env(**s3_env, BATON_REDIS_URL=redis_server.url, BATON_STORAGE_URL=storage_url)
+    c = Cluster(env, tmp_path, redis_server.url, storage_url)
+    yield c
+    c.stop()

@@ -18,6 +18,7 @@ from schemas.metrics import DETERMINISTIC_FIELDS
 from storage.base import ObjectStore
 from storage.checkpoint_io import load_bytes
 from storage.layout import JobPaths
+from storage.state_diff import first_difference
 
 REPO = Path(__file__).resolve().parents[1]
 BATON = [sys.executable, "-m", "jobs"]
@@ -120,20 +121,8 @@ def final_state(store: ObjectStore, job_id: str) -> dict:
 
 def assert_bit_equal(a: Any, b: Any, path: str = "state") -> None:
     """Every tensor torch.equal (same dtype and shape), every other value ==, recursively."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), f"{path}: tensor vs {type(b).__name__}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
-        assert torch.equal(a, b), f"{path}: tensors differ"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
-        for key in a:
-            assert_bit_equal(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_bit_equal(x, y, f"{path}[{i}]")
-    else:
-        assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"
+    difference = first_difference(a, b, path)
+    assert difference is None, difference
 
 
 def metrics_rows(store: ObjectStore, job_id: str) -> list[dict]:

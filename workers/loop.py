@@ -34,6 +34,7 @@ from .progress import BestTracker, Progress
 class Outcome:
     completed: bool
     reason: Optional[str] = None  # why it stopped early
+    step: Optional[int] = None  # the optimizer step of its last checkpoint
 
 
 @dataclass
@@ -66,8 +67,8 @@ class TrainingLoop:
             reason = reason or self.control.stop_reason()
             if reason is not None and self.progress.epoch < epochs:
                 self.checkpointer.wait()  # the epoch-end checkpoint is the stop checkpoint
-                return Outcome(False, reason)
-        return Outcome(True)
+                return Outcome(False, reason, self.progress.global_step)
+        return Outcome(True, step=self.progress.global_step)
 
     def train_epoch(self) -> Optional[str]:
         """Train to the end of the epoch, or until a stop is asked for (returns its reason)."""
@@ -164,7 +165,7 @@ class TrainingLoop:
     def _stop(self, reason: str) -> Outcome:
         self._checkpoint("stop", mandatory=True)
         self.checkpointer.wait()
-        return Outcome(False, reason)
+        return Outcome(False, reason, self.progress.global_step)
 
     def _checkpoint(self, kind: str, mandatory: bool, best=None, with_metrics: bool = False) -> None:
         p = self.progress

@@ -1,0 +1,190 @@
+"""The Python surface: ``JobClient`` and the ``Job`` handles it returns.
+
+    client = JobClient()                 # BATON_REDIS_URL, BATON_STORAGE_URL from the environment
+    job = client.submit("job.yaml")      # or a JobSpec or a dict; validated before anything is queued
+    job.status(); job.wait(progress=True); job.metrics(); job.cancel()
+    job.download("out/", which="best")   # best | latest | final
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from tqdm import tqdm
+
+from schemas.errors import CheckpointCorrupt, JobNotFound, SpecError
+from schemas.settings import BatonSettings
+from schemas.status import JobStatus
+from storage.base import ObjectStore
+from storage.checkpoint_io import sha256_of
+from storage.layout import JobPaths, check_job_id, new_job_id
+from storage.manifest_store import ManifestStore
+from storage.open import open_store
+
+from .records import JobRecords
+from .redis_conn import connect
+from .specfile import SpecSource, load_spec
+
+WHICH = ("best", "latest", "final")
+POLL_S = 0.5
+
+
+class Job:
+    """A handle on one job."""
+
+    def __init__(self, client: "JobClient", job_id: str):
+        self.client, self.id = client, job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def status(self) -> JobStatus:
+        return self.client.records.status(self.id)
+
+    def wait(self, timeout: Optional[float] = None, progress: bool = True,
+             on_change: Optional[Callable[[JobStatus], None]] = None) -> JobStatus:
+        """Block until the job ends (succeeded, failed, cancelled); TimeoutError after ``timeout`` s.
+        ``progress``: a live bar on a terminal (steps, loss, samples/s, attempt and worker).
+        ``on_change``: called with the status whenever its state, attempt, worker or epoch changes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar, seen = None, None
+        try:
+            while True:
+                status = self.status()
+                if progress and sys.stderr.isatty():
+                    bar = _draw(bar, status)
+                key = (status.state, status.attempt, status.worker, status.epoch)
+                if on_change is not None and key != seen:
+                    seen = key
+                    on_change(status)
+                if status.state.terminal:
+                    return status
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.id} still {status.state.value} after {timeout}s")
+                time.sleep(POLL_S)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def cancel(self) -> str:
+        """Stop the job: at once if it waits for a worker, else at its next step after a checkpoint."""
+        result = self.client.records.cancel(self.id)
+        if result == "missing":
+            raise JobNotFound(f"no job {self.id!r}")
+        return result
+
+    def resume(self) -> int:
+        """Queue a cancelled (or failed) job again from its latest checkpoint; returns the attempt."""
+        attempt = self.client.records.resume(self.id)
+        if attempt < 0:
+            raise ValueError(f"job {self.id} is {self.status().state.value}: only cancelled or failed jobs resume")
+        self.client._publish(self.id, attempt)
+        return attempt
+
+    def _store(self) -> ObjectStore:
+        status = self.status()
+        return open_store(status.storage_url or self.client.settings.storage_url)
+
+    def metrics(self) -> list[dict]:
+        """One row per validation so far (metrics.jsonl)."""
+        try:
+            data = self._store().get_bytes(JobPaths(self.id).metrics)
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in data.decode().splitlines() if line]
+
+    def report(self) -> dict:
+        return json.loads(self._store().get_bytes(JobPaths(self.id).report))
+
+    def download(self, directory: str | Path = ".", which: str = "best") -> Path:
+        """Fetch ``best`` or ``latest`` (a full checkpoint, verified against its committed sha256)
+        or ``final`` (model.safetensors, report.json, curves.png, metrics.jsonl); returns the path."""
+        if which not in WHICH:
+            raise ValueError(f"which must be one of {WHICH} (got {which!r})")
+        store, paths = self._store(), JobPaths(self.id)
+        out = Path(directory) / self.id
+        out.mkdir(parents=True, exist_ok=True)
+        if which == "final":
+            if not ManifestStore(store, paths).read().completed:
+                raise FileNotFoundError(f"job {self.id} has not finished: no final artifacts yet (try which='latest')")
+            for key in (paths.final_model, paths.report, paths.curves, paths.metrics):
+                store.get_file(key, out / Path(key).name)
+            return out
+        manifest = ManifestStore(store, paths).read()
+        entry = manifest.best if which == "best" else manifest.latest
+        if entry is None:
+            raise FileNotFoundError(f"job {self.id} has no {which} checkpoint yet")
+        target = out / ("best.pt" if which == "best" else Path(entry.key).name)
+        store.get_file(entry.key, target)
+        if sha256_of(target.read_bytes()) != entry.sha256:
+            target.unlink()
+            raise CheckpointCorrupt(f"{entry.key}: sha256 does not match the manifest (it may be mid-update: retry)")
+        return target
+
+
+def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:
+    if bar is None:
+        bar = tqdm(total=status.total_steps or 0, unit="step", dynamic_ncols=True, desc=status.id)
+    if status.total_steps and bar.total != status.total_steps:
+        bar.total = status.total_steps
+    bar.n = status.step or 0
+    bar.set_postfix_str(f"{status.state.value} attempt {status.attempt} on {status.worker or '-'} "
+                        f"loss {status.loss if status.loss is not None else float('nan'):.4f} "
+                        f"{status.samples_per_s or 0:.0f} samples/s", refresh=True)
+    return bar
+
+
+class JobClient:
+    def __init__(self, redis_url: Optional[str] = None, storage_url: Optional[str] = None):
+        overrides = {k: v for k, v in (("redis_url", redis_url), ("storage_url", storage_url)) if v}
+        self.settings = BatonSettings(**overrides)
+        self.records = JobRecords(connect(self.settings))
+        self._celery = None
+
+    def _publish(self, job_id: str, attempt: int) -> None:
+        from workers.celery_app import make_app, publish_run  # the Celery app only, never the loop
+
+        if self._celery is None:
+            self._celery = make_app(self.settings)
+        mark = self.records.pending_mark(job_id)
+        queue = self.records.raw(job_id).get("queue", "default")
+        publish_run(self._celery, job_id, attempt, queue)
+        if mark:
+            self.records.published(job_id, mark)
+
+    def submit(self, spec: SpecSource, job_id: Optional[str] = None) -> Job:
+        """Validate, store the spec, create the record, queue attempt 1. SpecError (nothing queued)
+        if the spec is invalid."""
+        parsed = load_spec(spec, self.settings.allowed_prefixes)
+        job_id = check_job_id(job_id or new_job_id(parsed.name))
+        store = open_store(self.settings.storage_url)
+        paths = JobPaths(job_id)
+        if self.records.exists(job_id) or store.exists(paths.spec):
+            raise SpecError([f"id: a job {job_id!r} already exists"])
+        store.put_bytes(paths.spec, parsed.model_dump_json(indent=2).encode())
+        created = self.records.create(job_id, {
+            "name": parsed.name, "spec": parsed.model_dump_json(), "queue": parsed.resources.queue,
+            "max_attempts": str(parsed.retry.max_attempts), "epochs": str(parsed.loop.epochs),
+            "storage_url": store.url,
+        })
+        if not created:
+            raise SpecError([f"id: a job {job_id!r} already exists"])
+        self._publish(job_id, 1)
+        return Job(self, job_id)
+
+    def job(self, job_id: str) -> Job:
+        self.records.raw(job_id)  # JobNotFound if it does not exist
+        return Job(self, job_id)
+
+    def list(self, limit: int = 100) -> list[JobStatus]:
+        """The newest jobs first."""
+        statuses = []
+        for job_id in self.records.list_ids(limit):
+            try:
+                statuses.append(self.records.status(job_id))
+            except JobNotFound:
+                continue
+        return statuses

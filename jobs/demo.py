@@ -1,0 +1,129 @@
+"""``baton demo``: a job that survives losing its worker, end to end, on this machine.
+
+Starts a redis-server and an S3 endpoint (moto's server) on free loopback ports unless given
+real ones, two ``baton worker`` processes, submits the spiral job, SIGKILLs the worker holding it
+halfway, shows it resuming on the other worker, fetches the best model and the report, and checks
+the result bit for bit against ``baton run`` of the same spec.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, Optional
+
+from schemas.status import JobStatus
+from storage.checkpoint_io import load_bytes
+from storage.layout import JobPaths
+from storage.manifest_store import ManifestStore
+from storage.open import open_store
+from storage.state_diff import count_tensors, first_difference
+
+from .client import JobClient
+from .display import progress_line
+from .services import RedisServer, S3Server, WorkerProcess, die_with_parent
+
+BUCKET = "baton-demo"
+Say = Callable[[str], None]
+
+
+def _start_services(stack: ExitStack, redis_url: Optional[str], storage_url: Optional[str], say: Say) -> tuple[str, str]:
+    if redis_url is None:
+        redis = stack.enter_context(_running(RedisServer()))
+        redis_url = redis.url
+        say(f"started redis-server on {redis_url}")
+    if storage_url is None:
+        s3 = stack.enter_context(_running(S3Server()))
+        os.environ.update(s3.env())
+        s3.create_bucket(BUCKET)
+        storage_url = f"s3://{BUCKET}/demo"
+        say(f"started an S3 endpoint (moto) on {s3.endpoint_url}, bucket {BUCKET}")
+    return redis_url, storage_url
+
+
+class _running:
+    def __init__(self, service):
+        self.service = service
+
+    def __enter__(self):
+        return self.service.start()
+
+    def __exit__(self, *exc):
+        self.service.stop()
+
+
+def _wait(job, until: Callable[[JobStatus], bool], say: Say, timeout_s: float = 300) -> JobStatus:
+    deadline, shown = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        status = job.status()
+        line = progress_line(status)
+        if (status.state, status.attempt, status.worker, status.epoch) != shown:
+            shown = (status.state, status.attempt, status.worker, status.epoch)
+            say("  " + line)
+        if until(status) or status.state.terminal:
+            return status
+        time.sleep(0.05)
+    raise TimeoutError("the demo job did not get there in time")
+
+
+def _reference(spec: Path, out: Path, threads: int) -> Path:
+    """`baton run` of the same spec, in a process of its own, with the worker's thread count."""
+    store = out / "reference"
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    subprocess.run([sys.executable, "-m", "jobs", "run", str(spec), "--id", "reference", "--storage", f"file://{store}",
+                    "--no-progress"], check=True, env=env, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    return store
+
+
+def run_demo(spec: Path, out: Path, redis_url: Optional[str], storage_url: Optional[str], say: Say = print) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        redis_url, storage_url = _start_services(stack, redis_url, storage_url, say)
+        env = {**os.environ, "BATON_REDIS_URL": redis_url, "BATON_STORAGE_URL": storage_url}
+        workers = [WorkerProcess(f"demo-{n}@{os.uname().nodename}", env, str(out / f"worker-{n}.log")) for n in "ab"]
+        for worker in workers:
+            stack.callback(worker.stop)
+            worker.start()
+        for worker in workers:
+            worker.wait_ready()
+        say(f"started workers {', '.join(w.name for w in workers)} (logs in {out})")
+
+        client = JobClient(redis_url=redis_url, storage_url=storage_url)
+        job = client.submit(spec)
+        say(f"submitted {spec} as job {job.id}")
+        status = _wait(job, lambda s: s.total_steps and (s.step or 0) >= s.total_steps // 2, say)
+        holder = next(w for w in workers if w.name == status.worker)
+        holder.signal(signal.SIGKILL)
+        say(f"SIGKILL to {holder.name} (pid {holder.proc.pid}) at step {status.step}/{status.total_steps}: "
+            "its lease will expire and the other worker takes the job over")
+        final = _wait(job, lambda s: False, say)
+        say(f"job {final.state.value}: attempt {final.attempt} on {final.worker}, resumed from step {final.resumed_from}")
+        if final.state.value != "succeeded":
+            say(f"error: {final.error}")
+            return 1
+
+        best = job.download(out, which="best")
+        artifacts = job.download(out, which="final")
+        say(f"fetched the best checkpoint to {best} and the final artifacts to {artifacts}")
+        for line in job.report()["note"]:
+            say(f"  report: {line}")
+
+        store = open_store(storage_url)
+        distributed = load_bytes(store.get_bytes(final.latest_checkpoint))
+        reference_store = _reference(spec, out, distributed["config"]["cpu_threads"])
+        reference_files = open_store(f"file://{reference_store}")
+        latest = ManifestStore(reference_files, JobPaths("reference")).read().latest
+        reference = load_bytes(reference_files.get_bytes(latest.key), latest.sha256)
+        parts = {k: (distributed[k], reference[k]) for k in ("model", "optimizer", "scheduler", "rng")}
+        difference = next((d for k, (a, b) in parts.items() if (d := first_difference(a, b, k))), None)
+        tensors = sum(count_tensors(a) for a, _ in parts.values())
+        if difference:
+            say(f"NOT bit-exact against `baton run`: {difference}")
+            return 1
+        say(f"bit-exact: all {tensors} tensors of model, optimizer, scheduler and RNG equal (torch.equal) "
+            f"to an uninterrupted `baton run` of the same spec")
+        return 0

@@ -1,0 +1,51 @@
+"""How jobs look in a terminal: one job in detail, many as a table, a progress line."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Optional
+
+from schemas.status import JobStatus
+
+
+def _when(stamp: Optional[float]) -> str:
+    return dt.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S") if stamp else "-"
+
+
+def _num(value: Optional[float], fmt: str = ".4f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def progress_line(s: JobStatus) -> str:
+    steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
+    epoch = f"{(s.epoch or 0) + 1}/{s.epochs}" if s.epochs and s.epoch is not None else "-"
+    return (f"{s.id} {s.state.value} attempt {s.attempt} on {s.worker or '-'}: epoch {epoch} step {steps} "
+            f"loss {_num(s.loss)} {_num(s.samples_per_s, '.0f')} samples/s")
+
+
+def details(s: JobStatus) -> str:
+    rows = [
+        ("id", s.id), ("name", s.name), ("state", s.state.value), ("queue", s.queue),
+        ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"), ("worker", s.worker or "-"),
+        ("epoch", f"{(s.epoch or 0) + 1}/{s.epochs}" if s.epoch is not None else f"-/{s.epochs or '-'}"),
+        ("step", f"{s.step}/{s.total_steps}" if s.total_steps else "-"),
+        ("loss", _num(s.loss)), ("val_loss", _num(s.val_loss)), ("val_accuracy", _num(s.val_accuracy)),
+        ("latest checkpoint", s.latest_checkpoint or "-"),
+        ("best checkpoint", f"{s.best_checkpoint} ({_num(s.best_value)})" if s.best_checkpoint else "-"),
+        ("resumed from step", "-" if s.resumed_from is None else str(s.resumed_from)),
+        ("storage", s.storage_url or "-"), ("created", _when(s.created_at)), ("updated", _when(s.updated_at)),
+    ]
+    if s.error:
+        rows.append(("error", s.error))
+    text = "\n".join(f"{k:>18}: {v}" for k, v in rows)
+    if s.traceback:
+        text += "\n\n" + s.traceback.rstrip()
+    return text
+
+
+def table(statuses: list[JobStatus]) -> str:
+    header = f"{'ID':<40} {'STATE':<10} {'ATT':>3} {'STEP':>13} {'VAL_LOSS':>9} {'WORKER':<24}"
+    lines = [header]
+    for s in statuses:
+        steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
+        lines.append(f"{s.id:<40} {s.state.value:<10} {s.attempt:>3} {steps:>13} {_num(s.val_loss):>9} {s.worker or '-':<24}")
+    return "\n".join(lines)

@@ -1,0 +1,24 @@
+"""Every Redis key baton uses, built in one place."""
+from __future__ import annotations
+
+PREFIX = "baton"
+
+JOBS_INDEX = f"{PREFIX}:jobs"
+"""Sorted set of every job id, scored by submission time."""
+ACTIVE = f"{PREFIX}:active"
+"""Set of the ids of jobs not yet finished (queued, running, retrying): what the reaper scans."""
+
+
+def job(job_id: str) -> str:
+    """Hash: the job's record (spec, state, attempt, progress, pointers, error)."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def lease(job_id: str) -> str:
+    """String ``<attempt>:<worker>`` with a TTL: present while a live worker holds the job."""
+    return f"{PREFIX}:job:{job_id}:lease"
+
+
+def worker_stopping(worker: str) -> str:
+    """Set while the worker named ``worker`` is shutting down (its jobs checkpoint and leave)."""
+    return f"{PREFIX}:worker:{worker}:stopping"

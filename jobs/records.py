@@ -1,0 +1,164 @@
+"""Job records in Redis, and every change to them as one atomic script.
+
+A record is a hash (``keys.job``). Its ``attempt`` counts the claims by workers: each claim
+starts a new attempt, and a worker's lease holds ``<attempt>:<worker>``. Every write a worker
+makes is fenced: it succeeds only while that exact lease is alive, so a worker that paused
+past its lease, or a stale redelivery, changes nothing.
+
+Publishing a Celery message cannot be part of a Redis transaction, so it follows the outbox
+pattern: a script marks the record ``publish_pending`` in the same step as the state change,
+the message is published, then the mark is cleared. The reaper re-publishes a mark left
+behind by a crash; the duplicate messages this may create are dropped when claimed.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import redis
+
+from schemas.errors import JobNotFound
+from schemas.status import JobState, JobStatus
+
+from . import keys
+
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+"""
+
+_CLEAR_PENDING = """
+if redis.call('HGET', KEYS[1], 'publish_pending') == ARGV[1] then redis.call('HDEL', KEYS[1], 'publish_pending') end
+return 1
+"""
+
+# KEYS: job, lease. ARGV: lease token, attempt, field/value pairs...
+_FENCED_SET = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+if #ARGV > 2 then redis.call('HSET', KEYS[1], unpack(ARGV, 3)) end
+return 1
+"""
+
+# KEYS: job, lease, active. ARGV: lease token, job id, state, now, field/value pairs...
+_FINISH = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'updated_at', ARGV[4], 'finished_at', ARGV[4])
+if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
+redis.call('HDEL', KEYS[1], 'cancel_requested')
+redis.call('SREM', KEYS[3], ARGV[2])
+return 1
+"""
+
+# KEYS: job, lease. ARGV: lease token, now, reason. Returns the next attempt, or -1 if fenced out.
+_RELEASE = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2], 'last_event', ARGV[3])
+return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
+"""
+
+# KEYS: job, active. ARGV: job id, now
+_CANCEL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'missing' end
+if state == 'queued' or state == 'retrying' then
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2])
+  redis.call('HDEL', KEYS[1], 'publish_pending')
+  redis.call('SREM', KEYS[2], ARGV[1])
+  return 'cancelled'
+end
+if state == 'running' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+  return 'requested'
+end
+return state
+"""
+
+# KEYS: job, active. ARGV: job id, now. Returns the next attempt, or -1 when not resumable.
+_RESUME = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'cancelled' and state ~= 'failed' then return -1 end
+redis.call('HSET', KEYS[1], 'state', 'retrying', 'lost', '0', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
+           'last_event', 'resumed by the user')
+redis.call('HDEL', KEYS[1], 'error', 'traceback', 'cancel_requested', 'finished_at')
+redis.call('SADD', KEYS[2], ARGV[1])
+return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
+"""
+
+
+def now() -> str:
+    return repr(time.time())
+
+
+class JobRecords:
+    """Reads and writes of job records. Worker-side writes take the lease token they hold."""
+
+    def __init__(self, client: redis.Redis):
+        self.redis = client
+        self._create = client.register_script(_CREATE)
+        self._clear_pending = client.register_script(_CLEAR_PENDING)
+        self._fenced_set = client.register_script(_FENCED_SET)
+        self._finish = client.register_script(_FINISH)
+        self._release = client.register_script(_RELEASE)
+        self._cancel = client.register_script(_CANCEL)
+        self._resume = client.register_script(_RESUME)
+
+    # --- client side -----------------------------------------------------------------------
+    def create(self, job_id: str, fields: dict[str, str]) -> bool:
+        """Store a new queued record (marked publish_pending); False if the id is taken."""
+        stamp = now()
+        record = {**fields, "id": job_id, "state": JobState.queued.value, "attempt": "0", "lost": "0",
+                  "created_at": stamp, "updated_at": stamp, "publish_pending": stamp}
+        flat = [item for pair in record.items() for item in pair]
+        return bool(self._create(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE], args=[job_id, stamp, *flat]))
+
+    def published(self, job_id: str, mark: str) -> None:
+        """The message for ``mark`` (the publish_pending value) is out: clear the mark."""
+        self._clear_pending(keys=[keys.job(job_id)], args=[mark])
+
+    def pending_mark(self, job_id: str) -> Optional[str]:
+        return self.redis.hget(keys.job(job_id), "publish_pending")
+
+    def exists(self, job_id: str) -> bool:
+        return bool(self.redis.exists(keys.job(job_id)))
+
+    def raw(self, job_id: str) -> dict[str, str]:
+        record = self.redis.hgetall(keys.job(job_id))
+        if not record:
+            raise JobNotFound(f"no job {job_id!r}")
+        return record
+
+    def status(self, job_id: str) -> JobStatus:
+        return JobStatus.model_validate(self.raw(job_id))
+
+    def list_ids(self, limit: int = 100) -> list[str]:
+        """Newest first."""
+        return list(self.redis.zrevrange(keys.JOBS_INDEX, 0, limit - 1))
+
+    def cancel(self, job_id: str) -> str:
+        """'cancelled' (it was waiting), 'requested' (its worker stops at the next step), 'missing',
+        or its terminal state."""
+        return self._cancel(keys=[keys.job(job_id), keys.ACTIVE], args=[job_id, now()])
+
+    def resume(self, job_id: str) -> int:
+        """Make a cancelled or failed job runnable again; returns the attempt to publish, -1 if not resumable."""
+        return int(self._resume(keys=[keys.job(job_id), keys.ACTIVE], args=[job_id, now()]))
+
+    # --- worker side (fenced by the lease token) ---------------------------------------------
+    def fenced_set(self, job_id: str, token: str, fields: dict[str, object]) -> bool:
+        """Set ``fields`` while ``token`` still holds the lease; False when fenced out."""
+        flat = [str(item) for pair in fields.items() for item in pair]
+        return bool(self._fenced_set(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, "", *flat]))
+
+    def finish(self, job_id: str, token: str, state: JobState, fields: Optional[dict[str, object]] = None) -> bool:
+        flat = [str(item) for pair in (fields or {}).items() for item in pair]
+        return bool(self._finish(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
+                                 args=[token, job_id, state.value, now(), *flat]))
+
+    def release(self, job_id: str, token: str, reason: str) -> int:
+        """Give the job back for another worker at once (preemption); returns the next attempt, -1 if fenced."""
+        return int(self._release(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, now(), reason]))

@@ -1,0 +1,26 @@
+"""Connecting to Redis: ``redis://`` or ``rediss://`` (TLS, certificates verified)."""
+from __future__ import annotations
+
+import ssl
+
+import redis
+
+from schemas.settings import BatonSettings
+
+
+def ssl_options(url: str, ca_certs: str = "") -> dict:
+    """TLS options for a rediss:// URL: certificates are always verified (kombu and redis-py
+    would otherwise accept any certificate when none are given)."""
+    if not url.startswith("rediss://"):
+        return {}
+    options = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    if ca_certs:
+        options["ssl_ca_certs"] = ca_certs
+    return options
+
+
+def connect(settings: BatonSettings) -> redis.Redis:
+    options = {k: ("required" if v == ssl.CERT_REQUIRED else v) for k, v in
+               ssl_options(settings.redis_url, settings.redis_ca_certs).items()}
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30,
+                                socket_connect_timeout=5, socket_timeout=10, **options)

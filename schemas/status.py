@@ -1,0 +1,51 @@
+"""A job's state as users see it (``JobClient.status()``, ``baton status``)."""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobState(str, Enum):
+    queued = "queued"  # accepted, waiting for a worker
+    running = "running"  # a worker holds its lease
+    retrying = "retrying"  # its worker was lost or preempted; waiting for another
+    succeeded = "succeeded"
+    failed = "failed"  # its own code failed, or it was lost retry.max_attempts times
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.succeeded, JobState.failed, JobState.cancelled)
+
+
+class JobStatus(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    name: str
+    state: JobState
+    queue: str = "default"
+    attempt: int = Field(0, description="Attempts started (every claim by a worker starts one).")
+    lost: int = Field(0, description="Attempts lost with their worker (SIGKILL, node gone); preemptions do not count.")
+    max_attempts: int = 1
+    worker: Optional[str] = Field(None, description="The worker running (or last running) it.")
+    epoch: Optional[int] = None
+    epochs: Optional[int] = None
+    step: Optional[int] = None
+    total_steps: Optional[int] = None
+    loss: Optional[float] = None
+    lr: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    val_loss: Optional[float] = None
+    val_accuracy: Optional[float] = None
+    latest_checkpoint: Optional[str] = None
+    best_checkpoint: Optional[str] = None
+    best_value: Optional[float] = None
+    resumed_from: Optional[int] = Field(None, description="Step the current attempt resumed from.")
+    storage_url: Optional[str] = None
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    created_at: Optional[float] = None
+    updated_at: Optional[float] = None

@@ -1,0 +1,140 @@
+"""G3/G4/G5 end to end: real `baton worker` processes, real Redis and S3 (moto over HTTP), real
+signals. Every surviving job must end bit-identical to `baton run` of the same spec."""
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from schemas.settings import BatonSettings
+from storage.file_store import FileStore
+from tests.helpers import (assert_same_training, kill_when, make_spec, read_manifest, run_baton, write_spec)
+from workers.celery_app import make_app, publish_run
+
+# ~0.1 s per optimizer step (slow data, as real data is): long enough to act mid-epoch
+SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
+                 loop={"epochs": 3}, checkpoint={"every_steps": 4, "keep_last": 3})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same spec run uninterrupted, in-process (`baton run`, file store)."""
+    root = tmp_path_factory.mktemp("reference")
+    done = run_baton("run", str(write_spec(root, SPEC)), "--id", "reference", "--storage", f"file://{root / 'store'}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return FileStore(root / "store")
+
+
+def wait_for(predicate, timeout: float = 90, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("condition not reached in time")
+
+
+def running_at_step(job, step: int):
+    def check():
+        status = job.status()
+        return status if status.state.value == "running" and (status.step or 0) >= step else None
+    return check
+
+
+def test_sigkill_mid_epoch_resumes_on_the_other_worker_bit_exact(cluster, reference):
+    cluster.start_workers(2)
+    job = cluster.client.submit(SPEC, "killed")
+    holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
+
+    def mid_epoch_checkpoint(manifest: dict) -> bool:
+        latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None
+        return latest is not None and latest["kind"] == "step" and latest["batch_in_epoch"] > 0
+    committed = kill_when(holder.proc, cluster.store(), "killed", mid_epoch_checkpoint)  # the whole process group
+
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert (final.attempt, final.lost) == (2, 1) and final.worker != holder.name
+    assert final.resumed_from == committed["checkpoints"][-1]["step"]
+    assert_same_training(reference, "reference", cluster.store(), "killed")
+
+
+def test_sigterm_checkpoints_at_the_step_and_hands_over_without_the_lease(cluster, reference):
+    cluster.start_workers(2)
+    job = cluster.client.submit(SPEC, "preempted")
+    status = wait_for(running_at_step(job, 10))
+    holder = cluster.worker(status.worker)
+    step_at_signal = job.status().step
+    holder.signal(signal.SIGTERM, group=False)
+
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert final.lost == 0  # released by its worker, not reaped after a lease expiry
+    assert final.attempt == 2 and final.worker != holder.name
+    stopped = re.search(r"job preempted: stopped at step (\d+) after a committed checkpoint \(preempted\)", holder.log())
+    assert stopped, holder.log()
+    assert final.resumed_from == int(stopped[1]) >= step_at_signal  # nothing trained was lost
+    assert holder.proc.wait(timeout=30) == 0  # and the worker exited on its own
+    assert_same_training(reference, "reference", cluster.store(), "preempted")
+
+
+def test_a_duplicate_delivery_is_dropped_and_only_one_worker_trains(cluster, reference):
+    w0, w1 = cluster.start_workers(2)
+    job = cluster.client.submit(SPEC, "twice")
+    publish_run(make_app(BatonSettings(redis_url=cluster.redis_url)), "twice", 1, "default")  # the same message again
+
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded" and final.attempt == 1 and final.lost == 0
+    logs = w0.log() + w1.log()
+    wait_for(lambda: "job twice attempt 1: dropped" in w0.log() + w1.log(), timeout=10)
+    assert logs.count("job twice: attempt 1 started") == 1
+    assert_same_training(reference, "reference", cluster.store(), "twice")
+
+
+def test_a_worker_paused_past_its_lease_is_fenced_out(cluster, reference):
+    cluster.start_workers(2)
+    job = cluster.client.submit(SPEC, "paused")
+    holder = cluster.worker(wait_for(running_at_step(job, 8)).worker)
+    holder.signal(signal.SIGSTOP)
+    taken_over = wait_for(lambda: (s := job.status()).attempt == 2 and s.state.value == "running" and s, timeout=60)
+    assert taken_over.worker != holder.name
+    resumed_at = time.time()
+    holder.signal(signal.SIGCONT)
+
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded" and final.worker != holder.name and (final.attempt, final.lost) == (2, 1)
+    wait_for(lambda: "job paused attempt 1: fenced out" in holder.log(), timeout=20)
+    assert "job paused: released" not in holder.log() and "job paused: succeeded" not in holder.log()
+    manifest = read_manifest(cluster.store(), "paused")
+    assert not [e for e in manifest["checkpoints"] if e["attempt"] == 1 and e["created_at"] > resumed_at]
+    assert_same_training(reference, "reference", cluster.store(), "paused")
+
+
+def test_user_code_exception_fails_once_with_its_traceback(cluster):
+    cluster.start_workers(1)
+    job = cluster.client.submit(make_spec(model={"target": "tests.probes:raising", "kwargs": {}}), "broken")
+    final = job.wait(timeout=60, progress=False)
+    assert final.state.value == "failed" and final.attempt == 1
+    assert "RuntimeError: boom from user model code" in final.error
+    assert "Traceback" in final.traceback and "probes.py" in final.traceback
+    time.sleep(3 * BatonSettings().reaper_period_s)  # reapers have looked at it: still no retry
+    again = job.status()
+    assert (again.state.value, again.attempt, again.lost) == ("failed", 1, 0)
+
+
+def test_cancel_stops_with_a_checkpoint_and_resume_finishes_bit_exact(cluster, reference):
+    cluster.start_workers(1)
+    job = cluster.client.submit(SPEC, "cancelled")
+    wait_for(running_at_step(job, 6))
+    assert job.cancel() == "requested"
+    final = job.wait(timeout=60, progress=False)
+    assert final.state.value == "cancelled"
+    latest = read_manifest(cluster.store(), "cancelled")["checkpoints"][-1]
+    assert latest["kind"] in ("stop", "epoch") and latest["attempt"] == 1
+
+    assert job.resume() == 2
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded" and final.resumed_from == latest["step"]
+    assert_same_training(reference, "reference", cluster.store(), "cancelled")

@@ -1,0 +1,64 @@
+"""What a worker process sets up once: Redis, the reaper, signal handling, the start banner."""
+from __future__ import annotations
+
+import logging
+import platform
+from typing import Optional
+
+import torch
+from celery import signals
+from celery.worker import state as celery_state
+
+from jobs import keys
+from jobs.records import JobRecords
+from jobs.redis_conn import connect
+from schemas.settings import BatonSettings
+
+from .celery_app import app, publish_run
+from .determinism import prepare_process
+from .job_runner import WorkerContext
+from .preemption import PREEMPTION
+from .reaper import Reaper
+
+_log = logging.getLogger("baton.worker")
+_context: Optional[WorkerContext] = None
+
+
+def worker_context(hostname: str) -> WorkerContext:
+    global _context
+    if _context is None:
+        settings = BatonSettings()
+        client = connect(settings)
+        _context = WorkerContext(settings, client, JobRecords(client),
+                                 lambda job_id, attempt, queue: publish_run(app, job_id, attempt, queue),
+                                 PREEMPTION, hostname)
+    return _context
+
+
+def device_banner() -> str:
+    lines = [f"python {platform.python_version()}, torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}"]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)}")
+    else:
+        lines.append("no CUDA device visible: jobs with resources.device: cuda will fail here, auto runs on the CPU")
+    return "; ".join(lines)
+
+
+@signals.worker_init.connect
+def _before_start(**_) -> None:
+    prepare_process()
+
+
+@signals.worker_ready.connect
+def _on_ready(sender, **_) -> None:
+    ctx = worker_context(sender.hostname)
+
+    def mark_stopping() -> None:
+        celery_state.should_stop = 0  # finish the current task, take no more
+        ctx.redis.set(keys.worker_stopping(ctx.worker), "1", ex=int(ctx.settings.preempt_grace_s) + 60)
+
+    ctx.redis.delete(keys.worker_stopping(ctx.worker))  # a previous run under this name may have left it
+    PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
+    Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s).start()
+    _log.warning("baton worker %s ready: %s", ctx.worker, device_banner())

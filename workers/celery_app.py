@@ -1,0 +1,28 @@
+"""The Celery app: ``celery -A workers.celery_app worker`` works, and so does ``baton worker``.
+
+Importing this module does not import the training loop (tasks are loaded by the worker at
+start), so clients can publish with it.
+"""
+from __future__ import annotations
+
+from celery import Celery
+
+from schemas.settings import BatonSettings
+
+from .celery_config import celery_settings
+
+RUN_JOB_TASK = "baton.run_job"
+
+
+def make_app(settings: BatonSettings) -> Celery:
+    celery = Celery("baton", include=["workers.tasks", "workers.bootstrap"])
+    celery.conf.update(celery_settings(settings))
+    return celery
+
+
+def publish_run(celery: Celery, job_id: str, attempt: int, queue: str) -> None:
+    """Queue attempt ``attempt`` of ``job_id`` (JSON: two plain values)."""
+    celery.send_task(RUN_JOB_TASK, args=[job_id, attempt], queue=queue)
+
+
+app = make_app(BatonSettings())

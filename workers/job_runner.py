@@ -1,0 +1,172 @@
+"""One delivery of a job to a worker: claim, train under a lease, record how it ended.
+
+How an attempt ends decides what happens to the job:
+- finished: succeeded; cancelled (at a step boundary, after a checkpoint): cancelled;
+- preempted (SIGTERM): checkpointed, then released and re-queued at once as the next attempt;
+- an exception from the job's own model or data code: failed, with its traceback, not retried;
+- storage unreachable beyond its retries: released and re-queued (infrastructure, not the job);
+- fenced out (another attempt owns the job): nothing more is written.
+A worker killed outright writes nothing; its lease expires and the reaper re-queues the job.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import redis
+
+from jobs.records import JobRecords
+from schemas.errors import FencedOut, SpecError, TransientError
+from schemas.manifest import CheckpointManifest
+from schemas.settings import BatonSettings
+from schemas.spec import JobSpec
+from schemas.status import JobState
+from schemas.targets import disallowed_targets
+from storage.open import open_store
+
+from . import lease
+from .control import LoopControl, StepReport
+from .preemption import Preemption
+from .session import run_attempt
+
+_log = logging.getLogger("baton.worker")
+
+PROGRESS_EVERY_S = 0.5
+"""Least time between two progress writes to the job record."""
+
+
+@dataclass
+class WorkerContext:
+    """What a worker process sets up once and every job it runs shares."""
+
+    settings: BatonSettings
+    redis: redis.Redis
+    records: JobRecords
+    publish: Callable[[str, int, str], None]  # (job id, attempt, queue)
+    preemption: Preemption
+    worker: str
+
+
+class WorkerControl(LoopControl):
+    """The loop's view of the lease, the cancel flag and the worker's shutdown."""
+
+    def __init__(self, ctx: WorkerContext, job_id: str, token: str, heartbeat: lease.Heartbeat):
+        self.ctx, self.job_id, self.token, self.heartbeat = ctx, job_id, token, heartbeat
+        self._last_progress = 0.0
+
+    def fence(self) -> None:
+        """Raise FencedOut unless this attempt still holds the job (checked before every commit)."""
+        if self.heartbeat.fenced.is_set() or not self.ctx.records.fenced_set(self.job_id, self.token, {}):
+            self.heartbeat.fenced.set()
+            raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
+
+    def _record(self, fields: dict) -> None:
+        if not self.ctx.records.fenced_set(self.job_id, self.token, {**fields, "updated_at": time.time()}):
+            self.heartbeat.fenced.set()
+
+    def stop_reason(self) -> Optional[str]:
+        if self.heartbeat.fenced.is_set():
+            raise FencedOut(f"job {self.job_id}: lease {self.token} lost")
+        if self.heartbeat.cancel_requested.is_set():
+            return "cancelled"
+        if self.ctx.preemption.requested.is_set() or self.heartbeat.worker_stopping.is_set():
+            return "preempted"
+        return None
+
+    def on_step(self, report: StepReport) -> None:
+        if time.monotonic() - self._last_progress >= PROGRESS_EVERY_S or report.step == report.total_steps:
+            self._last_progress = time.monotonic()
+            self._record({"epoch": report.epoch, "epochs": report.epochs, "step": report.step,
+                          "total_steps": report.total_steps, "loss": report.loss, "lr": report.lr,
+                          "samples_per_s": round(report.samples_per_s, 1)})
+
+    def on_epoch(self, row: dict) -> None:
+        self._record({"val_loss": row["val_loss"], "val_accuracy": row["val_accuracy"]})
+        self.log(f"epoch {row['epoch']}: step {row['step']} val_loss {row['val_loss']:.4f} "
+                 f"val_acc {row['val_accuracy']:.4f}{' *best' if row['is_best'] else ''}")
+
+    def on_commit(self, manifest: CheckpointManifest) -> None:
+        fields = {"latest_checkpoint": manifest.latest.key}
+        if manifest.best is not None:
+            fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
+        self._record(fields)
+
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
+        self._record({"resumed_from": step})
+        self.log(f"resuming from step {step} (epoch {epoch}, batch {batch_in_epoch}) as attempt {attempt}")
+
+    def log(self, message: str) -> None:
+        _log.info("job %s: %s", self.job_id, message)
+
+
+def _release(ctx: WorkerContext, job_id: str, token: str, queue: str, reason: str) -> None:
+    """Give the job back for another worker now, as its next attempt."""
+    next_attempt = ctx.records.release(job_id, token, reason)
+    if next_attempt < 0:
+        return  # fenced out already: someone else owns it
+    mark = ctx.records.pending_mark(job_id)
+    ctx.publish(job_id, next_attempt, queue)
+    if mark:
+        ctx.records.published(job_id, mark)
+    _log.warning("job %s: released (%s), queued as attempt %d", job_id, reason, next_attempt)
+
+
+def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
+    """Run one delivered attempt; returns a word saying how it ended (for logs and tests)."""
+    claimed = lease.claim(ctx.redis, job_id, attempt, ctx.worker, ctx.settings.lease_ttl_s)
+    if not claimed.ok:
+        _log.info("job %s attempt %d: dropped (%s)", job_id, attempt, claimed.reason)
+        return "dropped"
+    token = lease.token(attempt, ctx.worker)
+    spec_data = json.loads(claimed.spec)
+    queue = spec_data.get("resources", {}).get("queue", "default")
+    heartbeat = lease.Heartbeat(ctx.redis, job_id, token, ctx.worker, ctx.settings.lease_ttl_s, ctx.settings.heartbeat_s)
+    heartbeat.start()
+    ctx.preemption.register(job_id, lambda why: _release(ctx, job_id, token, queue, why))
+    control = WorkerControl(ctx, job_id, token, heartbeat)
+    _log.info("job %s: attempt %d started on %s", job_id, attempt, ctx.worker)
+    try:
+        return _train(ctx, job_id, attempt, token, queue, spec_data, claimed.storage_url, control)
+    finally:
+        heartbeat.stop()
+        ctx.preemption.unregister(job_id)
+
+
+def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, queue: str, spec_data: dict,
+           storage_url: str, control: WorkerControl) -> str:
+    try:
+        spec = JobSpec.parse(spec_data)
+        problems = disallowed_targets({"model.target": spec.model.target, "data.target": spec.data.target},
+                                      ctx.settings.allowed_prefixes)
+        if problems:
+            raise SpecError([f"{p} (on worker {ctx.worker})" for p in problems])
+        result = run_attempt(spec, job_id, open_store(storage_url), attempt, control,
+                             allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
+                             on_commit=control.on_commit)
+    except FencedOut as exc:
+        _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)
+        return "fenced"
+    except TransientError as exc:
+        _release(ctx, job_id, token, queue, f"storage unavailable on {ctx.worker}: {exc}")
+        return "released"
+    except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
+        ctx.records.finish(job_id, token, JobState.failed, {"error": f"{type(exc).__name__}: {exc}",
+                                                              "traceback": traceback.format_exc()})
+        _log.error("job %s: failed: %s: %s", job_id, type(exc).__name__, exc)
+        return "failed"
+    outcome = result.outcome
+    if not outcome.completed:
+        _log.info("job %s: stopped at step %s after a committed checkpoint (%s)", job_id, outcome.step, outcome.reason)
+    if outcome.completed:
+        ctx.records.finish(job_id, token, JobState.succeeded)
+        _log.info("job %s: succeeded", job_id)
+        return "succeeded"
+    if outcome.reason == "cancelled":
+        ctx.records.finish(job_id, token, JobState.cancelled)
+        return "cancelled"
+    _release(ctx, job_id, token, queue, f"{outcome.reason} on {ctx.worker}")
+    return "released"

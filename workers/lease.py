@@ -1,0 +1,103 @@
+"""A worker's hold on a job: the claim that starts an attempt, and the heartbeat that keeps it.
+
+The claim succeeds only for the message of the next attempt (``attempt == record.attempt + 1``)
+of a job waiting for a worker, so a duplicate or stale delivery is dropped without training.
+The heartbeat renews the lease every ``heartbeat_s`` and brings back the job's cancel flag and
+the worker's stopping flag; when the lease is gone, or cannot be renewed for a whole TTL, the
+attempt is fenced out and must stop.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import redis
+
+from jobs import keys
+from jobs.records import now
+
+_log = logging.getLogger("baton.worker")
+
+_CLAIM = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {'missing'} end
+if state ~= 'queued' and state ~= 'retrying' then return {'state', state} end
+local current = tonumber(redis.call('HGET', KEYS[1], 'attempt'))
+if tonumber(ARGV[1]) ~= current + 1 then return {'stale', tostring(current)} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'leased'} end
+redis.call('SET', KEYS[2], ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4])
+redis.call('HDEL', KEYS[1], 'publish_pending', 'error', 'traceback')
+return {'ok', redis.call('HGET', KEYS[1], 'spec'), redis.call('HGET', KEYS[1], 'storage_url')}
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0} end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local cancel = redis.call('HGET', KEYS[2], 'cancel_requested') == '1' and 1 or 0
+return {1, cancel, redis.call('EXISTS', KEYS[3])}
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    ok: bool
+    reason: str = ""
+    spec: Optional[str] = None
+    storage_url: Optional[str] = None
+
+
+def claim(client: redis.Redis, job_id: str, attempt: int, worker: str, ttl_s: float) -> Claim:
+    script = client.register_script(_CLAIM)
+    result = script(keys=[keys.job(job_id), keys.lease(job_id)], args=[attempt, worker, int(ttl_s * 1000), now()])
+    if result[0] == "ok":
+        return Claim(True, spec=result[1], storage_url=result[2])
+    return Claim(False, reason=" ".join(map(str, result)))
+
+
+def token(attempt: int, worker: str) -> str:
+    return f"{attempt}:{worker}"
+
+
+class Heartbeat(threading.Thread):
+    """Renews the lease in the background; the loop reads its flags between steps."""
+
+    def __init__(self, client: redis.Redis, job_id: str, lease_token: str, worker: str, ttl_s: float, every_s: float):
+        super().__init__(name=f"baton-heartbeat-{job_id}", daemon=True)
+        self._renew = client.register_script(_RENEW)
+        self._keys = [keys.lease(job_id), keys.job(job_id), keys.worker_stopping(worker)]
+        self._token, self._ttl_ms, self._every_s, self._ttl_s = lease_token, int(ttl_s * 1000), every_s, ttl_s
+        self._stop = threading.Event()
+        self.fenced = threading.Event()
+        self.cancel_requested = threading.Event()
+        self.worker_stopping = threading.Event()
+        self.renewals = 0
+        self._last_ok = time.monotonic()
+
+    def run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                held, cancel, stopping = self._renew(keys=self._keys, args=[self._token, self._ttl_ms])
+            except redis.RedisError as exc:
+                if time.monotonic() - self._last_ok > self._ttl_s:  # cannot prove the lease is still ours
+                    _log.warning("lease %s: no renewal for %.0fs (%s): fencing this attempt out", self._token,
+                                 self._ttl_s, exc)
+                    self.fenced.set()
+                    return
+                continue
+            if not held:
+                _log.warning("lease %s is gone: another attempt owns the job; fencing this one out", self._token)
+                self.fenced.set()
+                return
+            self._last_ok = time.monotonic()
+            self.renewals += 1
+            if cancel:
+                self.cancel_requested.set()
+            if stopping:
+                self.worker_stopping.set()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,94 @@
+"""The reaper: every worker runs one; it gives jobs whose worker vanished to another worker.
+
+A job still ``running`` whose lease has expired lost its worker (SIGKILL, node gone, a pause
+past the TTL): it is re-queued as the next attempt, until it has been lost
+``retry.max_attempts`` times; then it fails. The script is atomic and checks state first, so
+any number of reapers may run at once. It also re-publishes the message of a job whose
+publish was interrupted (the outbox mark outlived ``REPUBLISH_AFTER_S``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import redis
+from kombu.exceptions import KombuError
+
+from jobs import keys
+from jobs.records import JobRecords, now
+
+_log = logging.getLogger("baton.reaper")
+
+REPUBLISH_AFTER_S = 10.0
+"""A publish mark older than this means the publisher died between the state change and the publish."""
+
+# KEYS: job, lease, active. ARGV: job id, now, republish_after_s
+_REAP = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then redis.call('SREM', KEYS[3], ARGV[1]) return {'gone'} end
+if state == 'running' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
+  local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
+  local worker = redis.call('HGET', KEYS[1], 'worker') or '?'
+  if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
+    redis.call('HSET', KEYS[1], 'state', 'failed', 'updated_at', ARGV[2], 'finished_at', ARGV[2],
+               'error', 'lost its worker ' .. lost .. ' time(s) (the last: ' .. worker .. '); retry.max_attempts reached')
+    redis.call('SREM', KEYS[3], ARGV[1])
+    return {'failed'}
+  end
+  redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
+             'last_event', 'lease of ' .. worker .. ' expired')
+  return {'requeue', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1, redis.call('HGET', KEYS[1], 'queue'), ARGV[2]}
+end
+if state == 'queued' or state == 'retrying' then
+  local pending = redis.call('HGET', KEYS[1], 'publish_pending')
+  if pending and tonumber(ARGV[2]) - tonumber(pending) > tonumber(ARGV[3]) then
+    redis.call('HSET', KEYS[1], 'publish_pending', ARGV[2])
+    return {'republish', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1, redis.call('HGET', KEYS[1], 'queue'), ARGV[2]}
+  end
+  return {'waiting'}
+end
+redis.call('SREM', KEYS[3], ARGV[1])
+return {'done'}
+"""
+
+Publish = Callable[[str, int, str], None]
+
+
+def reap_once(client: redis.Redis, publish: Publish, records: JobRecords) -> list[tuple[str, str]]:
+    """One pass over the unfinished jobs; returns (job id, action) for each job acted on."""
+    script = client.register_script(_REAP)
+    acted = []
+    for job_id in client.smembers(keys.ACTIVE):
+        result = script(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE], args=[job_id, now(), REPUBLISH_AFTER_S])
+        action = result[0]
+        if action in ("requeue", "republish"):
+            attempt, queue, mark = int(result[1]), result[2], result[3]
+            publish(job_id, attempt, queue)
+            records.published(job_id, mark)
+            _log.warning("job %s: %s as attempt %d", job_id, "lost its worker, re-queued" if action == "requeue"
+                         else "re-published", attempt)
+        elif action == "failed":
+            _log.warning("job %s: lost its worker too often; failed", job_id)
+        if action not in ("alive", "waiting"):
+            acted.append((job_id, action))
+    return acted
+
+
+class Reaper(threading.Thread):
+    def __init__(self, client: redis.Redis, publish: Publish, period_s: float):
+        super().__init__(name="baton-reaper", daemon=True)
+        self._client, self._publish, self._period_s = client, publish, period_s
+        self._records = JobRecords(client)
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            try:
+                reap_once(self._client, self._publish, self._records)
+            except (redis.RedisError, KombuError, OSError) as exc:  # Redis away: the next pass tries again
+                _log.warning("reaper: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,17 @@
+"""The Celery task: a thin door into ``job_runner.run_job``. Loaded by workers only."""
+from __future__ import annotations
+
+from celery.exceptions import Reject
+
+from .bootstrap import worker_context
+from .celery_app import RUN_JOB_TASK, app
+from .job_runner import run_job
+from .preemption import PREEMPTION
+
+
+@app.task(name=RUN_JOB_TASK, bind=True)
+def run_job_task(self, job_id: str, attempt: int) -> str:
+    if PREEMPTION.requested.is_set():
+        # shutting down: a message taken now (perhaps the job this worker just released) goes back
+        raise Reject("worker is shutting down", requeue=True)
+    return run_job(worker_context(self.request.hostname), job_id, attempt)

@@ -1,0 +1,61 @@
+"""``baton worker``: a Celery worker with baton's settings, one job per process.
+
+With ``--concurrency N`` (or N GPUs) it supervises N such worker processes, each named
+``NAME-i``, passes SIGTERM/SIGINT on to all of them and exits when they have.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+
+def default_name() -> str:
+    return f"baton-{os.getpid()}@{socket.gethostname()}"
+
+
+def celery_argv(name: str, queues: str, loglevel: str) -> list[str]:
+    return ["worker", "--hostname", name, "--queues", queues, "--pool", "solo", "--concurrency", "1",
+            "--task-events", "--without-gossip", "--without-mingle", "--loglevel", loglevel]
+
+
+def run_one(name: str, queues: str, loglevel: str) -> None:
+    """This process becomes one Celery worker (returns when it shuts down)."""
+    from .celery_app import app
+
+    app.worker_main(celery_argv(name, queues, loglevel))
+
+
+def child_name(name: str, index: int) -> str:
+    local, at, host = name.partition("@")
+    return f"{local}-{index}{at}{host}"
+
+
+def supervise(name: str, queues: str, loglevel: str, children_env: Sequence[dict[str, str]]) -> int:
+    """Start one worker process per entry of ``children_env`` (extra environment for each)."""
+    procs = []
+    for index, extra in enumerate(children_env):
+        argv = [sys.executable, "-m", "jobs", "worker", "--name", child_name(name, index), "--queues", queues,
+                "--loglevel", loglevel]
+        procs.append(subprocess.Popen(argv, env={**os.environ, **extra}))
+
+    def forward(signum: int, frame) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [proc.wait() for proc in procs]
+    return max(codes, default=0)
+
+
+def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str) -> int:
+    name = name or default_name()
+    if concurrency == 1:
+        run_one(name, queues, loglevel)
+        return 0
+    return supervise(name, queues, loglevel, [{} for _ in range(concurrency)])
