@@ -1,1 +1,4 @@
 """What a user touches: the JobClient, job records, the CLI."""
+from .client import Job, JobClient
+
+__all__ = ["Job", "JobClient"]

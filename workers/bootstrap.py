@@ -19,6 +19,7 @@ from .determinism import prepare_process
 from .job_runner import WorkerContext
 from .preemption import PREEMPTION
 from .reaper import Reaper
+from .warmup import warm_up
 
 _log = logging.getLogger("baton.worker")
 _context: Optional[WorkerContext] = None
@@ -58,6 +59,7 @@ def _on_ready(sender, **_) -> None:
         celery_state.should_stop = 0  # finish the current task, take no more
         ctx.redis.set(keys.worker_stopping(ctx.worker), "1", ex=int(ctx.settings.preempt_grace_s) + 60)
 
+    warm_up(ctx.settings.storage_url)
     ctx.redis.delete(keys.worker_stopping(ctx.worker))  # a previous run under this name may have left it
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
     Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s).start()

@@ -1,0 +1,78 @@
+"""Leases and the reaper against a real Redis, publishing through Celery onto the real queue."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+import redis
+
+from jobs.records import JobRecords
+from schemas.settings import BatonSettings
+from workers import lease, reaper
+from workers.celery_app import make_app, publish_run
+
+
+@pytest.fixture
+def env(redis_server):
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    celery = make_app(BatonSettings(redis_url=redis_server.url))
+    return client, JobRecords(client), lambda job, attempt, queue: publish_run(celery, job, attempt, queue)
+
+
+def queued_messages(client, queue: str = "default") -> list[list]:
+    """The (job id, attempt) of every message waiting in a Celery queue, oldest first."""
+    out = []
+    for raw in reversed(client.lrange(queue, 0, -1)):
+        body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        out.append(body[0])
+    return out
+
+
+def new_job(records: JobRecords, job_id: str, max_attempts: int = 2) -> None:
+    records.create(job_id, {"name": job_id, "spec": "{}", "queue": "default", "max_attempts": str(max_attempts)})
+    records.published(job_id, records.pending_mark(job_id))
+
+
+def test_an_expired_lease_is_requeued_then_failed_after_max_attempts(env):
+    client, records, publish = env
+    new_job(records, "j", max_attempts=2)
+    assert lease.claim(client, "j", 1, "w1", ttl_s=0.2).ok
+    assert not lease.claim(client, "j", 1, "w2", ttl_s=5).ok  # the same delivery again: dropped
+    assert reaper.reap_once(client, publish, records) == []  # lease alive: nothing to do
+    time.sleep(0.3)
+    assert reaper.reap_once(client, publish, records) == [("j", "requeue")]
+    assert reaper.reap_once(client, publish, records) == []  # idempotent: a second reaper does nothing
+    assert queued_messages(client) == [["j", 2]]
+    assert records.status("j").state.value == "retrying" and records.status("j").lost == 1
+
+    assert not lease.claim(client, "j", 1, "w3", ttl_s=5).ok  # the stale attempt-1 message
+    assert lease.claim(client, "j", 2, "w2", ttl_s=0.2).ok
+    time.sleep(0.3)
+    assert reaper.reap_once(client, publish, records) == [("j", "failed")]
+    status = records.status("j")
+    assert status.state.value == "failed" and status.lost == 2 and "retry.max_attempts" in status.error
+    assert queued_messages(client) == [["j", 2]]  # no third attempt
+
+
+def test_fenced_writes_need_the_exact_live_lease(env):
+    client, records, _ = env
+    new_job(records, "f")
+    assert lease.claim(client, "f", 1, "w1", ttl_s=5).ok
+    assert records.fenced_set("f", lease.token(1, "w1"), {"step": 3})
+    assert not records.fenced_set("f", lease.token(1, "other"), {"step": 4})
+    assert not records.fenced_set("f", lease.token(2, "w1"), {"step": 5})
+    assert records.status("f").step == 3
+
+
+def test_a_publish_lost_in_a_crash_is_published_again(env, monkeypatch):
+    client, records, publish = env
+    records.create("p", {"name": "p", "spec": "{}", "queue": "default", "max_attempts": "3"})  # mark left behind
+    assert reaper.reap_once(client, publish, records) == []  # too fresh: the publisher may still be at it
+    monkeypatch.setattr(reaper, "REPUBLISH_AFTER_S", 0.0)
+    time.sleep(0.01)
+    assert reaper.reap_once(client, publish, records) == [("p", "republish")]
+    assert queued_messages(client) == [["p", 1]]
+    assert records.pending_mark("p") is None
