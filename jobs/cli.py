@@ -19,6 +19,7 @@ from .specfile import load_spec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-proof PyTorch training jobs.")
 
+EXIT_FAILED = 1
 EXIT_BAD_SPEC = 2
 
 
@@ -55,7 +56,7 @@ def run(
     """
     from storage.open import open_store
     from storage.layout import new_job_id
-    from workers.local import EXIT_FAILED, run_local
+    from workers.local import run_local
 
     settings = _settings()
     parsed = _load_or_exit(spec, settings)
@@ -186,13 +187,36 @@ def worker(
     name: Optional[str] = typer.Option(None, "--name", help="Worker name [default: baton-PID@HOST]."),
     queues: str = typer.Option("default", "--queues", "-Q", help="Comma-separated queues to take jobs from."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Jobs at once (one process each)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="'all' or indices like 0,1: one job per GPU, each "
+                                       "process pinned to its own (overrides --concurrency)."),
     loglevel: str = typer.Option("INFO", "--loglevel", help="Celery log level."),
 ) -> None:
     """Start a worker: a Celery worker with baton's settings, one job per process."""
     from workers.worker_main import run_worker
 
     logging.getLogger("baton").setLevel(logging.INFO)
-    raise typer.Exit(run_worker(name, queues, concurrency, loglevel))
+    try:
+        code = run_worker(name, queues, concurrency, loglevel, gpus)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(code)
+
+
+@app.command()
+def health() -> None:
+    """Exit 0 if this machine can reach baton's Redis (BATON_REDIS_URL), 1 otherwise: for HEALTHCHECK
+    and readiness probes."""
+    import redis
+
+    from .redis_conn import connect
+
+    try:
+        connect(_settings()).ping()
+    except redis.RedisError as exc:
+        typer.echo(f"unhealthy: cannot reach Redis: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1)
+    typer.echo("ok")
 
 
 @app.command()
@@ -209,5 +233,11 @@ def demo(
 
 
 def main() -> None:
+    import os
+
+    from schemas.settings import unknown_variables
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in unknown_variables(os.environ):
+        typer.echo(f"warning: {name} is not a baton setting (misspelled?); it is ignored", err=True)
     app()

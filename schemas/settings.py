@@ -5,9 +5,13 @@ and a Redis password travels inside ``BATON_REDIS_URL`` (``rediss://`` for TLS).
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+DEPLOYMENT_VARIABLES = frozenset({"BATON_BUCKET", "BATON_WORKER_REPLICAS", "BATON_QUEUES", "BATON_VENV"})
+"""BATON_* variables read by the deployment files and scripts, not by baton itself."""
 DEFAULT_STORAGE_URL = "file://./baton-data"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -29,6 +33,8 @@ class BatonSettings(BaseSettings):
         "match it to the platform's notice (Kubernetes terminationGracePeriodSeconds, spot notice)."
     )
     redis_ca_certs: str = Field("", description="CA bundle for rediss:// (default: the system's).")
+    metrics_port: int = Field(9100, ge=0, le=65535, description="Worker's Prometheus /metrics port; 0 turns it off. "
+                              "`baton worker --gpus`/`--concurrency` gives child i the port + i.")
 
     @field_validator("storage_url")
     @classmethod
@@ -47,3 +53,9 @@ class BatonSettings(BaseSettings):
     @property
     def allowed_prefixes(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.allowed_modules.split(",") if p.strip())
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """BATON_* variables that are no setting (a misspelling is otherwise silently ignored)."""
+    known = {f"BATON_{name.upper()}" for name in BatonSettings.model_fields} | DEPLOYMENT_VARIABLES
+    return sorted(name for name in environ if name.startswith("BATON_") and name not in known)

@@ -78,7 +78,7 @@ class AsyncCheckpointer:
         keep_last: int,
         *,
         fence: Callable[[], None] = lambda: None,
-        on_commit: Callable[[CheckpointManifest], None] = lambda manifest: None,
+        on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
         pin_memory: bool = False,
         upload_retry_s: float = UPLOAD_RETRY_S,
         log: Callable[[str], None] = print,
@@ -173,13 +173,13 @@ class AsyncCheckpointer:
             dropped[:] = rotate(manifest, self.keep_last)
 
         manifest = self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest")
-        self.on_commit(manifest)
         self._delete(dropped)
         if request.metrics_rows is not None:
             body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
             self._retry(lambda: self.store.put_bytes(self.paths.metrics, body), "write metrics.jsonl")
         stats.write_s = time.perf_counter() - started
         stats.bytes = size
+        self.on_commit(manifest, stats)
 
     def _upload_verified(self, key: str, path: Path, size: int) -> None:
         self.store.put_file(key, path, consume=True)

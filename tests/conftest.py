@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+# cuBLAS reads this once, at its first call: set it before any test touches CUDA
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 from jobs.services import RedisServer, S3Server
 
 _bucket_names = itertools.count()
@@ -51,10 +54,11 @@ class Cluster:
         self.workers: list = []
         self._client = None
 
-    def start_workers(self, n: int = 2) -> list:
+    def start_workers(self, n: int = 2, **extra_env: str) -> list:
         from jobs.services import WorkerProcess
 
-        new = [WorkerProcess(f"w{len(self.workers) + i}@test", self.env, str(self.log_dir / f"w{len(self.workers) + i}.log"))
+        env = {"BATON_METRICS_PORT": "0", **self.env, **extra_env}
+        new = [WorkerProcess(f"w{len(self.workers) + i}@test", env, str(self.log_dir / f"w{len(self.workers) + i}.log"))
                for i in range(n)]
         for worker in new:
             worker.start()
@@ -98,3 +102,15 @@ def cluster(redis_server, s3_server, s3_bucket, s3_env, tmp_path, monkeypatch):
     c = Cluster(env, tmp_path, redis_server.url, storage_url)
     yield c
     c.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

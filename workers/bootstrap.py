@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import platform
 from typing import Optional
 
@@ -14,6 +15,7 @@ from jobs.records import JobRecords
 from jobs.redis_conn import connect
 from schemas.settings import BatonSettings
 
+from . import metrics
 from .celery_app import app, publish_run
 from .determinism import prepare_process
 from .job_runner import WorkerContext
@@ -43,7 +45,16 @@ def device_banner() -> str:
             lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)}")
     else:
         lines.append("no CUDA device visible: jobs with resources.device: cuda will fail here, auto runs on the CPU")
+        if os.path.exists("/dev/nvidiactl") or os.environ.get("NVIDIA_VISIBLE_DEVICES", "none") not in ("", "none", "void"):
+            _log.error("this node has NVIDIA devices but torch sees no CUDA (%s, CUDA build %s): check the driver, the "
+                       "container runtime and the image; jobs with device auto would silently train on the CPU",
+                       torch.__version__, torch.version.cuda)
     return "; ".join(lines)
+
+
+def _count_reaped(job_id: str, action: str) -> None:
+    if action == "requeue":
+        metrics.JOBS_RETRIED.labels("lost").inc()
 
 
 @signals.worker_init.connect
@@ -62,5 +73,6 @@ def _on_ready(sender, **_) -> None:
     warm_up(ctx.settings.storage_url)
     ctx.redis.delete(keys.worker_stopping(ctx.worker))  # a previous run under this name may have left it
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
-    Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s).start()
+    Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s, on_action=_count_reaped).start()
+    metrics.serve(ctx.settings.metrics_port)
     _log.warning("baton worker %s ready: %s", ctx.worker, device_banner())

@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from schemas.errors import PermanentError
+
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 
 
@@ -31,7 +33,8 @@ def resolve_device(requested: str) -> torch.device:
     never a silent CPU run."""
     cuda = torch.cuda.is_available()
     if requested == "cuda" and not cuda:
-        raise RuntimeError("the spec asks for resources.device: cuda but this worker sees no CUDA device")
+        raise PermanentError("resources.device is cuda but this worker sees no CUDA device: not training on the CPU "
+                             "instead (route GPU jobs to a queue only GPU workers serve)")
     if requested == "auto":
         return torch.device("cuda" if cuda else "cpu")
     return torch.device(requested)

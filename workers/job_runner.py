@@ -23,12 +23,14 @@ from jobs.records import JobRecords
 from schemas.errors import FencedOut, SpecError, TransientError
 from schemas.manifest import CheckpointManifest
 from schemas.settings import BatonSettings
+from storage.checkpointer import CheckpointStats
 from schemas.spec import JobSpec
 from schemas.status import JobState
 from schemas.targets import disallowed_targets
 from storage.open import open_store
 
 from . import lease
+from . import metrics
 from .control import LoopControl, StepReport
 from .preemption import Preemption
 from .session import run_attempt
@@ -57,6 +59,7 @@ class WorkerControl(LoopControl):
     def __init__(self, ctx: WorkerContext, job_id: str, token: str, heartbeat: lease.Heartbeat):
         self.ctx, self.job_id, self.token, self.heartbeat = ctx, job_id, token, heartbeat
         self._last_progress = 0.0
+        self._last_step = None
 
     def fence(self) -> None:
         """Raise FencedOut unless this attempt still holds the job (checked before every commit)."""
@@ -78,8 +81,13 @@ class WorkerControl(LoopControl):
         return None
 
     def on_step(self, report: StepReport) -> None:
-        if time.monotonic() - self._last_progress >= PROGRESS_EVERY_S or report.step == report.total_steps:
-            self._last_progress = time.monotonic()
+        metrics.STEPS.inc()
+        elapsed = time.monotonic() - self._last_progress
+        if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
+            if self._last_step is not None:
+                metrics.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
+            metrics.SAMPLES_PER_S.set(report.samples_per_s)
+            self._last_progress, self._last_step = time.monotonic(), report.step
             self._record({"epoch": report.epoch, "epochs": report.epochs, "step": report.step,
                           "total_steps": report.total_steps, "loss": report.loss, "lr": report.lr,
                           "samples_per_s": round(report.samples_per_s, 1)})
@@ -89,7 +97,10 @@ class WorkerControl(LoopControl):
         self.log(f"epoch {row['epoch']}: step {row['step']} val_loss {row['val_loss']:.4f} "
                  f"val_acc {row['val_accuracy']:.4f}{' *best' if row['is_best'] else ''}")
 
-    def on_commit(self, manifest: CheckpointManifest) -> None:
+    def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
+        metrics.CHECKPOINT_STALL.observe(stats.stall_s)
+        metrics.CHECKPOINT_WRITE.observe(stats.write_s)
+        metrics.CHECKPOINT_BYTES.inc(stats.bytes)
         fields = {"latest_checkpoint": manifest.latest.key}
         if manifest.best is not None:
             fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
@@ -103,11 +114,12 @@ class WorkerControl(LoopControl):
         _log.info("job %s: %s", self.job_id, message)
 
 
-def _release(ctx: WorkerContext, job_id: str, token: str, queue: str, reason: str) -> None:
+def _release(ctx: WorkerContext, job_id: str, token: str, queue: str, reason: str, kind: str = "preempted") -> None:
     """Give the job back for another worker now, as its next attempt."""
     next_attempt = ctx.records.release(job_id, token, reason)
     if next_attempt < 0:
         return  # fenced out already: someone else owns it
+    metrics.JOBS_RETRIED.labels(kind).inc()
     mark = ctx.records.pending_mark(job_id)
     ctx.publish(job_id, next_attempt, queue)
     if mark:
@@ -124,16 +136,23 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     token = lease.token(attempt, ctx.worker)
     spec_data = json.loads(claimed.spec)
     queue = spec_data.get("resources", {}).get("queue", "default")
-    heartbeat = lease.Heartbeat(ctx.redis, job_id, token, ctx.worker, ctx.settings.lease_ttl_s, ctx.settings.heartbeat_s)
+    heartbeat = lease.Heartbeat(ctx.redis, job_id, token, ctx.worker, ctx.settings.lease_ttl_s, ctx.settings.heartbeat_s,
+                                on_renew=metrics.LEASE_RENEWALS.inc)
     heartbeat.start()
+    metrics.JOBS_STARTED.inc()
+    metrics.JOBS_RUNNING.inc()
     ctx.preemption.register(job_id, lambda why: _release(ctx, job_id, token, queue, why))
     control = WorkerControl(ctx, job_id, token, heartbeat)
     _log.info("job %s: attempt %d started on %s", job_id, attempt, ctx.worker)
+    outcome = "error"
     try:
-        return _train(ctx, job_id, attempt, token, queue, spec_data, claimed.storage_url, control)
+        outcome = _train(ctx, job_id, attempt, token, queue, spec_data, claimed.storage_url, control)
+        return outcome
     finally:
         heartbeat.stop()
         ctx.preemption.unregister(job_id)
+        metrics.JOBS_RUNNING.dec()
+        metrics.JOBS_FINISHED.labels(outcome).inc()
 
 
 def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, queue: str, spec_data: dict,
@@ -148,10 +167,11 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, queue: str
                              allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
                              on_commit=control.on_commit)
     except FencedOut as exc:
+        metrics.FENCING_EVENTS.inc()
         _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)
         return "fenced"
     except TransientError as exc:
-        _release(ctx, job_id, token, queue, f"storage unavailable on {ctx.worker}: {exc}")
+        _release(ctx, job_id, token, queue, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
         return "released"
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
         ctx.records.finish(job_id, token, JobState.failed, {"error": f"{type(exc).__name__}: {exc}",

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import redis
 
@@ -65,7 +65,8 @@ def token(attempt: int, worker: str) -> str:
 class Heartbeat(threading.Thread):
     """Renews the lease in the background; the loop reads its flags between steps."""
 
-    def __init__(self, client: redis.Redis, job_id: str, lease_token: str, worker: str, ttl_s: float, every_s: float):
+    def __init__(self, client: redis.Redis, job_id: str, lease_token: str, worker: str, ttl_s: float, every_s: float,
+                 on_renew: Callable[[], None] = lambda: None):
         super().__init__(name=f"baton-heartbeat-{job_id}", daemon=True)
         self._renew = client.register_script(_RENEW)
         self._keys = [keys.lease(job_id), keys.job(job_id), keys.worker_stopping(worker)]
@@ -74,7 +75,7 @@ class Heartbeat(threading.Thread):
         self.fenced = threading.Event()
         self.cancel_requested = threading.Event()
         self.worker_stopping = threading.Event()
-        self.renewals = 0
+        self._on_renew = on_renew
         self._last_ok = time.monotonic()
 
     def run(self) -> None:
@@ -93,7 +94,7 @@ class Heartbeat(threading.Thread):
                 self.fenced.set()
                 return
             self._last_ok = time.monotonic()
-            self.renewals += 1
+            self._on_renew()
             if cancel:
                 self.cancel_requested.set()
             if stopping:

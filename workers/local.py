@@ -17,7 +17,9 @@ from .control import LoopControl, StepReport
 from .determinism import prepare_process
 from .session import run_attempt
 
-EXIT_DONE, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_STOPPED = 0, 1, 2, 3
+EXIT_DONE = 0
+EXIT_STOPPED = 3
+"""Stopped by a signal after a committed checkpoint: the same --id resumes it."""
 
 
 class LocalControl(LoopControl):

@@ -54,6 +54,7 @@ return {'done'}
 """
 
 Publish = Callable[[str, int, str], None]
+OnAction = Callable[[str, str], None]  # (job id, action)
 
 
 def reap_once(client: redis.Redis, publish: Publish, records: JobRecords) -> list[tuple[str, str]]:
@@ -77,16 +78,17 @@ def reap_once(client: redis.Redis, publish: Publish, records: JobRecords) -> lis
 
 
 class Reaper(threading.Thread):
-    def __init__(self, client: redis.Redis, publish: Publish, period_s: float):
+    def __init__(self, client: redis.Redis, publish: Publish, period_s: float, on_action: OnAction = lambda j, a: None):
         super().__init__(name="baton-reaper", daemon=True)
-        self._client, self._publish, self._period_s = client, publish, period_s
+        self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
         self._records = JobRecords(client)
         self._stop = threading.Event()
 
     def run(self) -> None:
         while not self._stop.wait(self._period_s):
             try:
-                reap_once(self._client, self._publish, self._records)
+                for job_id, action in reap_once(self._client, self._publish, self._records):
+                    self._on_action(job_id, action)
             except (redis.RedisError, KombuError, OSError) as exc:  # Redis away: the next pass tries again
                 _log.warning("reaper: %s", exc)
 

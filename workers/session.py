@@ -13,7 +13,7 @@ import torch
 from schemas.manifest import CheckpointManifest
 from schemas.spec import JobSpec
 from storage.base import ObjectStore
-from storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer
+from storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
 from storage.layout import JobPaths
 from storage.manifest_store import ManifestStore
 
@@ -42,7 +42,7 @@ def run_attempt(
     *,
     allowed_prefixes: tuple[str, ...] = (),
     fence: Callable[[], None] = lambda: None,
-    on_commit: Callable[[CheckpointManifest], None] = lambda manifest: None,
+    on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
     upload_retry_s: float = UPLOAD_RETRY_S,
 ) -> AttemptResult:
     paths = JobPaths(job_id)

@@ -1,7 +1,8 @@
 """``baton worker``: a Celery worker with baton's settings, one job per process.
 
-With ``--concurrency N`` (or N GPUs) it supervises N such worker processes, each named
-``NAME-i``, passes SIGTERM/SIGINT on to all of them and exits when they have.
+With ``--concurrency N`` or ``--gpus`` it supervises one such worker process per slot (each
+named ``NAME-i``, each pinned to its own GPU with ``--gpus``), passes SIGTERM/SIGINT on to all
+of them and exits when they have.
 """
 from __future__ import annotations
 
@@ -53,9 +54,19 @@ def supervise(name: str, queues: str, loglevel: str, children_env: Sequence[dict
     return max(codes, default=0)
 
 
-def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str) -> int:
+def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str, gpus: Optional[str] = None) -> int:
+    from schemas.settings import BatonSettings
+
+    from .gpus import plan
+
     name = name or default_name()
-    if concurrency == 1:
+    device_count = 0
+    if gpus is not None:
+        import torch
+
+        device_count = torch.cuda.device_count()
+    children = plan(gpus, concurrency, dict(os.environ), device_count, BatonSettings().metrics_port)
+    if len(children) == 1 and gpus is None:
         run_one(name, queues, loglevel)
         return 0
-    return supervise(name, queues, loglevel, [{} for _ in range(concurrency)])
+    return supervise(name, queues, loglevel, children)

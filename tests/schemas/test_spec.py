@@ -105,3 +105,21 @@ def test_unreadable_files_are_spec_errors(tmp_path):
     (tmp_path / "broken.yaml").write_text("name: [unclosed")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(tmp_path / "broken.yaml")
+
+
+def test_misspelled_settings_are_named():
+    from schemas.settings import unknown_variables
+
+    env = {"BATON_LEASE_TTL": "5", "BATON_LEASE_TTL_S": "5", "BATON_BUCKET": "b", "PATH": "/bin"}
+    assert unknown_variables(env) == ["BATON_LEASE_TTL"]
+
+
+def test_settings_refuse_a_heartbeat_that_cannot_keep_the_lease(monkeypatch):
+    import pydantic
+
+    from schemas.settings import BatonSettings
+
+    with pytest.raises(pydantic.ValidationError, match="BATON_HEARTBEAT_S"):
+        BatonSettings(lease_ttl_s=2, heartbeat_s=1.5)
+    with pytest.raises(pydantic.ValidationError, match="s3:// or file://"):
+        BatonSettings(storage_url="gs://bucket")

@@ -24,19 +24,24 @@ def test_large_files_go_multipart_and_round_trip(s3_bucket, tmp_path):
     store.delete("big.bin")
 
 
-def test_unreachable_endpoint_is_storage_unavailable(s3_server, s3_bucket, monkeypatch):
+@pytest.fixture
+def cut_off_store(s3_server, s3_bucket, monkeypatch):
+    """An S3Store holding key "k", whose endpoint then becomes unreachable (retries: 1 s)."""
     proxy = FaultyProxy(s3_server.port)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
-    monkeypatch.setattr(s3_store, "RETRY_S", 0.5)
+    monkeypatch.setattr(s3_store, "RETRY_S", 1.0)
     store = S3Store(s3_bucket)
     store.put_bytes("k", b"v")
     proxy.set("cut")
-    try:
-        for call in (lambda: store.get_bytes("k"), lambda: store.put_bytes("k", b"w"), lambda: store.size("k")):
-            with pytest.raises(StorageUnavailable):
-                call()
-    finally:
-        proxy.close()
+    yield store
+    proxy.close()
+
+
+def test_unreachable_endpoint_is_storage_unavailable(cut_off_store):
+    for call in (lambda: cut_off_store.get_bytes("k"), lambda: cut_off_store.put_bytes("k", b"w"),
+                 lambda: cut_off_store.size("k")):
+        with pytest.raises(StorageUnavailable):
+            call()
 
 
 def test_missing_bucket_is_a_permanent_error(s3_env):
@@ -57,22 +62,13 @@ def test_prefix_is_kept_apart(s3_bucket):
     assert a.list("x/") == ["x/1"] and a.get_bytes("x/1") == b"a" and b.get_bytes("x/1") == b"b"
 
 
-def test_retries_leave_the_global_python_rng_alone(s3_server, s3_bucket, monkeypatch):
+def test_retries_leave_the_global_python_rng_alone(cut_off_store):
     """Retry jitter drawn from the global ``random`` (botocore's default) would change what a
     training job's own code draws next, and so its result, whenever storage hiccups."""
     import random
 
-    proxy = FaultyProxy(s3_server.port)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
-    monkeypatch.setattr(s3_store, "RETRY_S", 1.0)
-    store = S3Store(s3_bucket)
-    store.put_bytes("k", b"v")
-    proxy.set("cut")
     random.seed(1234)
     before = random.getstate()
-    try:
-        with pytest.raises(StorageUnavailable):
-            store.put_bytes("k", b"w")  # several tries, each failing
-    finally:
-        proxy.close()
+    with pytest.raises(StorageUnavailable):
+        cut_off_store.put_bytes("k", b"w")  # several tries, each failing
     assert random.getstate() == before

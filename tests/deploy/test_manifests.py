@@ -1,0 +1,113 @@
+"""The deployment files keep the invariants that matter: grace periods longer than the worker's
+checkpoint grace, GPUs reserved, no secrets inline, images pinned, every variable documented."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from schemas.settings import BatonSettings
+from tests.helpers import REPO
+
+DEPLOY = REPO / "deploy"
+SECRET_NAME = re.compile(r"(SECRET|PASSWORD|ACCESS_KEY|TOKEN)", re.I)
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def k8s_docs() -> list[dict]:
+    return [doc for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())]
+
+
+def seconds(text: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", str(text))
+    assert match, f"unparsed duration {text!r}"
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
+def interpolated_default(value: str) -> str:
+    match = re.fullmatch(r"\$\{\w+:-([^}]*)\}", str(value))
+    return match[1] if match else str(value)
+
+
+def pinned(image: str) -> bool:
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
+
+
+def test_compose_worker_has_gpus_a_long_enough_grace_and_shared_memory():
+    worker = compose()["services"]["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] and d["driver"] == "nvidia" for d in devices)
+    grace = float(interpolated_default(worker["environment"]["BATON_PREEMPT_GRACE_S"]))
+    assert grace == BatonSettings().preempt_grace_s
+    assert seconds(worker["stop_grace_period"]) >= grace + 15  # time to exit after the release
+    assert worker["shm_size"] and "--gpus" in worker["command"]
+
+
+def test_compose_redis_persists_and_the_bucket_is_created():
+    services = compose()["services"]
+    assert "--appendonly" in services["redis"]["command"] and "yes" in services["redis"]["command"]
+    assert "mc mb" in " ".join(services["create-bucket"]["command"])
+    assert services["worker"]["depends_on"]["create-bucket"]["condition"] == "service_completed_successfully"
+    assert "flower" in services
+
+
+def test_compose_images_are_pinned_and_secrets_come_from_the_env_file():
+    for name, service in compose()["services"].items():
+        if "image" in service:
+            assert pinned(service["image"]), f"{name}: {service['image']} is not pinned to a tag"
+        for key, value in (service.get("environment") or {}).items():
+            if SECRET_NAME.search(key):
+                assert str(value).startswith("${"), f"{name}.{key}: a secret written inline"
+
+
+def test_every_variable_the_deployment_reads_is_documented():
+    documented = set(re.findall(r"^([A-Z_][A-Z0-9_]*)=", (DEPLOY / ".env.example").read_text(), re.M))
+    used = set(re.findall(r"\$\{(\w+)", (DEPLOY / "docker-compose.yml").read_text()))
+    settings = {f"BATON_{name.upper()}" for name in BatonSettings.model_fields} - {"BATON_REDIS_URL", "BATON_STORAGE_URL"}
+    assert used - documented == set()
+    assert settings - documented == set()  # the compose file sets the two URLs itself
+
+
+def test_kubernetes_worker_grace_gpus_probes_and_secrets():
+    docs = k8s_docs()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    grace = float(config["data"]["BATON_PREEMPT_GRACE_S"])
+    assert pod["terminationGracePeriodSeconds"] >= grace + 15
+    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    assert container["readinessProbe"]["exec"]["command"] == ["baton", "health"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/metrics"
+    assert pinned(container["image"])
+    assert {"secretRef": {"name": "baton-secrets"}} in container["envFrom"]
+    assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"]) and "value" in e]
+    assert not any(SECRET_NAME.search(key) for key in config["data"])
+    secret = next(d for d in docs if d["kind"] == "Secret")
+    assert all("REPLACE_ME" in value for value in secret["stringData"].values())  # an example only
+
+
+def test_dockerfile_is_pinned_unprivileged_and_healthchecked():
+    text = (REPO / "Dockerfile").read_text()
+    base = re.search(r"^FROM\s+(\S+)", text, re.M)[1]
+    assert pinned(base) and "cuda" in base
+    assert re.search(r"^USER\s+(?!root)\w+", text, re.M)
+    assert 'HEALTHCHECK' in text and '"baton", "health"' in text
+    assert re.search(r'^CMD \["baton", "worker"\]', text, re.M) and "PYTHONUNBUFFERED=1" in text
+
+
+@pytest.mark.skipif(shutil.which("docker") is None or subprocess.run(["docker", "compose", "version"],
+                    capture_output=True).returncode != 0, reason="no docker compose client")
+def test_docker_compose_accepts_the_file(tmp_path):
+    env = tmp_path / ".env"
+    env.write_text((DEPLOY / ".env.example").read_text())
+    result = subprocess.run(["docker", "compose", "-f", str(DEPLOY / "docker-compose.yml"), "--env-file", str(env), "config"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,62 @@
+"""The CUDA paths: CUDA RNG in checkpoints, pinned-memory snapshots, fp16 with a GradScaler.
+Marked ``gpu``: skipped without a CUDA device."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from schemas.spec import JobSpec
+from storage.file_store import FileStore
+from storage.snapshot import HostSnapshot
+from tests.helpers import assert_same_training, make_spec
+from workers import rng
+from workers.control import LoopControl
+from workers.session import run_attempt
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_rng_state_round_trips():
+    torch.cuda.manual_seed_all(5)
+    state = rng.capture()
+    first = torch.rand(4, device="cuda")
+    rng.restore(state)
+    assert torch.equal(torch.rand(4, device="cuda"), first)
+    assert len(state["cuda"]) == torch.cuda.device_count()
+
+
+def test_pinned_snapshot_is_complete_when_take_returns_and_reuses_its_buffers():
+    live = {"w": torch.randn(1024, 1024, device="cuda"), "step": torch.tensor(3.0, device="cuda")}
+    snapshot = HostSnapshot(pin_memory=True)
+    copy = snapshot.take(live)
+    expected = live["w"].cpu()
+    live["w"].add_(1.0)  # the loop moves on at once
+    assert copy["w"].is_pinned() and copy["w"].device.type == "cpu"
+    assert torch.equal(copy["w"], expected)
+    buffer = copy["w"].data_ptr()
+    assert snapshot.take(live)["w"].data_ptr() == buffer  # reused, not reallocated
+
+
+class StopAt(LoopControl):
+    def __init__(self, step: int):
+        self.step, self.calls = step, 0
+
+    def stop_reason(self):
+        self.calls += 1
+        return "interrupted" if self.calls == self.step else None
+
+    def log(self, message: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_resume_on_cuda_is_bit_exact(tmp_path, precision):
+    spec = JobSpec.parse(make_spec(loop={"epochs": 2, "precision": precision},
+                                   resources={"device": "cuda", "cpu_threads": 1}))
+    store = FileStore(tmp_path)
+    assert run_attempt(spec, "reference", store, 1, StopAt(-1)).outcome.completed
+    stopped = run_attempt(spec, "cut", store, 1, StopAt(7))
+    assert not stopped.outcome.completed and stopped.outcome.step == 7
+    resumed = run_attempt(spec, "cut", store, 2, StopAt(-1))
+    assert resumed.outcome.completed and resumed.resumed_from_step == 7
+    assert_same_training(store, "reference", store, "cut")

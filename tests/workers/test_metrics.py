@@ -1,0 +1,33 @@
+"""A running worker's Prometheus endpoint shows training and checkpoints moving."""
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from jobs.services import free_port
+from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {m[1]: float(m[2]) for m in re.finditer(r"^(baton_[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+
+
+def test_steps_checkpoint_stalls_and_lease_renewals_move_during_a_job(cluster):
+    port = free_port()
+    cluster.start_workers(1, BATON_METRICS_PORT=str(port))
+    job = cluster.client.submit(SPEC, "observed")
+    wait_for(running_at_step(job, 2))
+    before = scrape(port)
+    assert before["baton_jobs_running"] == 1 and before["baton_jobs_started_total"] == 1
+    time.sleep(4)
+    during = scrape(port)
+    assert during["baton_steps_total"] > before["baton_steps_total"] > 0
+    assert during["baton_checkpoint_stall_seconds_count"] > before["baton_checkpoint_stall_seconds_count"]
+    assert during["baton_checkpoint_stall_seconds_sum"] > 0 and during["baton_checkpoint_bytes_total"] > 0
+    assert during["baton_lease_renewals_total"] > before["baton_lease_renewals_total"]
+    assert during["baton_steps_per_second"] > 0
+    job.wait(timeout=120, progress=False)
+    after = scrape(port)
+    assert after["baton_jobs_running"] == 0 and after['baton_jobs_finished_total{outcome="succeeded"}'] == 1

@@ -1,0 +1,30 @@
+"""Prometheus metrics a worker exposes on ``BATON_METRICS_PORT`` (``/metrics``; 0 turns it off).
+
+Every metric is declared here, once. Code elsewhere reports through callbacks; only the worker
+side touches these objects.
+"""
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+JOBS_STARTED = Counter("baton_jobs_started_total", "Attempts this worker started.")
+JOBS_FINISHED = Counter("baton_jobs_finished_total", "Attempts that ended here, by outcome.", ["outcome"])
+JOBS_RETRIED = Counter("baton_jobs_retried_total", "Jobs re-queued, by reason (preempted: released here; "
+                       "lost: reaped by this worker's reaper; storage: storage unreachable).", ["reason"])
+JOBS_RUNNING = Gauge("baton_jobs_running", "Jobs training in this worker now.")
+STEPS = Counter("baton_steps_total", "Optimizer steps trained.")
+STEPS_PER_S = Gauge("baton_steps_per_second", "Optimizer steps per second of the running job (last report).")
+SAMPLES_PER_S = Gauge("baton_samples_per_second", "Training samples per second of the running job (last report).")
+CHECKPOINT_STALL = Histogram("baton_checkpoint_stall_seconds", "Time the training loop was blocked per checkpoint.",
+                             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+CHECKPOINT_WRITE = Histogram("baton_checkpoint_upload_seconds", "Background serialize + upload + commit per checkpoint.",
+                             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+CHECKPOINT_BYTES = Counter("baton_checkpoint_bytes_total", "Bytes of committed checkpoints.")
+LEASE_RENEWALS = Counter("baton_lease_renewals_total", "Lease renewals by this worker's heartbeats.")
+FENCING_EVENTS = Counter("baton_fencing_events_total", "Attempts in this worker fenced out by a newer attempt.")
+
+
+def serve(port: int) -> None:
+    """Start the /metrics endpoint in a daemon thread (nothing when ``port`` is 0)."""
+    if port:
+        start_http_server(port)
