@@ -25,7 +25,7 @@ from storage.state_diff import count_tensors, first_difference
 
 from .client import JobClient
 from .display import progress_line
-from .services import RedisServer, S3Server, WorkerProcess, die_with_parent
+from .services import RedisServer, S3Server, WorkerProcess, die_with_parent, free_port
 
 BUCKET = "baton-demo"
 Say = Callable[[str], None]
@@ -84,13 +84,16 @@ def run_demo(spec: Path, out: Path, redis_url: Optional[str], storage_url: Optio
     with ExitStack() as stack:
         redis_url, storage_url = _start_services(stack, redis_url, storage_url, say)
         env = {**os.environ, "BATON_REDIS_URL": redis_url, "BATON_STORAGE_URL": storage_url}
-        workers = [WorkerProcess(f"demo-{n}@{os.uname().nodename}", env, str(out / f"worker-{n}.log")) for n in "ab"]
+        ports = {n: free_port() for n in "ab"}
+        workers = [WorkerProcess(f"demo-{n}@{os.uname().nodename}", {**env, "BATON_METRICS_PORT": str(ports[n])},
+                                 str(out / f"worker-{n}.log")) for n in "ab"]
         for worker in workers:
             stack.callback(worker.stop)
             worker.start()
         for worker in workers:
             worker.wait_ready()
-        say(f"started workers {', '.join(w.name for w in workers)} (logs in {out})")
+        say(f"started workers {', '.join(w.name for w in workers)} (logs in {out}; Prometheus metrics on "
+            f"{', '.join(f'http://127.0.0.1:{p}/metrics' for p in ports.values())})")
 
         client = JobClient(redis_url=redis_url, storage_url=storage_url)
         job = client.submit(spec)

@@ -5,7 +5,11 @@ side touches these objects.
 """
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+_log = logging.getLogger("baton.worker")
 
 JOBS_STARTED = Counter("baton_jobs_started_total", "Attempts this worker started.")
 JOBS_FINISHED = Counter("baton_jobs_finished_total", "Attempts that ended here, by outcome.", ["outcome"])
@@ -25,6 +29,12 @@ FENCING_EVENTS = Counter("baton_fencing_events_total", "Attempts in this worker 
 
 
 def serve(port: int) -> None:
-    """Start the /metrics endpoint in a daemon thread (nothing when ``port`` is 0)."""
-    if port:
+    """Start the /metrics endpoint in a daemon thread (nothing when ``port`` is 0). A port already
+    taken (two workers on one host with the same setting) costs the metrics, not the worker."""
+    if not port:
+        return
+    try:
         start_http_server(port)
+    except OSError as exc:
+        _log.error("metrics: cannot listen on port %d (%s); this worker serves no /metrics. Give each worker "
+                   "process its own BATON_METRICS_PORT (baton worker --gpus/--concurrency does)", port, exc)

@@ -31,3 +31,11 @@ def test_steps_checkpoint_stalls_and_lease_renewals_move_during_a_job(cluster):
     job.wait(timeout=120, progress=False)
     after = scrape(port)
     assert after["baton_jobs_running"] == 0 and after['baton_jobs_finished_total{outcome="succeeded"}'] == 1
+
+
+def test_a_taken_metrics_port_costs_the_metrics_not_the_worker(cluster):
+    port = free_port()
+    first, second = cluster.start_workers(2, BATON_METRICS_PORT=str(port))  # both become ready
+    logs = first.log() + second.log()
+    assert logs.count(f"metrics: cannot listen on port {port}") == 1
+    assert scrape(port)["baton_jobs_running"] == 0
