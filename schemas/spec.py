@@ -15,7 +15,6 @@ from .problems import Problems, problems_from
 from .targets import parse_target
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-METRICS = ("val_loss", "val_accuracy", "train_loss")
 METRIC_MODES = {"val_loss": "min", "val_accuracy": "max", "train_loss": "min"}
 
 

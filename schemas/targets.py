@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-BUILTIN_PREFIX = "builtin:"
 _MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _TARGET_RE = re.compile(rf"^(?P<module>{_MODULE}):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)$")
 

@@ -17,10 +17,6 @@ class HostSnapshot:
         self._buffers: dict[str, torch.Tensor] = {}
         self._copied_from_cuda = False
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
     def take(self, state: Any) -> Any:
         """A copy of ``state`` whose tensors live in this snapshot's host buffers.
 
