@@ -9,6 +9,10 @@ ACTIVE = f"{PREFIX}:active"
 """Set of the ids of jobs not yet finished (queued, running, retrying): what the reaper scans."""
 
 
+REAPER_TURN = f"{PREFIX}:reaper:turn"
+"""Held for one reaper period by the worker whose reaper makes this period's pass."""
+
+
 def job(job_id: str) -> str:
     """Hash: the job's record (spec, state, attempt, progress, pointers, error)."""
     return f"{PREFIX}:job:{job_id}"

@@ -143,11 +143,12 @@ class WorkerProcess:
     name: str
     env: dict[str, str]
     log_path: str
+    queues: str = "default"
     proc: Optional[subprocess.Popen] = None
 
     def start(self) -> "WorkerProcess":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "jobs", "worker", "--name", self.name],
+        self.proc = subprocess.Popen([sys.executable, "-m", "jobs", "worker", "--name", self.name, "--queues", self.queues],
                                      env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=die_with_parent)
         log.close()

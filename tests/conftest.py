@@ -54,12 +54,12 @@ class Cluster:
         self.workers: list = []
         self._client = None
 
-    def start_workers(self, n: int = 2, **extra_env: str) -> list:
+    def start_workers(self, n: int = 2, queues: str = "default", **extra_env: str) -> list:
         from jobs.services import WorkerProcess
 
         env = {"BATON_METRICS_PORT": "0", **self.env, **extra_env}
-        new = [WorkerProcess(f"w{len(self.workers) + i}@test", env, str(self.log_dir / f"w{len(self.workers) + i}.log"))
-               for i in range(n)]
+        new = [WorkerProcess(f"w{len(self.workers) + i}@test", env, str(self.log_dir / f"w{len(self.workers) + i}.log"),
+                             queues) for i in range(n)]
         for worker in new:
             worker.start()
         for worker in new:

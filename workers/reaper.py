@@ -1,6 +1,8 @@
 """The reaper: every worker runs one; it gives jobs whose worker vanished to another worker.
 
-A job still ``running`` whose lease has expired lost its worker (SIGKILL, node gone, a pause
+One reaper per period makes the pass (the one that takes ``keys.REAPER_TURN`` for the period), so
+the cost does not grow with the number of workers; if that worker dies, the turn expires and
+another takes it. A job still ``running`` whose lease has expired lost its worker (SIGKILL, node gone, a pause
 past the TTL): it is re-queued as the next attempt, until it has been lost
 ``retry.max_attempts`` times; then it fails. The script is atomic and checks state first, so
 any number of reapers may run at once. It also re-publishes the message of a job whose
@@ -77,16 +79,25 @@ def reap_once(client: redis.Redis, publish: Publish, records: JobRecords) -> lis
     return acted
 
 
+def take_turn(client: redis.Redis, worker: str, period_s: float) -> bool:
+    """True when this worker makes this period's pass (nobody else holds the turn)."""
+    return bool(client.set(keys.REAPER_TURN, worker, nx=True, px=max(1, int(period_s * 1000 * 0.9))))
+
+
 class Reaper(threading.Thread):
-    def __init__(self, client: redis.Redis, publish: Publish, period_s: float, on_action: OnAction = lambda j, a: None):
+    def __init__(self, client: redis.Redis, publish: Publish, period_s: float, worker: str,
+                 on_action: OnAction = lambda job_id, action: None):
         super().__init__(name="baton-reaper", daemon=True)
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
+        self._worker = worker
         self._records = JobRecords(client)
         self._stop = threading.Event()
 
     def run(self) -> None:
         while not self._stop.wait(self._period_s):
             try:
+                if not take_turn(self._client, self._worker, self._period_s):
+                    continue
                 for job_id, action in reap_once(self._client, self._publish, self._records):
                     self._on_action(job_id, action)
             except (redis.RedisError, KombuError, OSError) as exc:  # Redis away: the next pass tries again

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis
@@ -73,3 +74,15 @@ def test_ids_are_unique(cluster):
     with pytest.raises(SpecError, match="already exists"):
         cluster.client.submit(QUICK, "same")
     assert run_baton("status", "nope", env=cluster.env).returncode == 1
+
+
+def test_a_job_goes_only_to_workers_serving_its_queue(cluster):
+    from tests.workers.test_worker_loss import wait_for
+
+    cluster.start_workers(1, queues="default")
+    job = cluster.client.submit(make_spec(loop={"epochs": 1}, scheduler={"name": "none"}, resources={"queue": "gpu"}), "routed")
+    time.sleep(3)
+    assert job.status().state.value == "queued"  # the default-queue worker never sees it
+    gpu_worker, = cluster.start_workers(1, queues="gpu")
+    final = job.wait(timeout=60, progress=False)
+    assert final.state.value == "succeeded" and final.worker == gpu_worker.name

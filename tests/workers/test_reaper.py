@@ -76,3 +76,11 @@ def test_a_publish_lost_in_a_crash_is_published_again(env, monkeypatch):
     assert reaper.reap_once(client, publish, records) == [("p", "republish")]
     assert queued_messages(client) == [["p", 1]]
     assert records.pending_mark("p") is None
+
+
+def test_one_reaper_per_period_makes_the_pass(env):
+    client, _, _ = env
+    assert reaper.take_turn(client, "w1", period_s=0.2)
+    assert not reaper.take_turn(client, "w2", period_s=0.2)  # w1's turn
+    time.sleep(0.25)
+    assert reaper.take_turn(client, "w2", period_s=0.2)  # the turn expired: anyone may take the next
