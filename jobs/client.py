@@ -149,11 +149,8 @@ class JobClient:
 
         if self._celery is None:
             self._celery = make_app(self.settings)
-        mark = self.records.pending_mark(job_id)
-        queue = self.records.raw(job_id).get("queue", "default")
-        publish_run(self._celery, job_id, attempt, queue)
-        if mark:
-            self.records.published(job_id, mark)
+        celery = self._celery
+        self.records.publish_marked(job_id, attempt, lambda job, n, queue: publish_run(celery, job, n, queue))
 
     def submit(self, spec: SpecSource, job_id: Optional[str] = None) -> Job:
         """Validate, store the spec, create the record, queue attempt 1. SpecError (nothing queued)

@@ -13,7 +13,7 @@ behind by a crash; the duplicate messages this may create are dropped when claim
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import redis
 
@@ -122,6 +122,14 @@ class JobRecords:
 
     def pending_mark(self, job_id: str) -> Optional[str]:
         return self.redis.hget(keys.job(job_id), "publish_pending")
+
+    def publish_marked(self, job_id: str, attempt: int, send: Callable[[str, int, str], None]) -> None:
+        """The outbox's second half: send ``(job id, attempt, queue)``, then clear the mark the state
+        change left. A crash before the clear leaves the mark for the reaper to publish again."""
+        mark, queue = self.redis.hmget(keys.job(job_id), ["publish_pending", "queue"])
+        send(job_id, attempt, queue or "default")
+        if mark:
+            self.published(job_id, mark)
 
     def exists(self, job_id: str) -> bool:
         return bool(self.redis.exists(keys.job(job_id)))

@@ -101,13 +101,14 @@ class AsyncCheckpointer:
     # --- called by the training loop -------------------------------------------------------
     def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool) -> bool:
         """Snapshot the state ``capture()`` returns and commit it in the background; False when
-        skipped (see the policy above). The stall is the time for capture and snapshot."""
+        skipped (see the policy above). The stall is all the loop waits here: for a checkpoint
+        still in flight (mandatory ones only), the capture and the snapshot."""
         if self._inflight is not None and not self._inflight.future.done():
             if not mandatory:
                 self.totals.skipped += 1
                 return False
+        started = time.perf_counter()  # a wait for the checkpoint in flight blocks the loop too
         self.wait()
-        started = time.perf_counter()
         snapshot = self._snapshot.take(capture())
         stats = CheckpointStats(self.paths.checkpoint(request.step), request.kind, time.perf_counter() - started)
         self.totals.taken += 1

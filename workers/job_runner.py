@@ -114,16 +114,13 @@ class WorkerControl(LoopControl):
         _log.info("job %s: %s", self.job_id, message)
 
 
-def _release(ctx: WorkerContext, job_id: str, token: str, queue: str, reason: str, kind: str = "preempted") -> None:
+def _release(ctx: WorkerContext, job_id: str, token: str, reason: str, kind: str = "preempted") -> None:
     """Give the job back for another worker now, as its next attempt."""
     next_attempt = ctx.records.release(job_id, token, reason)
     if next_attempt < 0:
         return  # fenced out already: someone else owns it
     metrics.JOBS_RETRIED.labels(kind).inc()
-    mark = ctx.records.pending_mark(job_id)
-    ctx.publish(job_id, next_attempt, queue)
-    if mark:
-        ctx.records.published(job_id, mark)
+    ctx.records.publish_marked(job_id, next_attempt, ctx.publish)
     _log.warning("job %s: released (%s), queued as attempt %d", job_id, reason, next_attempt)
 
 
@@ -135,18 +132,17 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
         return "dropped"
     token = lease.token(attempt, ctx.worker)
     spec_data = json.loads(claimed.spec)
-    queue = spec_data.get("resources", {}).get("queue", "default")
     heartbeat = lease.Heartbeat(ctx.redis, job_id, token, ctx.worker, ctx.settings.lease_ttl_s, ctx.settings.heartbeat_s,
                                 on_renew=metrics.LEASE_RENEWALS.inc)
     heartbeat.start()
     metrics.JOBS_STARTED.inc()
     metrics.JOBS_RUNNING.inc()
-    ctx.preemption.register(job_id, lambda why: _release(ctx, job_id, token, queue, why))
+    ctx.preemption.register(job_id, lambda why: _release(ctx, job_id, token, why))
     control = WorkerControl(ctx, job_id, token, heartbeat)
     _log.info("job %s: attempt %d started on %s", job_id, attempt, ctx.worker)
     outcome = "error"
     try:
-        outcome = _train(ctx, job_id, attempt, token, queue, spec_data, claimed.storage_url, control)
+        outcome = _train(ctx, job_id, attempt, token, spec_data, claimed.storage_url, control)
         return outcome
     finally:
         heartbeat.stop()
@@ -155,7 +151,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
         metrics.JOBS_FINISHED.labels(outcome).inc()
 
 
-def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, queue: str, spec_data: dict,
+def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, spec_data: dict,
            storage_url: str, control: WorkerControl) -> str:
     try:
         spec = JobSpec.parse(spec_data)
@@ -171,7 +167,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, queue: str
         _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)
         return "fenced"
     except TransientError as exc:
-        _release(ctx, job_id, token, queue, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
+        _release(ctx, job_id, token, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
         return "released"
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
         ctx.records.finish(job_id, token, JobState.failed, {"error": f"{type(exc).__name__}: {exc}",
@@ -188,5 +184,5 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, queue: str
     if outcome.reason == "cancelled":
         ctx.records.finish(job_id, token, JobState.cancelled)
         return "cancelled"
-    _release(ctx, job_id, token, queue, f"{outcome.reason} on {ctx.worker}")
+    _release(ctx, job_id, token, f"{outcome.reason} on {ctx.worker}")
     return "released"

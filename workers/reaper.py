@@ -41,13 +41,13 @@ if state == 'running' then
   end
   redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
              'last_event', 'lease of ' .. worker .. ' expired')
-  return {'requeue', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1, redis.call('HGET', KEYS[1], 'queue'), ARGV[2]}
+  return {'requeue', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
 end
 if state == 'queued' or state == 'retrying' then
   local pending = redis.call('HGET', KEYS[1], 'publish_pending')
   if pending and tonumber(ARGV[2]) - tonumber(pending) > tonumber(ARGV[3]) then
     redis.call('HSET', KEYS[1], 'publish_pending', ARGV[2])
-    return {'republish', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1, redis.call('HGET', KEYS[1], 'queue'), ARGV[2]}
+    return {'republish', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
   end
   return {'waiting'}
 end
@@ -67,9 +67,8 @@ def reap_once(client: redis.Redis, publish: Publish, records: JobRecords) -> lis
         result = script(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE], args=[job_id, now(), REPUBLISH_AFTER_S])
         action = result[0]
         if action in ("requeue", "republish"):
-            attempt, queue, mark = int(result[1]), result[2], result[3]
-            publish(job_id, attempt, queue)
-            records.published(job_id, mark)
+            attempt = int(result[1])
+            records.publish_marked(job_id, attempt, publish)
             _log.warning("job %s: %s as attempt %d", job_id, "lost its worker, re-queued" if action == "requeue"
                          else "re-published", attempt)
         elif action == "failed":
