@@ -15,7 +15,7 @@ import typer
 from schemas.errors import SpecError
 from schemas.settings import BatonSettings
 
-from .specfile import load_spec
+from .specfile import check_user_targets, load_spec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-proof PyTorch training jobs.")
 
@@ -39,6 +39,8 @@ def _load_or_exit(spec_path: Path, settings: BatonSettings):
 def validate(spec: Path = typer.Argument(..., help="Job spec, YAML or JSON.")) -> None:
     """Check a job spec without running it (exit 2 naming each wrong field)."""
     parsed = _load_or_exit(spec, _settings())
+    for note, _ in check_user_targets(parsed):
+        typer.echo(f"  {note}")
     typer.echo(f"{spec}: valid job spec {parsed.name!r}")
 
 
@@ -47,8 +49,8 @@ def run(
     spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
     job_id: Optional[str] = typer.Option(None, "--id", help="Job id; the same id resumes that job."),
     storage: Optional[str] = typer.Option(None, "--storage", help="file:///path or s3://bucket/prefix "
-                                          "[default: BATON_STORAGE_URL, else file://./baton-data]"),
-    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar [default: on a terminal]."),
+                                          "(default: BATON_STORAGE_URL, else file://./baton-data)"),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."),
 ) -> None:
     """Run a job in this process (no Redis); run again with the same --id to resume it.
 
@@ -107,7 +109,7 @@ def _follow(job) -> int:
 @app.command()
 def submit(
     spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
-    job_id: Optional[str] = typer.Option(None, "--id", help="Job id [default: NAME-TIME-XXXX]."),
+    job_id: Optional[str] = typer.Option(None, "--id", help="Job id (default: NAME-TIME-XXXX)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends (exit 1 unless it succeeds)."),
 ) -> None:
     """Validate a spec and queue it (exit 2 naming each wrong field; nothing is queued then)."""
@@ -184,7 +186,7 @@ def fetch(
 
 @app.command()
 def worker(
-    name: Optional[str] = typer.Option(None, "--name", help="Worker name [default: baton-PID@HOST]."),
+    name: Optional[str] = typer.Option(None, "--name", help="Worker name (default: baton-PID@HOST)."),
     queues: str = typer.Option("default", "--queues", "-Q", help="Comma-separated queues to take jobs from."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Jobs at once (one process each)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="'all' or indices like 0,1: one job per GPU, each "

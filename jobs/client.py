@@ -164,8 +164,8 @@ class JobClient:
         store.put_bytes(paths.spec, parsed.model_dump_json(indent=2).encode())
         created = self.records.create(job_id, {
             "name": parsed.name, "spec": parsed.model_dump_json(), "queue": parsed.resources.queue,
-            "max_attempts": str(parsed.retry.max_attempts), "epochs": str(parsed.loop.epochs),
-            "storage_url": store.url,
+            "max_attempts": str(parsed.retry.max_attempts), "storage_url": store.url,
+            **({"epochs": str(parsed.loop.epochs)} if parsed.loop.epochs is not None else {}),
         })
         if not created:
             raise SpecError([f"id: a job {job_id!r} already exists"])

@@ -15,9 +15,15 @@ def _num(value: Optional[float], fmt: str = ".4f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _epoch(s: JobStatus) -> str:
+    if s.epoch is None:
+        return f"-/{s.epochs}" if s.epochs else "-"
+    return f"{s.epoch}/{s.epochs}" if s.epochs else str(s.epoch)
+
+
 def progress_line(s: JobStatus) -> str:
     steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
-    epoch = f"{(s.epoch or 0) + 1}/{s.epochs}" if s.epochs and s.epoch is not None else "-"
+    epoch = _epoch(s)
     return (f"{s.id} {s.state.value} attempt {s.attempt} on {s.worker or '-'}: epoch {epoch} step {steps} "
             f"loss {_num(s.loss)} {_num(s.samples_per_s, '.0f')} samples/s")
 
@@ -26,7 +32,7 @@ def details(s: JobStatus) -> str:
     rows = [
         ("id", s.id), ("name", s.name), ("state", s.state.value), ("queue", s.queue),
         ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"), ("worker", s.worker or "-"),
-        ("epoch", f"{(s.epoch or 0) + 1}/{s.epochs}" if s.epoch is not None else f"-/{s.epochs or '-'}"),
+        ("epoch", _epoch(s)),
         ("step", f"{s.step}/{s.total_steps}" if s.total_steps else "-"),
         ("loss", _num(s.loss)), ("val_loss", _num(s.val_loss)), ("val_accuracy", _num(s.val_accuracy)),
         ("latest checkpoint", s.latest_checkpoint or "-"),

@@ -1,6 +1,9 @@
 """Reading a job spec from a YAML/JSON file, a mapping or a JobSpec, and checking its targets."""
 from __future__ import annotations
 
+import difflib
+import importlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Union
@@ -9,7 +12,7 @@ import yaml
 
 from schemas.errors import SpecError
 from schemas.spec import JobSpec
-from schemas.targets import disallowed_targets
+from schemas.targets import disallowed_targets, parse_target
 
 SpecSource = Union[str, Path, dict, JobSpec]
 
@@ -27,10 +30,40 @@ def _read_file(path: Path) -> Any:
 
 
 def load_spec(source: SpecSource, allowed_prefixes: tuple[str, ...] = ()) -> JobSpec:
-    """A validated JobSpec whose targets are all importable under ``allowed_prefixes``."""
+    """A validated JobSpec whose targets are all allowed under ``allowed_prefixes`` and, where their
+    module is importable on this machine, exist."""
     raw = _read_file(Path(source)) if isinstance(source, (str, Path)) else source
     spec = JobSpec.parse(raw)
-    problems = disallowed_targets({"model.target": spec.model.target, "data.target": spec.data.target}, allowed_prefixes)
+    problems = disallowed_targets(spec.user_targets(), allowed_prefixes)
+    if problems:
+        raise SpecError(problems)
+    problems = [problem for _, problem in check_user_targets(spec) if problem is not None]
     if problems:
         raise SpecError(problems)
     return spec
+
+
+def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
+    """For each user target: (a note, None) when it is checked or cannot be checked here, or
+    (field, problem) when its module imports here but has no such callable (a misspelling)."""
+    results = []
+    for field, text in spec.user_targets().items():
+        target = parse_target(text)
+        if target.is_builtin:
+            continue
+        try:
+            found = importlib.util.find_spec(target.module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            results.append((f"{field}: module {target.module!r} is not importable here; it is checked on the worker", None))
+            continue
+        module = importlib.import_module(target.module)
+        if callable(getattr(module, target.attr, None)):
+            results.append((f"{field}: {text} found", None))
+            continue
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        close = difflib.get_close_matches(target.attr, names, n=3)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        results.append((field, f"{field}: module {target.module!r} has no callable {target.attr!r}{hint}"))
+    return results

@@ -19,7 +19,7 @@ class CheckpointEntry(BaseModel):
     step: int = Field(description="Optimizer steps completed when it was taken.")
     epoch: int = Field(description="Epoch the loop resumes in.")
     batch_in_epoch: int = Field(description="Batches of that epoch already consumed.")
-    kind: Literal["step", "epoch", "stop"] = Field(description="step: every_steps; epoch: after validation; stop: preemption/cancel.")
+    kind: Literal["step", "epoch", "eval", "stop"] = Field(description="step: every_steps; epoch: after an epoch's validation; eval: after an eval_every_steps or final validation; stop: preemption/cancel.")
     attempt: int = Field(description="The attempt that wrote it.")
     size: int = Field(description="Bytes.")
     sha256: str = Field(description="Hex digest of the bytes.")

@@ -1,25 +1,39 @@
-"""One row of ``metrics.jsonl``: written after each validation, with the checkpoint it produced."""
+"""One row of ``metrics.jsonl``: written after each validation, with the checkpoint it produced.
+
+The task's validation metrics are flat ``val_NAME`` fields beside the fixed ones (classification:
+``val_loss``, ``val_accuracy``), so a row reads the same in pandas, jq or a spreadsheet.
+"""
 from __future__ import annotations
 
+import re
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# Fields that depend only on the spec and the data (equal bit for bit after a resume); the
-# rest (timings, throughput) describe the machine.
-DETERMINISTIC_FIELDS = ("epoch", "step", "train_loss", "val_loss", "val_accuracy", "lr",
-                        "grad_norm", "grad_norm_max", "nonfinite_steps")
+# Fields that depend only on the spec and the data (equal bit for bit after a resume), besides
+# every val_NAME metric; the rest (timings, throughput) describe the machine.
+DETERMINISTIC_FIELDS = ("epoch", "step", "train_loss", "lr", "grad_norm", "grad_norm_max", "nonfinite_steps")
+VAL_FIELD = re.compile(r"^val_[a-z][a-z0-9_]*$")
+
+
+def deterministic_part(row: dict) -> dict:
+    """The fields of a row that a resumed run reproduces exactly."""
+    return {k: v for k, v in row.items() if k in DETERMINISTIC_FIELDS or VAL_FIELD.match(k)}
+
+
+def val_metrics(row: dict) -> dict[str, float]:
+    """The task's validation metrics of a row, ``{"val_NAME": value}``."""
+    return {k: v for k, v in row.items() if VAL_FIELD.match(k)}
 
 
 class MetricsRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # extra fields are the task's metrics, each val_NAME: a number (checked below)
+    model_config = ConfigDict(extra="allow")
 
-    epoch: int = Field(description="Epoch just finished (0-based).")
+    epoch: int = Field(description="Epoch (pass over the training data) of this validation, 0-based.")
     step: int = Field(description="Optimizer steps completed.")
-    train_loss: float = Field(description="Per-sample mean training loss over the epoch.")
-    val_loss: float = Field(description="Per-sample mean validation loss.")
-    val_accuracy: float = Field(description="Share of validation samples classified correctly.")
-    lr: float = Field(description="Learning rate of the last optimizer step of the epoch.")
+    train_loss: float = Field(description="Mean training loss since the previous validation (the epoch), weighted by batch size.")
+    lr: float = Field(description="Learning rate of the last optimizer step before this validation.")
     grad_norm: float = Field(description="Mean pre-clip global gradient norm over the epoch's steps.")
     grad_norm_max: float = Field(description="Largest pre-clip gradient norm of the epoch.")
     nonfinite_steps: int = Field(0, description="Optimizer steps skipped for a non-finite loss, so far.")
@@ -32,3 +46,10 @@ class MetricsRow(BaseModel):
     ckpt_stall_s: float = Field(0.0, description="Seconds the loop was blocked snapshotting those checkpoints.")
     ckpt_write_s: float = Field(0.0, description="Seconds spent serializing, uploading and committing them (in the background).")
     ckpt_bytes: int = Field(0, description="Bytes of those checkpoints.")
+
+    @model_validator(mode="after")
+    def _task_metrics(self) -> "MetricsRow":
+        for name, value in (self.model_extra or {}).items():
+            if not VAL_FIELD.match(name) or isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name}: a metrics row's extra fields are the task's metrics, val_NAME: number")
+        return self

@@ -9,13 +9,14 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .builtins import BUILTIN_DATA, BUILTIN_MODELS
+from .builtins import BUILTIN_DATA, BUILTIN_MODELS, BUILTIN_TASKS, builtin_task_metrics
 from .errors import SpecError
 from .problems import Problems, problems_from
 from .targets import parse_target
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-METRIC_MODES = {"val_loss": "min", "val_accuracy": "max", "train_loss": "min"}
+MONITOR_PATTERN = r"^(train_loss|val_[a-z][a-z0-9_]{0,47})$"
+DEFAULT_VAL_FRACTION = 0.2
 
 
 class _Spec(BaseModel):
@@ -52,23 +53,80 @@ class ModelSpec(_Spec):
         return self
 
 
+class TargetSpec(_Spec):
+    target: str = Field(description="'package.module:callable' (or a 'builtin:NAME' where the field says so).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the target.")
+
+    @model_validator(mode="after")
+    def _target(self) -> "TargetSpec":
+        problems = Problems()
+        _check_target(problems, self.target, self.kwargs, BUILTIN_DATA)
+        problems.raise_if_any()
+        return self
+
+
 class DataSpec(_Spec):
     target: str = Field(
-        description="'builtin:spiral', 'builtin:digits' or 'package.module:callable' returning a map-style "
-        "Dataset of (input, label) pairs; it receives the job's seed as `seed` if it accepts one."
+        description="'builtin:spiral', 'builtin:digits' or 'package.module:callable' returning a Dataset: map-style "
+        "(__getitem__/__len__; samples of any structure of tensors) or an IterableDataset (a stream, whose position "
+        "is restored through its state_dict()/load_state_dict()). It receives the job's seed as `seed` if it accepts one."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the target.")
+    val: Optional[TargetSpec] = Field(
+        None, description="A separate validation data set {target, kwargs} (a team's own fixed split); replaces "
+        "val_fraction. Built like `target`: 'builtin:NAME' or 'package.module:callable'.")
+    collate: Optional[TargetSpec] = Field(
+        None, description="'package.module:callable' merging a list of samples into a batch, called as "
+        "callable(samples, **kwargs); default: PyTorch's default_collate.")
     batch_size: int = Field(64, gt=0, le=1_000_000, description="Samples per micro-batch.")
     val_batch_size: Optional[int] = Field(None, gt=0, description="Validation batch size; defaults to batch_size.")
     num_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes (part of the reproducible configuration).")
-    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of the data held out for validation (split by seed).")
+    val_fraction: Optional[float] = Field(
+        None, gt=0.0, lt=1.0,
+        description=f"Share of a map-style data set held out for validation (split by seed); default {DEFAULT_VAL_FRACTION} "
+        "unless `val` names a validation set.")
 
     @model_validator(mode="after")
     def _target(self) -> "DataSpec":
         problems = Problems()
         _check_target(problems, self.target, self.kwargs, BUILTIN_DATA)
+        if self.collate is not None and parse_target(self.collate.target).is_builtin:
+            problems.add("collate.target", "there are no built-in collate functions; name 'package.module:callable'")
+        if self.val is not None and self.val_fraction is not None:
+            problems.add("val_fraction", "give either val (a validation data set) or val_fraction (a held-out share), not both")
         problems.raise_if_any()
         return self
+
+    @property
+    def holdout_fraction(self) -> Optional[float]:
+        """The share held out of the training data, or None when `val` is a separate set."""
+        if self.val is not None:
+            return None
+        return self.val_fraction if self.val_fraction is not None else DEFAULT_VAL_FRACTION
+
+
+class TaskSpec(_Spec):
+    target: str = Field(
+        "builtin:classification",
+        description="How a batch becomes a loss and how validation is scored: 'builtin:classification' (cross-entropy; "
+        "val_loss, val_accuracy), 'builtin:regression' (MSE; val_loss = MSE, val_mae), 'builtin:language_model' "
+        "(next-token cross-entropy; val_loss per token, val_perplexity, val_accuracy per token), or "
+        "'package.module:callable' returning an object with loss(model, batch), metrics() and score(model, batch, metrics).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the target.")
+
+    @model_validator(mode="after")
+    def _target(self) -> "TaskSpec":
+        problems = Problems()
+        _check_target(problems, self.target, self.kwargs, BUILTIN_TASKS)
+        problems.raise_if_any()
+        return self
+
+    def builtin_metrics(self) -> Optional[dict[str, str]]:
+        """``{"val_NAME": mode}`` for a built-in task; None for a user task (known only when it is built)."""
+        target = parse_target(self.target)
+        if not target.is_builtin:
+            return None
+        return {**builtin_task_metrics(target.attr, self.kwargs), "train_loss": "min"}
 
 
 class OptimizerSpec(_Spec):
@@ -78,6 +136,9 @@ class OptimizerSpec(_Spec):
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="Momentum; sgd only.")
     # strict=False: JSON and YAML carry a pair as a list
     betas: tuple[float, float] = Field((0.9, 0.999), strict=False, description="Adam betas; adam/adamw only.")
+    no_decay_bias_and_norm: bool = Field(
+        False, description="Put parameters with fewer than 2 dimensions (biases, LayerNorm/BatchNorm weights) in a "
+        "parameter group without weight decay (LM practice).")
 
     @model_validator(mode="after")
     def _fits_optimizer(self) -> "OptimizerSpec":
@@ -90,23 +151,40 @@ class OptimizerSpec(_Spec):
         return self
 
 
+PER_STEP_SCHEDULERS = ("onecycle", "warmup_cosine", "constant_warmup")
+
+
 class SchedulerSpec(_Spec):
-    name: Literal["onecycle", "cosine", "step", "none"] = Field(
-        "none", description="onecycle steps every optimizer step; cosine and step every epoch."
-    )
-    warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="onecycle: share of steps spent warming up.")
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine: final lr as a fraction of optimizer.lr.")
+    name: Literal["onecycle", "warmup_cosine", "constant_warmup", "cosine", "step", "none"] = Field(
+        "none", description="Per optimizer step: onecycle; warmup_cosine (linear warmup, then cosine to "
+        "min_lr_ratio); constant_warmup (linear warmup, then constant). Per epoch: cosine and step.")
+    warmup_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="onecycle, warmup_cosine, constant_warmup: share of the run's optimizer "
+        "steps spent warming up (unless warmup_steps is given).")
+    warmup_steps: Optional[int] = Field(
+        None, ge=0, description="warmup_cosine, constant_warmup: optimizer steps of linear warmup (overrides warmup_fraction).")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine, warmup_cosine: final lr as a fraction of optimizer.lr.")
     step_epochs: int = Field(10, gt=0, description="step: epochs between decays.")
     gamma: float = Field(0.1, gt=0.0, le=1.0, description="step: decay factor.")
+    cycle_momentum: bool = Field(
+        True, description="onecycle only: also cycle momentum inversely to the lr, as PyTorch's OneCycleLR does by "
+        "default. This OVERRIDES the optimizer's momentum, and for adam/adamw its beta1 (between 0.85 and 0.95); set "
+        "false to keep optimizer.betas / momentum as given.")
 
     @property
     def per_step(self) -> bool:
         """Whether the scheduler steps after every optimizer step (else once per epoch)."""
-        return self.name == "onecycle"
+        return self.name in PER_STEP_SCHEDULERS
 
 
 class LoopSpec(_Spec):
-    epochs: int = Field(gt=0, le=100_000, description="Passes over the training split.")
+    epochs: Optional[int] = Field(
+        None, gt=0, le=100_000, description="Passes over the training data; validation after each. Give epochs or max_steps.")
+    max_steps: Optional[int] = Field(
+        None, gt=0, le=100_000_000, description="Step-based run: optimizer steps in all, passing over the data as often "
+        "as needed; validation every eval_every_steps and at the end. Give epochs or max_steps.")
+    eval_every_steps: Optional[int] = Field(
+        None, gt=0, description="Also validate (and checkpoint, and consider for best) every N optimizer steps.")
     grad_accum_steps: int = Field(1, gt=0, le=1024, description="Micro-batches per optimizer step.")
     max_grad_norm: Optional[float] = Field(1.0, gt=0.0, description="Clip the global gradient norm to this; null disables clipping.")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="bf16/fp16 run under autocast; fp16 adds a GradScaler (CUDA only).")
@@ -115,23 +193,26 @@ class LoopSpec(_Spec):
         "fail", description="On a NaN/inf loss: fail the job, or skip that optimizer step and count it."
     )
 
+    @model_validator(mode="after")
+    def _length(self) -> "LoopSpec":
+        problems = Problems()
+        if (self.epochs is None) == (self.max_steps is None):
+            problems.add("epochs", "give exactly one of epochs (passes over the data) or max_steps (optimizer steps)")
+        if self.max_steps is not None and self.eval_every_steps is not None and self.eval_every_steps > self.max_steps:
+            problems.add("eval_every_steps", f"{self.eval_every_steps} is beyond max_steps {self.max_steps}")
+        problems.raise_if_any()
+        return self
+
 
 class CheckpointSpec(_Spec):
     every_steps: Optional[int] = Field(100, gt=0, description="Mid-epoch checkpoint every N optimizer steps; null: epoch ends only.")
     keep_last: int = Field(3, description="Step checkpoints kept (the best one is kept apart).")
-    monitor: Literal["val_loss", "val_accuracy", "train_loss"] = Field("val_loss", description="Metric that picks the best checkpoint.")
-    mode: Literal["min", "max"] = Field("min", description="Whether a lower or a higher monitored value is better.")
-
-    @model_validator(mode="after")
-    def _sane(self) -> "CheckpointSpec":
-        problems = Problems()
-        if self.keep_last < 2:
-            problems.add("keep_last", "must be >= 2 (the newest checkpoint may still be uploading when an older one is needed)")
-        if self.mode != METRIC_MODES[self.monitor]:
-            problems.add("mode", f"{self.monitor} improves when it goes {'down' if METRIC_MODES[self.monitor] == 'min' else 'up'}; "
-                                 f"use mode: {METRIC_MODES[self.monitor]}")
-        problems.raise_if_any()
-        return self
+    monitor: str = Field(
+        "val_loss", pattern=MONITOR_PATTERN,
+        description="Metric that picks the best checkpoint: train_loss or any val_NAME the task reports.")
+    mode: Optional[Literal["min", "max"]] = Field(
+        None, description="Whether a lower or a higher monitored value is better; built-in tasks' metrics have a known "
+        "direction (and a wrong mode is refused), a user task's metric needs it stated.")
 
 
 class ResourcesSpec(_Spec):
@@ -152,6 +233,7 @@ class JobSpec(_Spec):
     seed: int = Field(0, ge=0, lt=2**63, description="Seeds weights, the split, shuffling, dropout and augmentation.")
     model: ModelSpec = Field(description="What to train.")
     data: DataSpec = Field(description="What to train on.")
+    task: TaskSpec = Field(default_factory=TaskSpec, description="How a batch becomes a loss, and how validation is scored.")
     optimizer: OptimizerSpec = Field(description="How to update the weights.")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Learning-rate schedule.")
     loop: LoopSpec = Field(description="The training loop.")
@@ -166,8 +248,46 @@ class JobSpec(_Spec):
             problems.add("loop.precision", "fp16 needs resources.device: cuda (use bf16 on the CPU)")
         if self.scheduler.name == "onecycle" and self.scheduler.warmup_fraction == 0.0:
             problems.add("scheduler.warmup_fraction", "onecycle needs a warmup > 0")
+        if self.loop.max_steps is not None and self.scheduler.name in ("cosine", "step"):
+            problems.add("scheduler.name", f"{self.scheduler.name} steps once per epoch; a step-based run (loop.max_steps) "
+                                           "needs a per-step schedule: warmup_cosine, constant_warmup, onecycle or none")
+        if self.checkpoint.keep_last < 2:  # here, not in CheckpointSpec, so it is reported with the monitor's problems
+            problems.add("checkpoint.keep_last", "must be >= 2 (the newest checkpoint may still be uploading when an "
+                                                 "older one is needed)")
+        self._check_monitor(problems)
         problems.raise_if_any()
         return self
+
+    def _check_monitor(self, problems: Problems) -> None:
+        monitor, mode = self.checkpoint.monitor, self.checkpoint.mode
+        known = self.task.builtin_metrics()
+        if known is None:  # a user task: its metrics are checked when the job starts
+            if mode is None and monitor != "train_loss" and monitor != "val_loss":
+                problems.add("checkpoint.mode", f"state whether {monitor} is better low (min) or high (max)")
+            return
+        if monitor not in known:
+            problems.add("checkpoint.monitor", f"{monitor!r} is not reported by task {self.task.target}; "
+                                               f"choose one of {sorted(known)}")
+        elif mode is not None and mode != known[monitor]:
+            problems.add("checkpoint.mode", f"{monitor} improves when it goes {'down' if known[monitor] == 'min' else 'up'}; "
+                                            f"use mode: {known[monitor]}")
+
+    @property
+    def monitor_mode(self) -> str:
+        """The best checkpoint's direction: as stated, else the built-in metric's, else min (losses)."""
+        if self.checkpoint.mode is not None:
+            return self.checkpoint.mode
+        known = self.task.builtin_metrics() or {}
+        return known.get(self.checkpoint.monitor, "min")
+
+    def user_targets(self) -> dict[str, str]:
+        """Every target this spec names, by field (``{"model.target": "pkg.mod:fn", ...}``)."""
+        found = {"model.target": self.model.target, "data.target": self.data.target, "task.target": self.task.target}
+        if self.data.val is not None:
+            found["data.val.target"] = self.data.val.target
+        if self.data.collate is not None:
+            found["data.collate.target"] = self.data.collate.target
+        return found
 
     @classmethod
     def parse(cls, data: Any) -> "JobSpec":

@@ -31,8 +31,8 @@ class JobStatus(BaseModel):
     lost: int = Field(0, description="Attempts lost with their worker (SIGKILL, node gone); preemptions do not count.")
     max_attempts: int = 1
     worker: Optional[str] = Field(None, description="The worker running (or last running) it.")
-    epoch: Optional[int] = None
-    epochs: Optional[int] = None
+    epoch: Optional[int] = Field(None, description="The epoch (pass over the data) being trained, counting from 1.")
+    epochs: Optional[int] = Field(None, description="Epochs in all; None for a step-based run (loop.max_steps).")
     step: Optional[int] = None
     total_steps: Optional[int] = None
     loss: Optional[float] = None

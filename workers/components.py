@@ -5,40 +5,78 @@ replace parameter objects, leaving the optimizer updating tensors the model no l
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import CosineAnnealingLR, LRScheduler, OneCycleLR, StepLR
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LRScheduler, OneCycleLR, StepLR
+from torch.utils.data import IterableDataset
 
 from schemas.errors import PermanentError
 from schemas.spec import JobSpec, OptimizerSpec, SchedulerSpec
 
 from .amp import Precision
-from .data import DataPlan
-from .targets import build_dataset, build_model
+from .data import DataPlan, Loading
+from .streams import StreamPlan
+from .targets import build_collate, build_dataset, build_model, build_task
+from .task_api import BoundTask
+
+
+def parameter_groups(model: nn.Module, spec: OptimizerSpec):
+    """All parameters in one group, or (with no_decay_bias_and_norm) those of fewer than 2
+    dimensions (biases, norm weights) in a second group without weight decay."""
+    if not spec.no_decay_bias_and_norm:
+        return model.parameters()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": spec.weight_decay},
+            {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def build_optimizer(model: nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
-    params = model.parameters()
+    params = parameter_groups(model, spec)
     if spec.name == "sgd":
         return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     cls = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
     return cls(params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
 
 
+def warmup_factor(spec: SchedulerSpec, total: int):
+    """The lr multiplier per optimizer step of warmup_cosine / constant_warmup: linear warmup from
+    1/(W+1) to 1 over W steps, then constant or a half cosine down to min_lr_ratio at ``total``."""
+    warmup = spec.warmup_steps if spec.warmup_steps is not None else int(spec.warmup_fraction * total)
+    if warmup >= total:
+        raise PermanentError(f"scheduler: warmup of {warmup} steps leaves none of this job's {total} optimizer steps "
+                             "for the schedule; shorten the warmup or train longer")
+    floor, cosine = spec.min_lr_ratio, spec.name == "warmup_cosine"
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if not cosine:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return factor
+
+
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, spec: SchedulerSpec, lr: float, epochs: int, steps_per_epoch: int
+    optimizer: torch.optim.Optimizer, spec: SchedulerSpec, lr: float, epochs: Optional[int], total: Optional[int]
 ) -> Optional[LRScheduler]:
+    """``total`` is the run's optimizer steps (None when unknown: a stream without max_steps)."""
+    if spec.per_step and total is None:
+        raise PermanentError(f"scheduler.name: {spec.name} needs the run's length in steps; set loop.max_steps")
     if spec.name == "onecycle":
-        total = epochs * steps_per_epoch
         if spec.warmup_fraction * total < 2 or (1 - spec.warmup_fraction) * total < 2:
             raise PermanentError(
                 f"scheduler.warmup_fraction: {spec.warmup_fraction} of this job's {total} optimizer steps leaves "
                 "fewer than 2 steps for warmup or for annealing; change it, or train longer"
             )
-        return OneCycleLR(optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch, pct_start=spec.warmup_fraction)
+        return OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=spec.warmup_fraction,
+                          cycle_momentum=spec.cycle_momentum)
+    if spec.name in ("warmup_cosine", "constant_warmup"):
+        return LambdaLR(optimizer, warmup_factor(spec, total))
     if spec.name == "cosine":
         return CosineAnnealingLR(optimizer, T_max=epochs, eta_min=lr * spec.min_lr_ratio)
     if spec.name == "step":
@@ -50,30 +88,52 @@ def build_scheduler(
 class Components:
     spec: JobSpec
     device: torch.device
-    data: DataPlan
+    data: Union[DataPlan, StreamPlan]
     model: nn.Module
+    task: BoundTask
     optimizer: torch.optim.Optimizer
     scheduler: Optional[LRScheduler]
     scaler: torch.amp.GradScaler
     precision: Precision
 
     @property
-    def steps_per_epoch(self) -> int:
-        accum = self.spec.loop.grad_accum_steps
-        return -(-self.data.batches_per_epoch // accum)
+    def total_steps(self) -> Optional[int]:
+        return run_length(self.spec, self.data)
 
-    @property
-    def total_steps(self) -> int:
-        return self.spec.loop.epochs * self.steps_per_epoch
+
+def run_length(spec: JobSpec, data: Union[DataPlan, StreamPlan]) -> Optional[int]:
+    """The run's optimizer steps: max_steps, or epochs x steps per pass (None for a stream by epochs)."""
+    if spec.loop.max_steps is not None:
+        return spec.loop.max_steps
+    if data.batches_per_pass is None:
+        return None
+    return spec.loop.epochs * -(-data.batches_per_pass // spec.loop.grad_accum_steps)
+
+
+def build_data(spec: JobSpec, device: torch.device, allowed_prefixes: tuple[str, ...]) -> Union[DataPlan, StreamPlan]:
+    dataset = build_dataset(spec.data, spec.seed, allowed_prefixes)
+    val = build_dataset(spec.data.val, spec.seed, allowed_prefixes) if spec.data.val is not None else None
+    loading = Loading(spec.data, spec.seed, build_collate(spec.data.collate, allowed_prefixes), device.type == "cuda")
+    if isinstance(dataset, IterableDataset):
+        return StreamPlan.build(dataset, loading, val, spec.loop.max_steps)
+    return DataPlan.build(dataset, loading, val)
+
+
+def check_monitor(spec: JobSpec, task: BoundTask) -> None:
+    """A monitor the task does not report is refused before any training, naming what exists."""
+    reported = {"train_loss", *task.reported}
+    if spec.checkpoint.monitor not in reported:
+        raise PermanentError(f"checkpoint.monitor: {spec.checkpoint.monitor!r} is not reported by task {task.target}; "
+                             f"it reports {sorted(reported)}")
 
 
 def build_components(spec: JobSpec, device: torch.device, allowed_prefixes: tuple[str, ...]) -> Components:
-    """Data, model (on its device), then optimizer, scheduler and scaler. Seed the RNGs first."""
-    dataset = build_dataset(spec.data, spec.seed, allowed_prefixes)
-    data = DataPlan.build(dataset, spec.data, spec.seed, pin_memory=device.type == "cuda")
+    """Task, data, model (on its device), then optimizer, scheduler and scaler. Seed the RNGs first."""
+    task = build_task(spec.task, allowed_prefixes)
+    check_monitor(spec, task)
+    data = build_data(spec, device, allowed_prefixes)
     model = build_model(spec.model, allowed_prefixes).to(device)
     optimizer = build_optimizer(model, spec.optimizer)
-    steps_per_epoch = -(-data.batches_per_epoch // spec.loop.grad_accum_steps)
-    scheduler = build_scheduler(optimizer, spec.scheduler, spec.optimizer.lr, spec.loop.epochs, steps_per_epoch)
+    scheduler = build_scheduler(optimizer, spec.scheduler, spec.optimizer.lr, spec.loop.epochs, run_length(spec, data))
     precision = Precision(spec.loop.precision, device)
-    return Components(spec, device, data, model, optimizer, scheduler, precision.make_scaler(), precision)
+    return Components(spec, device, data, model, task, optimizer, scheduler, precision.make_scaler(), precision)

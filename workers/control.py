@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from schemas.metrics import val_metrics
+
 
 @dataclass(frozen=True)
 class StepReport:
     epoch: int
-    epochs: int
+    epochs: Optional[int]  # None for a step-based run
     step: int
     total_steps: int
     loss: float  # the last micro-batch's training loss
@@ -40,3 +42,10 @@ class LoopControl:
 
     def log(self, message: str) -> None:
         print(message, flush=True)
+
+
+def describe_row(row: dict) -> str:
+    """One log line for a validation: where, the training loss and the task's metrics."""
+    values = " ".join(f"{k} {v:.4f}" for k, v in val_metrics(row).items())
+    return (f"epoch {row['epoch']}: step {row['step']} train_loss {row['train_loss']:.4f} {values}"
+            f"{' *best' if row['is_best'] else ''}")

@@ -8,15 +8,21 @@
   depend on which loader worker loads a sample, or on how many there are.
 - Every DataLoader gets its own generator, so creating an iterator never draws from the global
   RNG (which dropout uses).
+- A separate validation set (``data.val``) replaces the split; the whole data set then trains.
+
+Iterable (streaming) data sets are planned by ``workers.streams``; both plans offer the loop the
+same small interface: ``batches_per_pass`` (None when unknown), ``train_batches``, ``end_pass``,
+``val_loader``, and ``state_dict``/``load_state_dict`` for a position that is more than indices.
 """
 from __future__ import annotations
 
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from schemas.spec import DataSpec
 
@@ -48,11 +54,13 @@ class TrainView(Dataset):
 
     def __getitem__(self, position: int):
         index = self.indices[position]
-        x, y = self.base[index]
-        if self._augment is not None:
-            generator = torch.Generator().manual_seed(derive_seed(self.seed, "augment", self.epoch, index))
-            x = self._augment(x, generator)
-        return x, y
+        sample = self.base[index]
+        if self._augment is None:
+            return sample
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "augment", self.epoch, index))
+        if isinstance(sample, tuple) and len(sample) == 2:  # (input, target): augment the input
+            return self._augment(sample[0], generator), sample[1]
+        return self._augment(sample, generator)  # any other sample is augmented whole
 
 
 class EvalView(Dataset):
@@ -87,41 +95,65 @@ class EpochBatches(Sampler[list[int]]):
 
 
 @dataclass
-class DataPlan:
-    """Builds the loaders of a job; nothing in it changes as training runs."""
+class Loading:
+    """How every loader of a job is made: the spec's loader settings, collate and pinning."""
 
-    base: Dataset
     spec: DataSpec
     seed: int
-    train_indices: list[int]
-    val_indices: list[int]
+    collate: Optional[Callable[[list], Any]] = None
     pin_memory: bool = False
 
+    def loader(self, dataset: Dataset, generator_seed: int, **kwargs) -> DataLoader:
+        return DataLoader(dataset, num_workers=self.spec.num_workers, pin_memory=self.pin_memory,
+                          collate_fn=self.collate, generator=torch.Generator().manual_seed(generator_seed), **kwargs)
+
+    def val_loader(self, dataset: Dataset, indices: Optional[list[int]] = None) -> DataLoader:
+        """The validation set in order, in batches of val_batch_size (a stream: as it comes)."""
+        size = self.spec.val_batch_size or self.spec.batch_size
+        seed = derive_seed(self.seed, "val-loader")
+        if isinstance(dataset, IterableDataset):
+            return self.loader(dataset, seed, batch_size=size)
+        view = EvalView(dataset, indices if indices is not None else list(range(len(dataset))))
+        batches = [list(range(i, min(i + size, len(view)))) for i in range(0, len(view), size)]
+        return self.loader(view, seed, batch_sampler=batches)
+
+
+@dataclass
+class DataPlan:
+    """A map-style training set: its loaders; nothing in it changes as training runs."""
+
+    base: Dataset
+    loading: Loading
+    train_indices: list[int]
+    val_set: Dataset
+    val_indices: Optional[list[int]]
+
     @classmethod
-    def build(cls, base: Dataset, spec: DataSpec, seed: int, pin_memory: bool = False) -> "DataPlan":
-        train, val = split_indices(len(base), spec.val_fraction, seed)
-        return cls(base, spec, seed, train, val, pin_memory)
+    def build(cls, base: Dataset, loading: Loading, val_base: Optional[Dataset] = None) -> "DataPlan":
+        if val_base is not None:
+            return cls(base, loading, list(range(len(base))), val_base, None)
+        train, val = split_indices(len(base), loading.spec.holdout_fraction, loading.seed)
+        return cls(base, loading, train, base, val)
 
     @property
-    def batches_per_epoch(self) -> int:
-        return math.ceil(len(self.train_indices) / self.spec.batch_size)
+    def batches_per_pass(self) -> Optional[int]:
+        return math.ceil(len(self.train_indices) / self.loading.spec.batch_size)
 
-    def _loader(self, dataset: Dataset, batches: Sampler, generator_seed: int) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_sampler=batches,
-            num_workers=self.spec.num_workers,
-            pin_memory=self.pin_memory,
-            generator=torch.Generator().manual_seed(generator_seed),
-        )
+    def train_batches(self, epoch: int, start_batch: int = 0) -> DataLoader:
+        seed = self.loading.seed
+        view = TrainView(self.base, self.train_indices, seed, epoch)
+        batches = EpochBatches(len(view), self.loading.spec.batch_size, seed, epoch, start_batch)
+        return self.loading.loader(view, derive_seed(seed, "loader", epoch), batch_sampler=batches)
 
-    def train_loader(self, epoch: int, start_batch: int = 0) -> DataLoader:
-        view = TrainView(self.base, self.train_indices, self.seed, epoch)
-        batches = EpochBatches(len(view), self.spec.batch_size, self.seed, epoch, start_batch)
-        return self._loader(view, batches, derive_seed(self.seed, "loader", epoch))
+    def end_pass(self) -> None:
+        """Nothing to do: the position is (epoch, batches consumed)."""
 
     def val_loader(self) -> DataLoader:
-        view = EvalView(self.base, self.val_indices)
-        size = self.spec.val_batch_size or self.spec.batch_size
-        batches = [list(range(i, min(i + size, len(view)))) for i in range(0, len(view), size)]
-        return self._loader(view, batches, derive_seed(self.seed, "val-loader"))
+        return self.loading.val_loader(self.val_set, self.val_indices)
+
+    def state_dict(self) -> Optional[dict]:
+        return None  # (epoch, batch_in_epoch) in Progress is the whole position
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        if state is not None:
+            raise ValueError("this checkpoint holds a stream's loader state; the job's data set is map-style now")

@@ -1,32 +1,31 @@
-"""Validation: eval mode, no autograd, loss and accuracy averaged per sample."""
+"""Validation: eval mode, no autograd, the task's torchmetrics metrics over the whole set."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
 from .amp import Precision
+from .batches import to_device
+from .task_api import BoundTask
 
 
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, precision: Precision) -> tuple[float, float]:
-    """(mean loss per sample, accuracy); the model's train/eval mode is restored afterwards."""
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, precision: Precision,
+             task: BoundTask) -> dict[str, float]:
+    """``{"val_NAME": value}`` for every metric of the task; the model's mode is restored afterwards."""
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    count = 0
+    metrics = task.new_metrics(device)
+    batches = 0
     try:
         with torch.no_grad():
-            for x, y in loader:
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            for batch in loader:
+                batch = to_device(batch, device)
                 with precision.autocast():
-                    logits = model(x)
-                loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
-                correct += (logits.argmax(dim=1) == y).sum()
-                count += len(y)
+                    task.score(model, batch, metrics)
+                batches += 1
     finally:
         model.train(was_training)
-    if count == 0:
-        raise ValueError("the validation split is empty")
-    return loss_sum.item() / count, correct.item() / count
+    if batches == 0:
+        raise ValueError("the validation set is empty")
+    return task.compute(metrics)

@@ -44,7 +44,7 @@ def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, mode
     fence()
     put(paths.final_model, export_weights(model))
     put(paths.report, json.dumps(report, indent=2).encode())
-    put(paths.curves, plot_curves(rows, best["epoch"], f"{spec.get('name')} ({paths.job_id})"))
+    put(paths.curves, plot_curves(rows, best["step"], f"{spec.get('name')} ({paths.job_id})"))
 
     def complete(manifest: CheckpointManifest) -> None:
         manifest.completed = True

@@ -31,7 +31,7 @@ from storage.open import open_store
 
 from . import lease
 from . import metrics
-from .control import LoopControl, StepReport
+from .control import LoopControl, StepReport, describe_row
 from .preemption import Preemption
 from .session import run_attempt
 
@@ -88,14 +88,13 @@ class WorkerControl(LoopControl):
                 metrics.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
             metrics.SAMPLES_PER_S.set(report.samples_per_s)
             self._last_progress, self._last_step = time.monotonic(), report.step
-            self._record({"epoch": report.epoch, "epochs": report.epochs, "step": report.step,
-                          "total_steps": report.total_steps, "loss": report.loss, "lr": report.lr,
-                          "samples_per_s": round(report.samples_per_s, 1)})
+            where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {})}
+            self._record({**where, "step": report.step, "total_steps": report.total_steps, "loss": report.loss,
+                          "lr": report.lr, "samples_per_s": round(report.samples_per_s, 1)})
 
     def on_epoch(self, row: dict) -> None:
-        self._record({"val_loss": row["val_loss"], "val_accuracy": row["val_accuracy"]})
-        self.log(f"epoch {row['epoch']}: step {row['step']} val_loss {row['val_loss']:.4f} "
-                 f"val_acc {row['val_accuracy']:.4f}{' *best' if row['is_best'] else ''}")
+        self._record({k: row[k] for k in ("val_loss", "val_accuracy") if k in row})
+        self.log(describe_row(row))
 
     def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
         metrics.CHECKPOINT_STALL.observe(stats.stall_s)
@@ -155,8 +154,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, spec_data:
            storage_url: str, control: WorkerControl) -> str:
     try:
         spec = JobSpec.parse(spec_data)
-        problems = disallowed_targets({"model.target": spec.model.target, "data.target": spec.data.target},
-                                      ctx.settings.allowed_prefixes)
+        problems = disallowed_targets(spec.user_targets(), ctx.settings.allowed_prefixes)
         if problems:
             raise SpecError([f"{p} (on worker {ctx.worker})" for p in problems])
         result = run_attempt(spec, job_id, open_store(storage_url), attempt, control,

@@ -13,7 +13,7 @@ from storage.base import ObjectStore
 from storage.layout import JobPaths, check_job_id
 from storage.manifest_store import ManifestStore
 
-from .control import LoopControl, StepReport
+from .control import LoopControl, StepReport, describe_row
 from .determinism import prepare_process
 from .session import run_attempt
 
@@ -49,12 +49,12 @@ class LocalControl(LoopControl):
         if self._bar is None:
             self._bar = tqdm(total=report.total_steps, initial=report.step - 1, unit="step", dynamic_ncols=True)
         self._bar.update(report.step - self._bar.n)
-        self._bar.set_postfix(epoch=f"{report.epoch + 1}/{report.epochs}", loss=f"{report.loss:.4f}",
-                              lr=f"{report.lr:.2e}", sps=f"{report.samples_per_s:.0f}", refresh=False)
+        where = {"epoch": f"{report.epoch + 1}/{report.epochs}"} if report.epochs else {}
+        self._bar.set_postfix(**where, loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}",
+                              sps=f"{report.samples_per_s:.0f}", refresh=False)
 
     def on_epoch(self, row: dict) -> None:
-        self.log(f"epoch {row['epoch']}: step {row['step']} train_loss {row['train_loss']:.4f} "
-                 f"val_loss {row['val_loss']:.4f} val_acc {row['val_accuracy']:.4f}{' *best' if row['is_best'] else ''}")
+        self.log(describe_row(row))
 
     def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
         self.log(f"resuming {self.job_id} from step {step} (epoch {epoch}, batch {batch_in_epoch}) as attempt {attempt}")

@@ -1,22 +1,24 @@
 """The training loop. Each phase is one method, readable top to bottom.
 
 Per optimizer step: zero_grad(set_to_none) at the start of an accumulation group; per
-micro-batch forward under autocast, loss.item() checked for non-finite values, (loss / group
-size) backward through the scaler; at the group's end unscale, clip (the pre-clip norm is
-logged), step, scaler update, then a per-step scheduler. Per epoch: model.train() before
-training, validation in eval mode without autograd (mode restored after), a per-epoch
-scheduler, the metrics row, the best tracker, a checkpoint. Checkpoints fall on optimizer-step
-boundaries only.
+micro-batch the batch moved to the device, the task's loss under autocast, checked for
+non-finite values, (loss / group size) backward through the scaler; at the group's end
+unscale, clip (the pre-clip norm is logged), step, scaler update, then a per-step scheduler.
+Validation (eval mode, no autograd, the task's metrics; mode restored after) runs at each
+epoch's end, every ``eval_every_steps`` and at the end of a step-based run; each is followed by
+the metrics row, the best tracker and a checkpoint. A per-epoch scheduler steps at epoch ends.
+Checkpoints fall on optimizer-step boundaries only.
+
+A run is epoch-based (``loop.epochs``) or step-based (``loop.max_steps``, passing over the data
+as often as needed). When a pass's length is known (map-style data), its last accumulation
+group may be short and steps with its own divisor; a stream's groups continue across passes.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
-
-import torch
-import torch.nn.functional as F
+from typing import Any, Optional
 
 from schemas.errors import NonFiniteLossError
 from schemas.metrics import MetricsRow
@@ -24,6 +26,7 @@ from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 
 from . import train_state
 from .amp import optimizer_step
+from .batches import batch_size, to_device
 from .components import Components
 from .control import LoopControl, StepReport
 from .evaluate import evaluate
@@ -50,53 +53,62 @@ class TrainingLoop:
     def __post_init__(self) -> None:
         spec = self.parts.spec
         if self.best is None:
-            self.best = BestTracker(spec.checkpoint.monitor, spec.checkpoint.mode)
+            self.best = BestTracker(spec.checkpoint.monitor, spec.monitor_mode)
         self._group_nonfinite = False
+        self._validated_at: Optional[int] = None  # the step of the last validation (and its checkpoint)
+        self._exhausted = False  # whether the current pass's iterator ran out (streams' only way to know)
         self._clock = time.perf_counter()
         self._samples_timed = 0
         self._last_loss = math.nan
 
     # --- phases ----------------------------------------------------------------------------
     def run(self) -> Outcome:
-        epochs = self.parts.spec.loop.epochs
-        while self.progress.epoch < epochs:
-            reason = self.train_epoch()
-            if reason is not None and self.progress.batch_in_epoch < self.parts.data.batches_per_epoch:
-                return self._stop(reason)
-            self.end_epoch()
-            reason = reason or self.control.stop_reason()
-            if reason is not None and self.progress.epoch < epochs:
-                self.checkpointer.wait()  # the epoch-end checkpoint is the stop checkpoint
-                return Outcome(False, reason, self.progress.global_step)
-        return Outcome(True, step=self.progress.global_step)
+        p = self.progress
+        while not self.finished():
+            reason = self.train_pass()
+            if not self.finished() and self._pass_complete():
+                self.end_pass()
+                if self._validated_at == p.global_step:
+                    reason = reason or self.control.stop_reason()
+            if reason is not None and not self.finished():
+                if self._validated_at != p.global_step:
+                    return self._stop(reason)
+                self.checkpointer.wait()  # the validation's checkpoint is the stop checkpoint
+                return Outcome(False, reason, p.global_step)
+        return Outcome(True, step=p.global_step)
 
-    def train_epoch(self) -> Optional[str]:
-        """Train to the end of the epoch, or until a stop is asked for (returns its reason)."""
+    def finished(self) -> bool:
+        loop, p = self.parts.spec.loop, self.progress
+        return p.global_step >= loop.max_steps if loop.max_steps is not None else p.epoch >= loop.epochs
+
+    def train_pass(self) -> Optional[str]:
+        """Train to the end of the pass (epoch), the end of the run, or a stop (returns its reason)."""
         p, parts = self.progress, self.parts
         parts.model.train()
         self._clock, self._samples_timed = time.perf_counter(), 0
-        n, accum = parts.data.batches_per_epoch, parts.spec.loop.grad_accum_steps
-        for x, y in parts.data.train_loader(p.epoch, start_batch=p.batch_in_epoch):
-            group_start = (p.batch_in_epoch // accum) * accum
-            group_size = min(accum, n - group_start)
-            if p.batch_in_epoch == group_start:
+        self._exhausted = False
+        for batch in parts.data.train_batches(p.epoch, start_batch=p.batch_in_epoch):
+            position, group_size = self._group()
+            if position == 0:
                 parts.optimizer.zero_grad(set_to_none=True)
                 self._group_nonfinite = False
-            self.micro_step(x, y, group_size)
-            if p.batch_in_epoch - group_start == group_size:
+            self.micro_step(batch, group_size)
+            if position + 1 == group_size:
                 self.step()
+                if self._validation_due():
+                    self.validate("eval")
                 reason = self.control.stop_reason()
-                if reason is not None:
+                if reason is not None or self.finished():
                     return reason
                 self._periodic_checkpoint()
+        self._exhausted = True
         return None
 
-    def micro_step(self, x: torch.Tensor, y: torch.Tensor, group_size: int) -> None:
+    def micro_step(self, batch: Any, group_size: int) -> None:
         p, parts = self.progress, self.parts
-        x, y = x.to(parts.device, non_blocking=True), y.to(parts.device, non_blocking=True)
+        batch = to_device(batch, parts.device)
         with parts.precision.autocast():
-            logits = parts.model(x)
-            loss = F.cross_entropy(logits, y)
+            loss = parts.task.loss(parts.model, batch)
         value = loss.item()
         p.batch_in_epoch += 1
         p.micro_step += 1
@@ -109,9 +121,10 @@ class TrainingLoop:
             self._group_nonfinite = True
             return
         parts.scaler.scale(loss / group_size).backward()
-        p.epoch_loss_sum += value * len(y)
-        p.epoch_samples += len(y)
-        self._samples_timed += len(y)
+        samples = batch_size(batch)
+        p.epoch_loss_sum += value * samples
+        p.epoch_samples += samples
+        self._samples_timed += samples
         self._last_loss = value
 
     def step(self) -> None:
@@ -130,37 +143,81 @@ class TrainingLoop:
             loss=self._last_loss, lr=self._lr(), samples_per_s=self._throughput(),
         ))
 
-    def end_epoch(self) -> None:
-        """Validate, step a per-epoch scheduler, record the row and the best, checkpoint."""
+    def end_pass(self) -> None:
+        """An epoch-based run validates (then a per-epoch scheduler steps); either way the next pass begins."""
+        p = self.progress
+        if self.parts.spec.loop.epochs is not None:
+            self.validate("epoch")
+        else:
+            p.start_next_pass()
+        self.parts.data.end_pass()
+
+    def validate(self, kind: str) -> None:
+        """Score the validation set, record the row and the best, checkpoint (mandatory)."""
         p, parts = self.progress, self.parts
-        val_loss, val_acc = evaluate(parts.model, parts.data.val_loader(), parts.device, parts.precision)
+        values = evaluate(parts.model, parts.data.val_loader(), parts.device, parts.precision, parts.task)
         lr = self._lr()
-        if parts.scheduler is not None and not parts.spec.scheduler.per_step:
+        if kind == "epoch" and parts.scheduler is not None and not parts.spec.scheduler.per_step:
             parts.scheduler.step()
         train_loss = p.epoch_loss_sum / p.epoch_samples if p.epoch_samples else math.nan
-        values = {"val_loss": val_loss, "val_accuracy": val_acc, "train_loss": train_loss}
+        values["train_loss"] = train_loss
         is_best = self.best.update(values[self.best.metric], p.global_step, p.epoch)
         row = MetricsRow(
-            epoch=p.epoch, step=p.global_step, train_loss=train_loss, val_loss=val_loss, val_accuracy=val_acc,
-            lr=lr, grad_norm=p.epoch_grad_norm_sum / p.epoch_steps if p.epoch_steps else math.nan,
+            epoch=p.epoch, step=p.global_step, train_loss=train_loss, lr=lr,
+            grad_norm=p.epoch_grad_norm_sum / p.epoch_steps if p.epoch_steps else math.nan,
             grad_norm_max=p.epoch_grad_norm_max, nonfinite_steps=p.nonfinite_steps,
             samples_per_s=self._throughput(), epoch_s=time.perf_counter() - self._clock,
             checkpoint=self.checkpointer.paths.checkpoint(p.global_step), is_best=is_best,
-            **self._checkpoint_costs(),
+            **self._checkpoint_costs(), **{k: v for k, v in values.items() if k != "train_loss"},
         ).model_dump()
         self.metrics.append(row)
         self.control.on_epoch(row)
-        p.start_next_epoch()
+        if kind == "epoch":
+            p.start_next_epoch()
+        else:
+            p.start_next_interval()
+            self._clock, self._samples_timed = time.perf_counter(), 0
         best = (self.best.metric, values[self.best.metric]) if is_best else None
-        self._checkpoint("epoch", mandatory=True, best=best, with_metrics=True)
+        self._validated_at = p.global_step
+        self._checkpoint(kind, mandatory=True, best=best, with_metrics=True)
+
+    # --- where a step falls ----------------------------------------------------------------
+    def _group(self) -> tuple[int, int]:
+        """(position of the coming micro-batch in its accumulation group, the group's size)."""
+        p, accum, n = self.progress, self.parts.spec.loop.grad_accum_steps, self.parts.data.batches_per_pass
+        if n is None:  # a stream: fixed-size groups, continuing across passes
+            return p.micro_step % accum, accum
+        group_start = (p.batch_in_epoch // accum) * accum
+        return p.batch_in_epoch - group_start, min(accum, n - group_start)
+
+    def _pass_complete(self) -> bool:
+        n = self.parts.data.batches_per_pass
+        return self._exhausted if n is None else self.progress.batch_in_epoch >= n
+
+    def _validation_due(self) -> bool:
+        loop, step = self.parts.spec.loop, self.progress.global_step
+        if loop.max_steps is not None and step == loop.max_steps:
+            return True
+        if loop.eval_every_steps is None or step % loop.eval_every_steps:
+            return False
+        # an epoch-based run validates at the epoch's end anyway, moments later
+        return loop.epochs is None or not self._pass_complete_after_this_step()
+
+    def _pass_complete_after_this_step(self) -> bool:
+        n = self.parts.data.batches_per_pass
+        return n is not None and self.progress.batch_in_epoch >= n
 
     # --- checkpoints -----------------------------------------------------------------------
     def _periodic_checkpoint(self) -> None:
         every = self.parts.spec.checkpoint.every_steps
         p = self.progress
-        # the epoch's last step is covered by the epoch-end checkpoint moments later
-        if every and p.global_step % every == 0 and p.batch_in_epoch < self.parts.data.batches_per_epoch:
-            self._checkpoint("step", mandatory=False)
+        if not every or p.global_step % every or self._validated_at == p.global_step:
+            return
+        # an epoch's last step is covered by the epoch-end checkpoint moments later
+        n = self.parts.data.batches_per_pass
+        if self.parts.spec.loop.epochs is not None and n is not None and p.batch_in_epoch >= n:
+            return
+        self._checkpoint("step", mandatory=False)
 
     def _stop(self, reason: str) -> Outcome:
         self._checkpoint("stop", mandatory=True)

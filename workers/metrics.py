@@ -6,6 +6,7 @@ side touches these objects.
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -28,13 +29,29 @@ LEASE_RENEWALS = Counter("baton_lease_renewals_total", "Lease renewals by this w
 FENCING_EVENTS = Counter("baton_fencing_events_total", "Attempts in this worker fenced out by a newer attempt.")
 
 
-def serve(port: int) -> None:
-    """Start the /metrics endpoint in a daemon thread (nothing when ``port`` is 0). A port already
-    taken (two workers on one host with the same setting) costs the metrics, not the worker."""
+PORT_SEARCH = 32
+"""Ports tried above a taken BATON_METRICS_PORT (two workers on one host with the same setting)."""
+
+
+def serve(port: int) -> Optional[int]:
+    """Start the /metrics endpoint in a daemon thread (nothing when ``port`` is 0) and return its port.
+
+    A taken port does not cost the metrics: the next free one above it is used and logged, so two
+    workers started on one host with the same setting both serve (scrape configs can list the range).
+    """
     if not port:
-        return
-    try:
-        start_http_server(port)
-    except OSError as exc:
-        _log.error("metrics: cannot listen on port %d (%s); this worker serves no /metrics. Give each worker "
-                   "process its own BATON_METRICS_PORT (baton worker --gpus/--concurrency does)", port, exc)
+        return None
+    for candidate in range(port, port + PORT_SEARCH):
+        try:
+            start_http_server(candidate)
+        except OSError as exc:
+            if candidate == port:
+                _log.warning("metrics: cannot listen on port %d (%s); trying the ports above it", port, exc)
+            continue
+        if candidate == port:
+            _log.info("metrics: serving /metrics on port %d", candidate)
+        else:
+            _log.warning("metrics: serving /metrics on port %d (BATON_METRICS_PORT %d was taken)", candidate, port)
+        return candidate
+    _log.error("metrics: ports %d-%d are all taken; this worker serves no /metrics", port, port + PORT_SEARCH - 1)
+    return None

@@ -8,14 +8,18 @@ from typing import Optional
 
 @dataclass
 class Progress:
-    """The data position and the running sums of the current epoch (all plain numbers)."""
+    """The data position and the running sums since the last validation (all plain numbers).
 
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of this epoch consumed
+    For epoch-based runs the sums cover the epoch; with ``eval_every_steps`` or ``max_steps`` they
+    cover the interval since the previous validation (the names are kept for old checkpoints).
+    """
+
+    epoch: int = 0  # passes over the training data completed
+    batch_in_epoch: int = 0  # batches of this pass consumed
     global_step: int = 0  # optimizer steps completed
     micro_step: int = 0  # micro-batches completed, all epochs
     nonfinite_steps: int = 0  # optimizer steps skipped for a non-finite loss, all epochs
-    epoch_loss_sum: float = 0.0  # sum over samples of the training loss, this epoch
+    epoch_loss_sum: float = 0.0  # sum over samples of the training loss, since the last validation
     epoch_samples: int = 0
     epoch_grad_norm_sum: float = 0.0
     epoch_grad_norm_max: float = 0.0
@@ -36,8 +40,14 @@ class Progress:
             self.epoch_steps += 1
 
     def start_next_epoch(self) -> None:
+        self.start_next_pass()
+        self.start_next_interval()
+
+    def start_next_pass(self) -> None:
         self.epoch += 1
         self.batch_in_epoch = 0
+
+    def start_next_interval(self) -> None:
         self.epoch_loss_sum = 0.0
         self.epoch_samples = 0
         self.epoch_grad_norm_sum = 0.0

@@ -1,12 +1,16 @@
 """The run's summary ("the loop note"): best checkpoint and why, curves' meaning, stability.
 
-Pure analysis of the metrics rows; no I/O.
+Pure analysis of the metrics rows, in the task's own metrics (every ``val_NAME`` a row has); no
+I/O. Rows are validations: one per epoch, or per ``eval_every_steps`` in a step-based run, where
+places are named by step rather than epoch.
 """
 from __future__ import annotations
 
 import math
 import statistics
 from typing import Any, Optional
+
+from schemas.metrics import val_metrics
 
 SPIKE_FACTOR = 10.0
 """A gradient-norm spike: an epoch's largest pre-clip norm above this multiple of both that epoch's
@@ -16,11 +20,15 @@ OVERFIT_EPOCHS = 2
 """Consecutive epochs of rising validation loss with falling training loss that count as overfitting."""
 
 
-def _first_nonfinite(rows: list[dict]) -> Optional[int]:
+def _where(row: dict) -> str:
+    return f"step {row['step']}" if row.get("_by_step") else f"epoch {row['epoch']}"
+
+
+def _first_nonfinite(rows: list[dict]) -> Optional[dict]:
     before = 0
     for row in rows:
         if row["nonfinite_steps"] > before:
-            return row["epoch"]
+            return row
         before = row["nonfinite_steps"]
     return None
 
@@ -30,17 +38,20 @@ def _grad_spikes(rows: list[dict]) -> list[dict]:
     if not means:
         return []
     median = statistics.median(means)
-    return [{"epoch": r["epoch"], "grad_norm_max": r["grad_norm_max"], "median_grad_norm": median}
+    return [{"epoch": r["epoch"], "step": r["step"], "grad_norm_max": r["grad_norm_max"], "median_grad_norm": median}
             for r in rows if median > 0 and r["grad_norm_max"] > SPIKE_FACTOR * max(median, r["grad_norm"])]
 
 
-def _overfitting_from(rows: list[dict]) -> Optional[int]:
+def _overfitting_from(rows: list[dict]) -> Optional[dict]:
+    """The first row of a streak of rising validation loss with falling training loss."""
+    if not rows or "val_loss" not in rows[0]:
+        return None
     streak = 0
-    for prev, row in zip(rows, rows[1:]):
+    for i, (prev, row) in enumerate(zip(rows, rows[1:])):
         if row["val_loss"] > prev["val_loss"] and row["train_loss"] < prev["train_loss"]:
             streak += 1
             if streak >= OVERFIT_EPOCHS:
-                return row["epoch"] - OVERFIT_EPOCHS + 1
+                return rows[i + 2 - OVERFIT_EPOCHS]
         else:
             streak = 0
     return None
@@ -48,57 +59,73 @@ def _overfitting_from(rows: list[dict]) -> Optional[int]:
 
 def _patterns(rows: list[dict]) -> list[tuple[int, str]]:
     found = []
-    epoch = _first_nonfinite(rows)
-    if epoch is not None:
-        found.append((epoch, f"non-finite training loss (steps skipped) first in epoch {epoch}"))
+    row = _first_nonfinite(rows)
+    if row is not None:
+        found.append((row["step"], f"non-finite training loss (steps skipped) first in {_where(row)}"))
     spikes = _grad_spikes(rows)
     if spikes:
-        found.append((spikes[0]["epoch"], f"gradient-norm spike in epoch {spikes[0]['epoch']} "
-                                         f"({spikes[0]['grad_norm_max']:.3g} vs median {spikes[0]['median_grad_norm']:.3g})"))
-    epoch = _overfitting_from(rows)
-    if epoch is not None:
-        found.append((epoch, f"overfitting from epoch {epoch}: validation loss rising while training loss falls"))
+        spike = next(r for r in rows if r["step"] == spikes[0]["step"])
+        found.append((spike["step"], f"gradient-norm spike in {_where(spike)} "
+                                     f"({spikes[0]['grad_norm_max']:.3g} vs median {spikes[0]['median_grad_norm']:.3g})"))
+    row = _overfitting_from(rows)
+    if row is not None:
+        found.append((row["step"], f"overfitting from {_where(row)}: validation loss rising while training loss falls"))
     if len(rows) >= 2 and rows[-1]["train_loss"] >= rows[0]["train_loss"]:
-        found.append((rows[-1]["epoch"], "training loss did not fall over the run"))
+        found.append((rows[-1]["step"], "training loss did not fall over the run"))
     return sorted(found)
+
+
+def _curves(rows: list[dict]) -> str:
+    first, last = rows[0], rows[-1]
+    parts = [f"train_loss {first['train_loss']:.4g} -> {last['train_loss']:.4g}"]
+    parts += [f"{name} {first.get(name, math.nan):.4g} -> {value:.4g}" for name, value in val_metrics(last).items()]
+    return "curves: " + ", ".join(parts)
 
 
 def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_attempts: int) -> dict[str, Any]:
     if not rows:
         raise ValueError("no validation rows: nothing to report")
+    by_step = (spec.get("loop") or {}).get("max_steps") is not None
+    rows = [{**r, "_by_step": by_step} for r in rows]
     last = rows[-1]
-    best_row = next((r for r in rows if r["epoch"] == best["epoch"]), last)
+    best_row = next((r for r in rows if r["step"] == best["step"]), last)
     patterns = _patterns(rows)
     metric = best["metric"]
     if best["value"] is None:
         why = f"none: {metric} was never finite, so no checkpoint was kept as best"
     else:
-        why = (f"epoch {best_row['epoch']} (step {best_row['step']}) has the "
-               f"{'lowest' if best['mode'] == 'min' else 'highest'} {metric} = {best['value']:.6g} on the held-out split")
-    if best["value"] is not None and best_row["epoch"] != last["epoch"]:
-        why += f"; the last epoch ({last['epoch']}) reached {last[metric]:.6g}, so best and last differ"
+        why = (f"{_where(best_row)} (step {best_row['step']}) has the "
+               f"{'lowest' if best['mode'] == 'min' else 'highest'} {metric} = {best['value']:.6g}"
+               f"{' on the validation set' if metric.startswith('val_') else ''}")
+    if best["value"] is not None and best_row["step"] != last["step"]:
+        why += f"; the last validation ({_where(last)}) reached {last[metric]:.6g}, so best and last differ"
+    elif best["value"] is not None:
+        why += "; it is also the last validation"
     stable = not patterns or all("overfitting" in p for _, p in patterns)
     note = [
         f"best checkpoint: {why}",
-        f"curves: train loss {rows[0]['train_loss']:.4g} -> {last['train_loss']:.4g}, "
-        f"val loss {rows[0]['val_loss']:.4g} -> {last['val_loss']:.4g}, val accuracy {last['val_accuracy']:.4f} at the end",
+        _curves(rows),
         "stable enough to trust" if stable else "not stable: see failure patterns",
         f"first failure pattern: {patterns[0][1]}" if patterns else "no failure pattern seen",
     ]
+    overfit = _overfitting_from(rows)
     return {
         "job_id": job_id,
         "name": spec.get("name"),
-        "epochs": len(rows),
+        "epochs": last["epoch"] + 1,
+        "validations": len(rows),
         "steps": last["step"],
+        "monitor": metric,
         "best": {**best, "step": best_row["step"] if best["value"] is not None else None,
-                 "val_loss": best_row["val_loss"], "val_accuracy": best_row["val_accuracy"],
+                 **val_metrics(best_row), "train_loss": best_row["train_loss"],
                  "checkpoint": "checkpoints/best.pt" if best["value"] is not None else None, "why": why},
-        "last": {k: last[k] for k in ("epoch", "step", "train_loss", "val_loss", "val_accuracy")},
+        "last": {"epoch": last["epoch"], "step": last["step"], "train_loss": last["train_loss"], **val_metrics(last)},
         "stability": {
             "stable": stable,
             "nonfinite_steps": last["nonfinite_steps"],
             "grad_norm_spikes": _grad_spikes(rows),
-            "overfitting_from_epoch": _overfitting_from(rows),
+            "overfitting_from_epoch": overfit["epoch"] if overfit else None,
+            "overfitting_from_step": overfit["step"] if overfit else None,
         },
         "failure_patterns": [p for _, p in patterns],
         "first_failure_pattern": patterns[0][1] if patterns else None,

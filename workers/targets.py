@@ -1,18 +1,20 @@
 """Turning a spec's ``target`` into the callable it names, refusing modules outside the allowlist."""
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from schemas.errors import PermanentError
-from schemas.spec import DataSpec, ModelSpec
+from schemas.spec import ModelSpec, TargetSpec, TaskSpec
 from schemas.targets import disallowed_message, module_allowed, parse_target
 
 from . import builtins
+from .task_api import BoundTask
 
 
 def resolve(target: str, builtin_registry: dict[str, Callable], allowed_prefixes: tuple[str, ...]) -> Callable:
@@ -43,12 +45,28 @@ def build_model(spec: ModelSpec, allowed_prefixes: tuple[str, ...]) -> nn.Module
     return model
 
 
-def build_dataset(spec: DataSpec, seed: int, allowed_prefixes: tuple[str, ...]) -> Dataset:
+def build_dataset(spec: "TargetSpec", seed: int, allowed_prefixes: tuple[str, ...]) -> Dataset:
+    """A map-style Dataset or an IterableDataset (``spec`` is data or data.val: target and kwargs)."""
     fn = resolve(spec.target, builtins.DATA, allowed_prefixes)
     kwargs: dict[str, Any] = dict(spec.kwargs)
     if _accepts(fn, "seed"):
         kwargs["seed"] = seed
     dataset = fn(**kwargs)
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise TypeError(f"data target {spec.target} returned {type(dataset).__name__}, not a map-style Dataset")
+    iterable = isinstance(dataset, IterableDataset)
+    if not iterable and (not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__")):
+        raise TypeError(f"data target {spec.target} returned {type(dataset).__name__}, neither a map-style Dataset "
+                        "(__getitem__ and __len__) nor an IterableDataset")
     return dataset
+
+
+def build_task(spec: TaskSpec, allowed_prefixes: tuple[str, ...]) -> BoundTask:
+    return BoundTask(resolve(spec.target, builtins.TASKS, allowed_prefixes)(**spec.kwargs), spec.target)
+
+
+def build_collate(spec: Optional[TargetSpec], allowed_prefixes: tuple[str, ...]) -> Optional[Callable]:
+    """The collate function, with its kwargs bound (a partial of a module-level function pickles
+    into loader worker processes)."""
+    if spec is None:
+        return None
+    fn = resolve(spec.target, {}, allowed_prefixes)
+    return functools.partial(fn, **spec.kwargs) if spec.kwargs else fn

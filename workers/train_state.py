@@ -1,7 +1,9 @@
 """A checkpoint's contents: the full training state, and putting it back.
 
-Top-level keys: format, model, optimizer, scheduler, scaler, rng, progress, best, metrics,
-config. Everything is a tensor or a plain value, loadable with ``weights_only=True``.
+Top-level keys: format, model, optimizer, scheduler, scaler, rng, progress, data, best, metrics,
+config. Everything is a tensor or a plain value, loadable with ``weights_only=True``. ``data`` is
+the loader's state for a stream (its data set's ``state_dict()`` included) and None for
+map-style data, whose position is ``progress``'s (epoch, batch_in_epoch).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ def capture(parts: Components, progress: Progress, best: BestTracker, metrics: l
         "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
         "rng": rng.capture(),
         "progress": progress.state_dict(),
+        "data": parts.data.state_dict(),
         "best": best.state_dict(),
         "metrics": list(metrics),
         "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type},
@@ -38,5 +41,6 @@ def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTra
         parts.scheduler.load_state_dict(state["scheduler"])
     if parts.scaler.is_enabled():
         parts.scaler.load_state_dict(state["scaler"])
+    parts.data.load_state_dict(state.get("data"))
     rng.restore(state["rng"])
     return Progress.from_state(state["progress"]), BestTracker.from_state(state["best"]), list(state["metrics"])

@@ -9,12 +9,13 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from schemas.errors import NonFiniteLossError
-from schemas.spec import JobSpec
+from schemas.spec import JobSpec, TaskSpec
 from storage.checkpoint_io import load_bytes
 from workers.amp import Precision, optimizer_step
 from workers.components import build_components
 from workers.data import split_indices
 from workers.evaluate import evaluate
+from workers.targets import build_task
 from tests import probes
 from storage.file_store import FileStore
 from tests.helpers import final_state, make_spec
@@ -65,7 +66,7 @@ def test_training_phase_starts_in_train_mode_even_if_user_code_left_eval_on(run_
 def test_validation_restores_the_mode_it_found(mode):
     model = probes.RecordingMLP().train(mode)
     loader = torch.utils.data.DataLoader(probes.blobs(n=30), batch_size=8)
-    evaluate(model, loader, torch.device("cpu"), Precision("fp32", torch.device("cpu")))
+    evaluate(model, loader, torch.device("cpu"), Precision("fp32", torch.device("cpu")), build_task(TaskSpec(), ()))
     assert model.training is mode
     assert all(not f["training"] for f in probes.FORWARDS)
 

@@ -33,9 +33,11 @@ def test_steps_checkpoint_stalls_and_lease_renewals_move_during_a_job(cluster):
     assert after["baton_jobs_running"] == 0 and after['baton_jobs_finished_total{outcome="succeeded"}'] == 1
 
 
-def test_a_taken_metrics_port_costs_the_metrics_not_the_worker(cluster):
+def test_a_taken_metrics_port_moves_to_the_next_free_one_and_says_so(cluster):
     port = free_port()
     first, second = cluster.start_workers(2, BATON_METRICS_PORT=str(port))  # both become ready
     logs = first.log() + second.log()
     assert logs.count(f"metrics: cannot listen on port {port}") == 1
-    assert scrape(port)["baton_jobs_running"] == 0
+    moved = re.search(rf"metrics: serving /metrics on port (\d+) \(BATON_METRICS_PORT {port} was taken\)", logs)
+    assert moved and int(moved[1]) > port, logs
+    assert scrape(port)["baton_jobs_running"] == 0 and scrape(int(moved[1]))["baton_jobs_running"] == 0

@@ -1,6 +1,7 @@
-"""Built-in data sets: ``builtin:spiral`` (generated from the seed) and ``builtin:digits`` (real).
+"""Built-in data sets: ``builtin:spiral`` (generated from the seed), ``builtin:digits`` and
+``builtin:diabetes`` (real, bundled with scikit-learn); ``builtin:stdlib_text`` is in ``text``.
 
-Each is a map-style Dataset of ``(input, label)``. A data set may define
+Each here is a map-style Dataset of ``(input, target)``. A data set may define
 ``augment(x, generator)``: baton calls it for training samples only, with a generator seeded
 by (seed, epoch, index), so augmentation is the same whatever the number of loader workers.
 """
@@ -11,7 +12,7 @@ import math
 import torch
 from torch.utils.data import Dataset
 
-from schemas.builtins import DigitsKwargs, SpiralKwargs
+from schemas.builtins import DiabetesKwargs, DigitsKwargs, SpiralKwargs
 from schemas.errors import PermanentError
 
 
@@ -60,3 +61,28 @@ def digits(seed: int = 0, **kwargs) -> Dataset:
     bunch = load_digits()
     images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
     return TensorPairs(images, torch.tensor(bunch.target, dtype=torch.long), k.jitter)
+
+
+DIABETES_TRAIN = 342
+"""scikit-learn's diabetes set has 442 patients: the first 342 train, the last 100 validate (a fixed split)."""
+
+
+def diabetes(seed: int = 0, **kwargs) -> Dataset:
+    """scikit-learn's bundled diabetes regression set: 10 standardized features -> disease progression
+    a year later, as ``(features (10,), target (1,))``. Targets are standardized with the training
+    part's mean and standard deviation (``DiabetesKwargs``), so a model starts near the scale."""
+    k = DiabetesKwargs.model_validate(kwargs)
+    try:
+        from sklearn.datasets import load_diabetes
+    except ImportError:
+        raise PermanentError(
+            "builtin:diabetes needs scikit-learn, which is not installed: pip install 'baton[digits]'"
+        ) from None
+    bunch = load_diabetes()
+    x = torch.tensor(bunch.data, dtype=torch.float32)
+    y = torch.tensor(bunch.target, dtype=torch.float64).unsqueeze(1)
+    train = slice(0, DIABETES_TRAIN)
+    mean, std = y[train].mean(), y[train].std()
+    y = ((y - mean) / std).float()
+    part = train if k.part == "train" else slice(DIABETES_TRAIN, None)
+    return TensorPairs(x[part], y[part])
