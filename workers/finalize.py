@@ -1,8 +1,10 @@
 """The end of a job: weights for consumers, the report, the curves, then ``completed``.
 
-Written in this order so that ``completed: true`` in the manifest means every artifact exists.
-A crash in between is harmless: the next attempt resumes from the final checkpoint, trains no
-further, and writes them again.
+The artifacts are written under this attempt's own keys, then the fenced manifest
+compare-and-swap that sets ``completed`` refers to them (``final``): readers find them only
+through it, so ``completed: true`` means every artifact exists, and an attempt fenced out
+meanwhile overwrites nothing a reader can reach. A crash in between is harmless: the next attempt
+resumes from the final checkpoint, trains no further, and writes its own.
 """
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ from typing import Callable
 import safetensors.torch
 from torch import nn
 
-from schemas.manifest import CheckpointManifest
+from schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
 from storage.base import ObjectStore
+from storage.checkpoint_io import sha256_of
 from storage.layout import JobPaths
 from storage.manifest_store import ManifestStore
 from storage.retry import retry_transient
+from storage.rotation import collect_garbage
 
 from .curves import plot_curves
 from .report import build_report
@@ -37,17 +41,27 @@ def export_weights(model: nn.Module) -> bytes:
 
 def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, model: nn.Module,
              rows: list[dict], best: dict, fence: Callable[[], None], log: Callable[[str], None]) -> dict:
-    def put(key: str, data: bytes) -> None:
+    own = paths.for_attempt(attempt)
+
+    def put(key: str, data: bytes) -> ObjectRef:
         retry_transient(lambda: store.put_bytes(key, data), WRITE_RETRY_S, f"write {key}", log)
+        return ObjectRef(key=key, size=len(data), sha256=sha256_of(data))
 
     report = build_report(paths.job_id, spec, rows, best, resumed_attempts=attempt)
     fence()
-    put(paths.final_model, export_weights(model))
-    put(paths.report, json.dumps(report, indent=2).encode())
-    put(paths.curves, plot_curves(rows, best["epoch"], f"{spec.get('name')} ({paths.job_id})"))
+    final = FinalArtifacts(
+        attempt=attempt,
+        model=put(own.final_model, export_weights(model)),
+        report=put(own.report, json.dumps(report, indent=2).encode()),
+        curves=put(own.curves, plot_curves(rows, best["epoch"], f"{spec.get('name')} ({paths.job_id})")),
+    )
 
     def complete(manifest: CheckpointManifest) -> None:
         manifest.completed = True
+        manifest.final = final
 
-    retry_transient(lambda: ManifestStore(store, paths).update(attempt, complete), WRITE_RETRY_S, "complete manifest", log)
+    fence()
+    manifest = retry_transient(lambda: ManifestStore(store, paths).update(attempt, complete), WRITE_RETRY_S,
+                               "complete manifest", log)
+    collect_garbage(store, own, manifest, attempt, log)
     return report

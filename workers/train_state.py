@@ -22,7 +22,7 @@ def capture(parts: Components, progress: Progress, best: BestTracker, metrics: l
         "optimizer": parts.optimizer.state_dict(),
         "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
         "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
-        "rng": rng.capture(),
+        "rng": rng.capture(parts.device.type),
         "progress": progress.state_dict(),
         "best": best.state_dict(),
         "metrics": list(metrics),
@@ -38,5 +38,5 @@ def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTra
         parts.scheduler.load_state_dict(state["scheduler"])
     if parts.scaler.is_enabled():
         parts.scaler.load_state_dict(state["scaler"])
-    rng.restore(state["rng"])
+    rng.restore(state["rng"], parts.device.type)
     return Progress.from_state(state["progress"]), BestTracker.from_state(state["best"]), list(state["metrics"])
