@@ -94,7 +94,7 @@ def measure_pause(parts, store, repeats: int) -> dict:
         ckpt.wait()
         writes.append(ckpt.totals.done[-1].write_s)
     ckpt.close()
-    size = store.size(paths.checkpoint(repeats))
+    size = store.size(paths.for_attempt(1).checkpoint(repeats))
     sync = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):

@@ -15,11 +15,12 @@ from typing import Callable, Optional
 
 from tqdm import tqdm
 
-from schemas.errors import CheckpointCorrupt, JobNotFound, SpecError
+from schemas.errors import JobNotFound, SpecError
+from schemas.manifest import CheckpointManifest
 from schemas.settings import BatonSettings
 from schemas.status import JobStatus
+from storage.artifacts import download_verified, final_files, read_metrics, read_verified
 from storage.base import ObjectStore
-from storage.checkpoint_io import sha256_of
 from storage.layout import JobPaths, check_job_id, new_job_id
 from storage.manifest_store import ManifestStore
 from storage.open import open_store
@@ -88,41 +89,36 @@ class Job:
         status = self.status()
         return open_store(status.storage_url or self.client.settings.storage_url)
 
+    def _manifest(self, store: ObjectStore) -> CheckpointManifest:
+        return ManifestStore(store, JobPaths(self.id)).read()
+
     def metrics(self) -> list[dict]:
-        """One row per validation so far (metrics.jsonl)."""
-        try:
-            data = self._store().get_bytes(JobPaths(self.id).metrics)
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in data.decode().splitlines() if line]
+        """One row per validation so far (the committed metrics.jsonl, found through the manifest)."""
+        store = self._store()
+        return read_metrics(store, self._manifest(store))
 
     def report(self) -> dict:
-        return json.loads(self._store().get_bytes(JobPaths(self.id).report))
+        store = self._store()
+        return json.loads(read_verified(store, final_files(self._manifest(store))["report.json"]))
 
     def download(self, directory: str | Path = ".", which: str = "best") -> Path:
-        """Fetch ``best`` or ``latest`` (a full checkpoint, verified against its committed sha256)
-        or ``final`` (model.safetensors, report.json, curves.png, metrics.jsonl); returns the path."""
+        """Fetch ``best`` or ``latest`` (a full checkpoint) or ``final`` (model.safetensors,
+        report.json, curves.png, metrics.jsonl), each verified against the sha256 its manifest
+        entry holds; returns the path."""
         if which not in WHICH:
             raise ValueError(f"which must be one of {WHICH} (got {which!r})")
-        store, paths = self._store(), JobPaths(self.id)
+        store = self._store()
+        manifest = self._manifest(store)
         out = Path(directory) / self.id
         out.mkdir(parents=True, exist_ok=True)
         if which == "final":
-            if not ManifestStore(store, paths).read().completed:
-                raise FileNotFoundError(f"job {self.id} has not finished: no final artifacts yet (try which='latest')")
-            for key in (paths.final_model, paths.report, paths.curves, paths.metrics):
-                store.get_file(key, out / Path(key).name)
+            for name, ref in final_files(manifest).items():
+                download_verified(store, ref, out / name)
             return out
-        manifest = ManifestStore(store, paths).read()
         entry = manifest.best if which == "best" else manifest.latest
         if entry is None:
             raise FileNotFoundError(f"job {self.id} has no {which} checkpoint yet")
-        target = out / ("best.pt" if which == "best" else Path(entry.key).name)
-        store.get_file(entry.key, target)
-        if sha256_of(target.read_bytes()) != entry.sha256:
-            target.unlink()
-            raise CheckpointCorrupt(f"{entry.key}: sha256 does not match the manifest (it may be mid-update: retry)")
-        return target
+        return download_verified(store, entry, out / ("best.pt" if which == "best" else Path(entry.key).name))
 
 
 def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:

@@ -67,3 +67,18 @@ class FencedOut(BaseException):
 
 class JobNotFound(BatonError):
     """No job with this id exists."""
+
+
+class CheckpointUnloadable(PermanentError):
+    """A checkpoint whose bytes match the committed sha256 cannot be loaded here (another torch
+    version, out of memory...): the environment is wrong, not the checkpoint. Never fall back from
+    it or delete it."""
+
+
+class CheckpointCancelled(BatonError):
+    """The checkpoint in flight was cancelled (its attempt is over): it is not committed."""
+
+
+class ConditionalWritesIgnored(PermanentError):
+    """The object store accepted a conditional write it should have refused: the manifest's
+    compare-and-swap would be a blind overwrite there, so no worker may run on it."""

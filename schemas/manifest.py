@@ -1,7 +1,9 @@
-"""What a job's ``manifest.json`` holds: the committed checkpoints, newest last.
+"""What a job's ``manifest.json`` holds: the committed checkpoints (newest last), and references to
+every other object of the job readers may use (best, metrics, final artifacts).
 
-A checkpoint exists for readers only once it is listed here. The manifest is replaced whole,
-with a compare-and-swap on its previous version, so a crash leaves the old or the new one.
+An object exists for readers only once it is referenced here; readers never use a well-known key.
+The manifest is replaced whole, with a compare-and-swap on its previous version, so a crash leaves
+the old or the new one.
 """
 from __future__ import annotations
 
@@ -9,26 +11,47 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
-class CheckpointEntry(BaseModel):
+class ObjectRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str = Field(description="Object key relative to the store root.")
+    size: int = Field(description="Bytes.")
+    sha256: str = Field(description="Hex digest of the bytes.")
+
+
+class CheckpointEntry(ObjectRef):
     step: int = Field(description="Optimizer steps completed when it was taken.")
     epoch: int = Field(description="Epoch the loop resumes in.")
     batch_in_epoch: int = Field(description="Batches of that epoch already consumed.")
     kind: Literal["step", "epoch", "eval", "stop"] = Field(description="step: every_steps; epoch: after an epoch's validation; eval: after an eval_every_steps or final validation; stop: preemption/cancel.")
     attempt: int = Field(description="The attempt that wrote it.")
-    size: int = Field(description="Bytes.")
-    sha256: str = Field(description="Hex digest of the bytes.")
     created_at: float = Field(description="Unix time of the commit.")
 
 
 class BestEntry(CheckpointEntry):
+    """The manifest entry of the best checkpoint (its own object, kept out of rotation)."""
+
     metric: str = Field(description="The monitored metric.")
     value: float = Field(description="Its value at this checkpoint.")
+
+
+class MetricsRef(ObjectRef):
+    step: int = Field(description="The checkpoint whose metrics rows these are.")
+    attempt: int = Field(description="The attempt that wrote them.")
+
+
+class FinalArtifacts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int = Field(description="The attempt that finished the job.")
+    model: ObjectRef = Field(description="model.safetensors: the last step's weights only, for consumers.")
+    best_model: Optional[ObjectRef] = Field(
+        None, description="best.safetensors: the best checkpoint's weights only (None when no value was ever finite).")
+    report: ObjectRef = Field(description="report.json: the run's summary.")
+    curves: ObjectRef = Field(description="curves.png.")
 
 
 class CheckpointManifest(BaseModel):
@@ -38,10 +61,27 @@ class CheckpointManifest(BaseModel):
     job_id: str
     attempt: int = Field(0, description="Highest attempt that has written this manifest; older attempts are fenced out.")
     checkpoints: list[CheckpointEntry] = Field(default_factory=list, description="Committed checkpoints, oldest first.")
-    best: Optional[BestEntry] = None
+    best: Optional[BestEntry] = Field(None, description="The best checkpoint by checkpoint.monitor; never rotated.")
+    metrics: Optional[MetricsRef] = Field(None, description="metrics.jsonl as of the latest checkpoint that carried rows.")
     resumed_from: Optional[int] = Field(None, description="Step the current attempt resumed from; never rotated away.")
+    resumed_from_key: Optional[str] = Field(None, description="Object key of that checkpoint.")
     completed: bool = Field(False, description="The job finished and its final artifacts are written.")
+    final: Optional[FinalArtifacts] = Field(None, description="The final artifacts (set with completed).")
 
     @property
     def latest(self) -> Optional[CheckpointEntry]:
         return self.checkpoints[-1] if self.checkpoints else None
+
+    def referenced_keys(self) -> set[str]:
+        """Every object key this manifest refers to: what garbage collection must keep."""
+        keys = {entry.key for entry in self.checkpoints}
+        if self.best is not None:
+            keys.add(self.best.key)
+        if self.metrics is not None:
+            keys.add(self.metrics.key)
+        if self.resumed_from_key is not None:
+            keys.add(self.resumed_from_key)
+        if self.final is not None:
+            final = self.final
+            keys |= {ref.key for ref in (final.model, final.best_model, final.report, final.curves) if ref is not None}
+        return keys

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from schemas.errors import CheckpointCorrupt
+from schemas.errors import CheckpointCorrupt, CheckpointUnloadable
 
 FORMAT_VERSION = 1
 
@@ -53,13 +53,26 @@ def sha256_of(data: bytes) -> str:
 
 
 def load_bytes(data: bytes, expected_sha256: str | None = None, where: str = "checkpoint") -> dict[str, Any]:
-    """Verify the digest (when given), then ``torch.load(weights_only=True)`` onto the CPU."""
-    if expected_sha256 is not None and sha256_of(data) != expected_sha256:
+    """Verify the digest (when given), then ``torch.load(weights_only=True)`` onto the CPU.
+
+    Bytes that do not match the digest are CheckpointCorrupt. Bytes that match it but cannot be
+    loaded are CheckpointUnloadable: they are exactly what was committed, so the fault is in this
+    environment (another torch, out of memory), not in the checkpoint. Without a digest a load
+    failure cannot be told apart from corruption and is CheckpointCorrupt."""
+    verified = expected_sha256 is not None
+    if verified and sha256_of(data) != expected_sha256:
         raise CheckpointCorrupt(f"{where}: sha256 does not match the committed digest")
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a truncated or foreign file: say which one, keep the cause
+    except Exception as exc:  # which error type depends on torch and on the failure: keep the cause
+        if verified:
+            raise CheckpointUnloadable(
+                f"{where}: sha256 verified, but torch {torch.__version__} cannot load it here: "
+                f"{type(exc).__name__}: {exc}") from exc
         raise CheckpointCorrupt(f"{where}: cannot be loaded: {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+        if verified:
+            raise CheckpointUnloadable(f"{where}: sha256 verified, but it is not a baton checkpoint of format "
+                                       f"{FORMAT_VERSION} (written by another baton version?)")
         raise CheckpointCorrupt(f"{where}: not a baton checkpoint of format {FORMAT_VERSION}")
     return state

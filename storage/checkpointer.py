@@ -10,27 +10,35 @@ previous is still in flight:
 
 A checkpoint becomes visible (listed in the manifest) only after its object is uploaded and its
 size verified; rotation deletes objects only after the manifest that drops them is committed.
+
+Everything is written under this attempt's own keys (``attempt-<n>/``: the checkpoint, the
+metrics rows it carries) *before* the fenced manifest compare-and-swap that refers to them, so an
+attempt that was fenced out cannot overwrite anything a reader can reach: its objects are never
+referenced, and a later commit's garbage collection deletes them. The best checkpoint is the
+manifest's ``best`` entry, not a copy. ``abandon`` cancels the checkpoint in flight instead of
+finishing it: nothing is committed once it has returned.
 """
 from __future__ import annotations
 
 import json
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from schemas.errors import TransientError
-from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
+from schemas.errors import CheckpointCancelled, TransientError
+from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
 
 from .base import ObjectStore
-from .checkpoint_io import save_to_file
+from .checkpoint_io import save_to_file, sha256_of
 from .layout import JobPaths
 from .manifest_store import ManifestStore
 from .retry import retry_transient
-from .rotation import rotate
+from .rotation import collect_garbage, rotate
 from .snapshot import HostSnapshot
 
 UPLOAD_RETRY_S = 600.0
@@ -44,7 +52,7 @@ class CheckpointRequest:
     batch_in_epoch: int
     kind: str  # "step" | "epoch" | "stop"
     best: Optional[tuple[str, float]] = None  # (metric, value) when this checkpoint is the new best
-    metrics_rows: Optional[list[dict]] = None  # the whole metrics.jsonl, rewritten after the commit
+    metrics_rows: Optional[list[dict]] = None  # every row so far: written with the checkpoint, referenced by its commit
 
 
 @dataclass
@@ -84,7 +92,7 @@ class AsyncCheckpointer:
         log: Callable[[str], None] = print,
     ):
         self.store = store
-        self.paths = paths
+        self.paths = paths.for_attempt(attempt)
         self.attempt = attempt
         self.keep_last = keep_last
         self.fence = fence
@@ -97,6 +105,8 @@ class AsyncCheckpointer:
         self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-", dir=store.scratch_dir()))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint")
         self._inflight: Optional[_InFlight] = None
+        self._cancelled = threading.Event()
+        self._commit_lock = threading.Lock()  # held while a manifest write may be under way
 
     # --- called by the training loop -------------------------------------------------------
     def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool) -> bool:
@@ -137,16 +147,36 @@ class AsyncCheckpointer:
             shutil.rmtree(self._spool, ignore_errors=True)
 
     def abandon(self) -> None:
-        """Shut down after a failure elsewhere: let the checkpoint in flight finish (it is valid),
-        log rather than raise its own error so the original failure is the one reported."""
-        try:
-            self.close()
-        except BaseException as exc:  # noqa: BLE001 - reported, and the caller re-raises its own
+        """Shut down after a failure elsewhere (fenced out, the job's code failed, storage gone):
+        cancel the checkpoint in flight rather than wait for its upload (up to UPLOAD_RETRY_S).
+
+        Returns at once, except while a manifest write is under way (one request): from then on
+        nothing of this checkpointer is committed. An upload still running finishes in the
+        background as an unreferenced object, which a later commit garbage-collects. Errors of the
+        checkpoint in flight are logged, not raised, so the original failure is the one reported."""
+        self._cancelled.set()
+        with self._commit_lock:
+            pass  # a commit that passed its cancellation check has landed (or failed) now
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and inflight.future.done() and inflight.future.exception() is not None:
+            exc = inflight.future.exception()
             self.log(f"checkpoint in flight failed while stopping: {type(exc).__name__}: {exc}")
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if inflight is None or inflight.future.done():
+            shutil.rmtree(self._spool, ignore_errors=True)
+        else:
+            inflight.future.add_done_callback(lambda _: shutil.rmtree(self._spool, ignore_errors=True))
 
     # --- the background thread -------------------------------------------------------------
     def _retry(self, fn: Callable[[], Any], what: str) -> Any:
-        return retry_transient(fn, self.upload_retry_s, what, self.log)
+        def unless_cancelled() -> Any:
+            self._check_cancelled()
+            return fn()
+        return retry_transient(unless_cancelled, self.upload_retry_s, what, self.log)
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled.is_set():
+            raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
 
     def _write_and_commit(self, snapshot: Any, request: CheckpointRequest, stats: CheckpointStats) -> None:
         started = time.perf_counter()
@@ -157,30 +187,45 @@ class AsyncCheckpointer:
             self._retry(lambda: self._upload_verified(stats.key, tmp, size), f"upload {stats.key}")
         finally:
             tmp.unlink(missing_ok=True)
-        if request.best is not None:
-            self._retry(lambda: self.store.copy(stats.key, self.paths.best), "copy best.pt")
+        metrics = self._write_metrics(request) if request.metrics_rows is not None else None
         entry = CheckpointEntry(
             key=stats.key, step=request.step, epoch=request.epoch, batch_in_epoch=request.batch_in_epoch,
             kind=request.kind, attempt=self.attempt, size=size, sha256=sha256, created_at=time.time(),
         )
-        self.fence()
-        dropped: list[CheckpointEntry] = []
-
-        def commit(manifest: CheckpointManifest) -> None:
-            manifest.checkpoints = [e for e in manifest.checkpoints if e.key != entry.key] + [entry]
-            if request.best is not None:
-                metric, value = request.best
-                manifest.best = BestEntry(**{**entry.model_dump(), "key": self.paths.best}, metric=metric, value=value)
-            dropped[:] = rotate(manifest, self.keep_last)
-
-        manifest = self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest")
+        manifest, dropped = self._commit(entry, request, metrics)
         self._delete(dropped)
-        if request.metrics_rows is not None:
-            body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
-            self._retry(lambda: self.store.put_bytes(self.paths.metrics, body), "write metrics.jsonl")
+        collect_garbage(self.store, self.paths, manifest, self.attempt, self.log)
         stats.write_s = time.perf_counter() - started
         stats.bytes = size
         self.on_commit(manifest, stats)
+
+    def _write_metrics(self, request: CheckpointRequest) -> MetricsRef:
+        """The rows as of this checkpoint, under this attempt's key (referenced by its commit)."""
+        key = self.paths.metrics(request.step)
+        body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
+        self._retry(lambda: self.store.put_bytes(key, body), f"write {key}")
+        return MetricsRef(key=key, size=len(body), sha256=sha256_of(body), step=request.step, attempt=self.attempt)
+
+    def _commit(self, entry: CheckpointEntry, request: CheckpointRequest,
+                metrics: Optional[MetricsRef]) -> tuple[CheckpointManifest, list[CheckpointEntry]]:
+        """The fenced compare-and-swap that makes the checkpoint (and its metrics, and best) visible."""
+        dropped: list[CheckpointEntry] = []
+
+        def commit(manifest: CheckpointManifest) -> None:
+            self._check_cancelled()
+            manifest.checkpoints = [e for e in manifest.checkpoints if e.key != entry.key] + [entry]
+            if request.best is not None:
+                metric, value = request.best
+                manifest.best = BestEntry(**entry.model_dump(), metric=metric, value=value)
+            if metrics is not None:
+                manifest.metrics = metrics
+            dropped[:] = rotate(manifest, self.keep_last)
+
+        with self._commit_lock:
+            self._check_cancelled()
+            self.fence()
+            manifest = self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest")
+        return manifest, dropped
 
     def _upload_verified(self, key: str, path: Path, size: int) -> None:
         self.store.put_file(key, path, consume=True)
@@ -190,7 +235,7 @@ class AsyncCheckpointer:
 
     def _delete(self, entries: list[CheckpointEntry]) -> None:
         for entry in entries:
-            try:
-                self._retry(lambda: self.store.delete(entry.key), f"delete {entry.key}")
+            try:  # after the commit: done even if cancelled meanwhile
+                retry_transient(lambda: self.store.delete(entry.key), self.upload_retry_s, f"delete {entry.key}", self.log)
             except TransientError as exc:  # a leftover object costs space, not correctness
                 self.log(f"rotation: could not delete {entry.key}: {exc}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _JOB_ID_RE = re.compile(JOB_ID_PATTERN)
@@ -22,12 +23,37 @@ def new_job_id(name: str) -> str:
     return check_job_id(f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}")
 
 
+PROBE_PREFIX = "baton-probe/"
+"""Where a worker's start-up probe of conditional writes puts its (deleted) objects."""
+
+_ATTEMPT_KEY_RE = re.compile(r"^jobs/[^/]+/attempt-(\d+)/")
+
+
+def probe_key(token: str) -> str:
+    return f"{PROBE_PREFIX}{token}"
+
+
+def attempt_of(key: str) -> Optional[int]:
+    """The attempt that wrote an attempt-keyed object, or None for a shared key."""
+    match = _ATTEMPT_KEY_RE.match(key)
+    return int(match[1]) if match else None
+
+
 @dataclass(frozen=True)
 class JobPaths:
+    """A job's keys. Only ``spec.json`` (written once, at submit) and ``manifest.json`` (replaced
+    with a compare-and-swap) are shared; everything an attempt writes lives under its own
+    ``attempt-<n>/`` prefix, so no attempt ever overwrites another's bytes. Readers reach those
+    objects through the manifest only. ``attempt`` is needed for the attempt-keyed paths."""
+
     job_id: str
+    attempt: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
+
+    def for_attempt(self, attempt: int) -> "JobPaths":
+        return JobPaths(self.job_id, attempt)
 
     @property
     def root(self) -> str:
@@ -42,28 +68,35 @@ class JobPaths:
         return f"{self.root}/manifest.json"
 
     @property
-    def metrics(self) -> str:
-        return f"{self.root}/metrics.jsonl"
+    def attempts(self) -> str:
+        """The prefix of every attempt-keyed object of the job (garbage collection lists it)."""
+        return f"{self.root}/attempt-"
 
     @property
-    def checkpoints(self) -> str:
-        return f"{self.root}/checkpoints/"
+    def attempt_root(self) -> str:
+        if self.attempt is None:
+            raise ValueError(f"job {self.job_id}: attempt-keyed paths need the attempt (JobPaths.for_attempt)")
+        return f"{self.attempts}{self.attempt}"
 
     def checkpoint(self, step: int) -> str:
-        return f"{self.checkpoints}step-{step}.pt"
+        return f"{self.attempt_root}/checkpoints/step-{step}.pt"
 
-    @property
-    def best(self) -> str:
-        return f"{self.checkpoints}best.pt"
+    def metrics(self, step: int) -> str:
+        """The metrics rows as of the checkpoint at ``step`` (referenced from the manifest)."""
+        return f"{self.attempt_root}/metrics/step-{step}.jsonl"
 
     @property
     def final_model(self) -> str:
-        return f"{self.root}/final/model.safetensors"
+        return f"{self.attempt_root}/final/model.safetensors"
+
+    @property
+    def best_model(self) -> str:
+        return f"{self.attempt_root}/final/best.safetensors"
 
     @property
     def report(self) -> str:
-        return f"{self.root}/report.json"
+        return f"{self.attempt_root}/final/report.json"
 
     @property
     def curves(self) -> str:
-        return f"{self.root}/curves.png"
+        return f"{self.attempt_root}/final/curves.png"

@@ -14,10 +14,13 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
+from schemas.manifest import CheckpointManifest
 from schemas.metrics import DETERMINISTIC_FIELDS
+from storage.artifacts import final_files, read_metrics, read_verified
 from storage.base import ObjectStore
 from storage.checkpoint_io import load_bytes
 from storage.layout import JobPaths
+from storage.manifest_store import ManifestStore
 from storage.state_diff import first_difference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,8 +128,17 @@ def assert_bit_equal(a: Any, b: Any, path: str = "state") -> None:
     assert difference is None, difference
 
 
+def committed_manifest(store: ObjectStore, job_id: str) -> CheckpointManifest:
+    return ManifestStore(store, JobPaths(job_id)).read()
+
+
 def metrics_rows(store: ObjectStore, job_id: str) -> list[dict]:
-    return [json.loads(line) for line in store.get_bytes(JobPaths(job_id).metrics).decode().splitlines()]
+    """The committed metrics rows, found (as every reader finds them) through the manifest."""
+    return read_metrics(store, committed_manifest(store, job_id))
+
+
+def final_model_bytes(store: ObjectStore, job_id: str) -> bytes:
+    return read_verified(store, final_files(committed_manifest(store, job_id))["model.safetensors"])
 
 
 def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore, job_b: str) -> None:
@@ -137,4 +149,4 @@ def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore,
     rows_a, rows_b = metrics_rows(store_a, job_a), metrics_rows(store_b, job_b)
     assert [{k: r[k] for k in DETERMINISTIC_FIELDS} for r in rows_a] == \
            [{k: r[k] for k in DETERMINISTIC_FIELDS} for r in rows_b]
-    assert store_a.get_bytes(JobPaths(job_a).final_model) == store_b.get_bytes(JobPaths(job_b).final_model)
+    assert final_model_bytes(store_a, job_a) == final_model_bytes(store_b, job_b)

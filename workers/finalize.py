@@ -1,8 +1,11 @@
-"""The end of a job: weights for consumers, the report, the curves, then ``completed``.
+"""The end of a job: weights for consumers (the last and the best), the report, the curves, then
+``completed``.
 
-Written in this order so that ``completed: true`` in the manifest means every artifact exists.
-A crash in between is harmless: the next attempt resumes from the final checkpoint, trains no
-further, and writes them again.
+The artifacts are written under this attempt's own keys, then the fenced manifest
+compare-and-swap that sets ``completed`` refers to them (``final``): readers find them only
+through it, so ``completed: true`` means every artifact exists, and an attempt fenced out
+meanwhile overwrites nothing a reader can reach. A crash in between is harmless: the next attempt
+resumes from the final checkpoint, trains no further, and writes its own.
 """
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ from typing import Callable
 import safetensors.torch
 from torch import nn
 
-from schemas.manifest import CheckpointManifest
+from schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
 from storage.base import ObjectStore
+from storage.checkpoint_io import load_bytes, sha256_of
 from storage.layout import JobPaths
 from storage.manifest_store import ManifestStore
 from storage.retry import retry_transient
+from storage.rotation import collect_garbage
 
 from .curves import plot_curves
 from .report import build_report
@@ -37,17 +42,36 @@ def export_weights(model: nn.Module) -> bytes:
 
 def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, model: nn.Module,
              rows: list[dict], best: dict, fence: Callable[[], None], log: Callable[[str], None]) -> dict:
-    def put(key: str, data: bytes) -> None:
-        retry_transient(lambda: store.put_bytes(key, data), WRITE_RETRY_S, f"write {key}", log)
+    own = paths.for_attempt(attempt)
 
-    report = build_report(paths.job_id, spec, rows, best, resumed_attempts=attempt)
+    def put(key: str, data: bytes) -> ObjectRef:
+        retry_transient(lambda: store.put_bytes(key, data), WRITE_RETRY_S, f"write {key}", log)
+        return ObjectRef(key=key, size=len(data), sha256=sha256_of(data))
+
+    best_entry = ManifestStore(store, paths).read().best
+    report = build_report(paths.job_id, spec, rows, best, resumed_attempts=attempt,
+                          best_key=best_entry.key if best_entry is not None else None)
     fence()
-    put(paths.final_model, export_weights(model))
-    put(paths.report, json.dumps(report, indent=2).encode())
-    put(paths.curves, plot_curves(rows, best["step"], f"{spec.get('name')} ({paths.job_id})"))
+    last_weights = export_weights(model)
+    best_weights = None
+    if best_entry is not None:  # the training is over: the live model may take the best weights now
+        state = load_bytes(store.get_bytes(best_entry.key), best_entry.sha256, where=best_entry.key)
+        model.load_state_dict(state["model"])
+        best_weights = put(own.best_model, export_weights(model))
+    final = FinalArtifacts(
+        attempt=attempt,
+        model=put(own.final_model, last_weights),
+        best_model=best_weights,
+        report=put(own.report, json.dumps(report, indent=2).encode()),
+        curves=put(own.curves, plot_curves(rows, best["step"], f"{spec.get('name')} ({paths.job_id})")),
+    )
 
     def complete(manifest: CheckpointManifest) -> None:
         manifest.completed = True
+        manifest.final = final
 
-    retry_transient(lambda: ManifestStore(store, paths).update(attempt, complete), WRITE_RETRY_S, "complete manifest", log)
+    fence()
+    manifest = retry_transient(lambda: ManifestStore(store, paths).update(attempt, complete), WRITE_RETRY_S,
+                               "complete manifest", log)
+    collect_garbage(store, own, manifest, attempt, log)
     return report

@@ -82,7 +82,9 @@ def _curves(rows: list[dict]) -> str:
     return "curves: " + ", ".join(parts)
 
 
-def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_attempts: int) -> dict[str, Any]:
+def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_attempts: int,
+                 best_key: Optional[str] = None) -> dict[str, Any]:
+    """``best_key``: the object key of the best checkpoint (the manifest's ``best.key``)."""
     if not rows:
         raise ValueError("no validation rows: nothing to report")
     by_step = (spec.get("loop") or {}).get("max_steps") is not None
@@ -118,7 +120,7 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
         "monitor": metric,
         "best": {**best, "step": best_row["step"] if best["value"] is not None else None,
                  **val_metrics(best_row), "train_loss": best_row["train_loss"],
-                 "checkpoint": "checkpoints/best.pt" if best["value"] is not None else None, "why": why},
+                 "checkpoint": best_key if best["value"] is not None else None, "why": why},
         "last": {"epoch": last["epoch"], "step": last["step"], "train_loss": last["train_loss"], **val_metrics(last)},
         "stability": {
             "stable": stable,

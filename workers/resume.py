@@ -1,8 +1,13 @@
 """Finding the checkpoint to resume from: the newest committed one whose bytes verify.
 
-A corrupt or missing latest falls back to the one before it (and says so). The entries after
-the one chosen are dropped from the manifest and their objects deleted, so the manifest stays
-in step order and the next commit cannot land behind a broken entry.
+A corrupt or missing latest (its bytes do not match the committed sha256, or it is gone) falls
+back to the one before it (and says so). The entries after the one chosen are dropped from the
+manifest and their objects deleted, so the manifest stays in step order and the next commit
+cannot land behind a broken entry.
+
+A checkpoint whose bytes verify but cannot be loaded here (CheckpointUnloadable: another torch,
+out of memory) is not corrupt: the attempt fails with that error, nothing falls back and nothing
+is deleted, so the job can resume from it in a sound environment.
 """
 from __future__ import annotations
 
@@ -48,6 +53,9 @@ def pin_resume_point(manifests: ManifestStore, attempt: int, entry: Optional[Che
             dropped[:], keep = keep[index + 1:], keep[:index + 1]
         manifest.checkpoints = keep
         manifest.resumed_from = entry.step if entry is not None else None
+        manifest.resumed_from_key = entry.key if entry is not None else None
+        if manifest.best is not None and manifest.best.key in {bad.key for bad in dropped}:
+            manifest.best = None  # it was the broken one; the resumed tracker names the next best
 
     manifests.update(attempt, mutate)
     for bad in dropped:

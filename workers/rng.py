@@ -2,6 +2,9 @@
 
 Stored in forms ``torch.load(weights_only=True)`` accepts: numpy's MT19937 state becomes an
 int64 tensor of its keys plus plain numbers (np.random.get_state() as is would be refused).
+
+CUDA generators belong to the job's device, not to the node: they are saved only for a job on
+``cuda`` and restored only into one, so a CPU job's checkpoint resumes on any node, GPUs or not.
 """
 from __future__ import annotations
 
@@ -12,26 +15,29 @@ import numpy as np
 import torch
 
 
-def capture() -> dict[str, Any]:
+def capture(device_type: str) -> dict[str, Any]:
+    """Every generator a step of a job on ``device_type`` ("cpu", "cuda") can draw from."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state_all() if device_type == "cuda" else [],
     }
     return state
 
 
-def restore(state: dict[str, Any]) -> None:
+def restore(state: dict[str, Any], device_type: str) -> None:
+    """Put back what ``capture`` saved; a job not on ``cuda`` ignores CUDA states (older
+    checkpoints saved them whenever CUDA was visible)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = state["numpy"]
     np.random.set_state((np_state["name"], np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
                          np_state["has_gauss"], np_state["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    cuda_states = state["cuda"]
+    cuda_states = state["cuda"] if device_type == "cuda" else []
     if cuda_states:
         if not torch.cuda.is_available() or torch.cuda.device_count() < len(cuda_states):
             raise RuntimeError(

@@ -1,5 +1,9 @@
 """``baton worker``: a Celery worker with baton's settings, one job per process.
 
+Before anything else it probes its store (BATON_STORAGE_URL): a store that ignores conditional
+writes would turn every fenced commit into a blind overwrite, so the worker refuses to start
+(exit 2, naming the store).
+
 With ``--concurrency N`` or ``--gpus`` it supervises one such worker process per slot (each
 named ``NAME-i``, each pinned to its own GPU with ``--gpus``), passes SIGTERM/SIGINT on to all
 of them and exits when they have.
@@ -54,11 +58,29 @@ def supervise(name: str, queues: str, loglevel: str, children_env: Sequence[dict
     return max(codes, default=0)
 
 
+def check_storage(storage_url: str) -> Optional[str]:
+    """None when the store can hold jobs; else why not (it ignores conditional writes, or cannot
+    be reached or used at all). A worker that cannot commit safely must not take jobs."""
+    from schemas.errors import BatonError
+    from storage.conditional_probe import check_conditional_writes
+    from storage.open import open_store
+
+    try:
+        check_conditional_writes(open_store(storage_url))
+    except BatonError as exc:
+        return f"baton worker: refusing to start: {exc}"
+    return None
+
+
 def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str, gpus: Optional[str] = None) -> int:
     from schemas.settings import BatonSettings
 
     from .gpus import plan
 
+    refusal = check_storage(BatonSettings().storage_url)
+    if refusal is not None:
+        print(refusal, file=sys.stderr, flush=True)
+        return 2
     name = name or default_name()
     device_count = 0
     if gpus is not None:

@@ -7,7 +7,10 @@ import time
 
 import pytest
 
+from storage.artifacts import final_files, read_verified
 from storage.file_store import FileStore
+from storage.layout import JobPaths
+from storage.manifest_store import ManifestStore
 from tests.helpers import REPO, make_spec, read_manifest, run_baton, start_baton, write_spec
 
 
@@ -15,10 +18,15 @@ from tests.helpers import REPO, make_spec, read_manifest, run_baton, start_baton
 def test_example_jobs_learn(example, min_accuracy, tmp_path):
     done = run_baton("run", str(REPO / "examples" / example), "--id", "ex", "--storage", f"file://{tmp_path}")
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads((tmp_path / "jobs/ex/report.json").read_text())
+    store = FileStore(tmp_path)
+    manifest = ManifestStore(store, JobPaths("ex")).read()
+    files = final_files(manifest)
+    report = json.loads(read_verified(store, files["report.json"]))
     assert report["best"]["val_accuracy"] >= min_accuracy, report["best"]
-    for artifact in ("final/model.safetensors", "curves.png", "metrics.jsonl", "spec.json", "checkpoints/best.pt"):
-        assert (tmp_path / "jobs/ex" / artifact).is_file(), artifact
+    assert set(files) == {"model.safetensors", "report.json", "curves.png", "metrics.jsonl"}
+    for ref in [*files.values(), manifest.best]:
+        read_verified(store, ref)
+    assert store.exists(JobPaths("ex").spec)
 
 
 def test_validate_exits_2_naming_the_field(tmp_path):

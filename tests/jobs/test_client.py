@@ -37,7 +37,10 @@ def test_submit_wait_status_list_metrics_and_fetch(cluster, tmp_path):
     job = cluster.client.job("quick")
     status = job.status()
     assert status.state.value == "succeeded" and status.step == status.total_steps > 0
-    assert status.latest_checkpoint.endswith(f"step-{status.total_steps}.pt") and status.best_checkpoint.endswith("best.pt")
+    manifest = json.loads(cluster.store().get_bytes("jobs/quick/manifest.json"))
+    assert status.latest_checkpoint == manifest["checkpoints"][-1]["key"] \
+        == f"jobs/quick/attempt-1/checkpoints/step-{status.total_steps}.pt"
+    assert status.best_checkpoint == manifest["best"]["key"]
     assert [s.id for s in cluster.client.list()] == ["quick"]
     shown = run_baton("status", "quick", env=cluster.env).stdout
     assert "succeeded" in shown and "best checkpoint" in shown

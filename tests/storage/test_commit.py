@@ -2,14 +2,14 @@
 rotation never deletes what a resume needs, a corrupt latest falls back to the one before."""
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
 import torch
 
 from schemas.errors import FencedOut
-from schemas.manifest import CheckpointEntry, CheckpointManifest
+from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
+from storage.artifacts import read_metrics
 from storage.checkpoint_io import load_bytes
 from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 from storage.file_store import FileStore
@@ -19,6 +19,7 @@ from storage.rotation import rotate
 from workers.resume import load_latest_good, pin_resume_point
 
 PATHS = JobPaths("job")
+A1 = PATHS.for_attempt(1)  # the keys attempt 1 writes
 
 
 def _state(step: int) -> dict:
@@ -48,7 +49,7 @@ def test_checkpoint_is_listed_only_after_its_verified_upload(store):
     ckpt.close()
     entry = ManifestStore(store, PATHS).read().latest
     data = store.get_bytes(entry.key)
-    assert entry.key == PATHS.checkpoint(5) and entry.size == len(data)
+    assert entry.key == A1.checkpoint(5) and entry.size == len(data)
     state = load_bytes(data, entry.sha256)
     assert torch.equal(state["model"]["w"], torch.full((64,), 5.0))
 
@@ -59,7 +60,7 @@ def test_the_snapshot_is_taken_before_save_returns(store):
     ckpt.save(lambda: live, _request(1), mandatory=True)
     live["model"]["w"].add_(100)  # the loop moves on at once
     ckpt.close()
-    saved = load_bytes(store.get_bytes(PATHS.checkpoint(1)))
+    saved = load_bytes(store.get_bytes(A1.checkpoint(1)))
     assert torch.equal(saved["model"]["w"], torch.full((64,), 1.0))
 
 
@@ -70,19 +71,31 @@ def test_rotation_keeps_the_newest_and_deletes_objects_after_the_commit(store):
     ckpt.close()
     manifest = ManifestStore(store, PATHS).read()
     assert [e.step for e in manifest.checkpoints] == [3, 4]
-    assert store.list(PATHS.checkpoints) == [PATHS.checkpoint(3), PATHS.checkpoint(4)]
+    assert store.list(PATHS.attempts) == [A1.checkpoint(3), A1.checkpoint(4)]
+
+
+def _entries(*steps: int) -> list[CheckpointEntry]:
+    return [CheckpointEntry(key=f"k{s}", step=s, epoch=0, batch_in_epoch=s, kind="step", attempt=1, size=1,
+                            sha256="x", created_at=0.0) for s in steps]
 
 
 def test_rotation_never_drops_the_checkpoint_the_attempt_resumed_from():
-    entries = [CheckpointEntry(key=f"k{s}", step=s, epoch=0, batch_in_epoch=s, kind="step", attempt=1, size=1,
-                               sha256="x", created_at=0.0) for s in (1, 2, 3, 4, 5)]
-    manifest = CheckpointManifest(job_id="j", checkpoints=entries, resumed_from=2)
+    manifest = CheckpointManifest(job_id="j", checkpoints=_entries(1, 2, 3, 4, 5), resumed_from=2, resumed_from_key="k2")
     dropped = rotate(manifest, keep_last=2)
     assert [e.step for e in manifest.checkpoints] == [2, 4, 5]
     assert [e.step for e in dropped] == [1, 3]
 
 
-def test_best_is_kept_apart_and_metrics_written_after_the_commit(store):
+def test_rotation_never_deletes_the_best_checkpoint():
+    entries = _entries(1, 2, 3, 4)
+    best = BestEntry(**entries[1].model_dump(), metric="val_loss", value=0.1)
+    manifest = CheckpointManifest(job_id="j", checkpoints=entries, best=best)
+    dropped = rotate(manifest, keep_last=1)
+    assert [e.step for e in manifest.checkpoints] == [4] and manifest.best.key == "k2"
+    assert [e.step for e in dropped] == [1, 3]  # k2 leaves the list; its object stays: it is the best
+
+
+def test_best_is_a_manifest_reference_and_metrics_are_committed_with_their_checkpoint(store):
     ckpt = _checkpointer(store, keep_last=2)
     rows = [{"epoch": 0, "val_loss": 0.5}]
     ckpt.save(lambda: _state(1), _request(1, "epoch", best=("val_loss", 0.5), metrics_rows=rows), mandatory=True)
@@ -90,9 +103,12 @@ def test_best_is_kept_apart_and_metrics_written_after_the_commit(store):
         ckpt.save(lambda: _state(step), _request(step), mandatory=True)
     ckpt.close()
     manifest = ManifestStore(store, PATHS).read()
-    assert manifest.best.step == 1 and manifest.best.value == 0.5 and manifest.best.key == PATHS.best
-    assert torch.equal(load_bytes(store.get_bytes(PATHS.best), manifest.best.sha256)["model"]["w"], torch.full((64,), 1.0))
-    assert [json.loads(line) for line in store.get_bytes(PATHS.metrics).decode().splitlines()] == rows
+    assert manifest.best.step == 1 and manifest.best.value == 0.5 and manifest.best.key == A1.checkpoint(1)
+    assert [e.step for e in manifest.checkpoints] == [3, 4]  # rotated out of the list, kept as the best
+    assert torch.equal(load_bytes(store.get_bytes(manifest.best.key), manifest.best.sha256)["model"]["w"],
+                       torch.full((64,), 1.0))
+    assert read_metrics(store, manifest) == rows and manifest.metrics.key == A1.metrics(1)
+    assert set(store.list(PATHS.attempts)) == manifest.referenced_keys()
 
 
 class GatedStore(FileStore):
@@ -135,9 +151,9 @@ def test_corrupt_latest_falls_back_to_the_previous_one_and_says_so(store):
     for step in (1, 2):
         ckpt.save(lambda: _state(step), _request(step), mandatory=True)
     ckpt.close()
-    data = bytearray(store.get_bytes(PATHS.checkpoint(2)))
+    data = bytearray(store.get_bytes(A1.checkpoint(2)))
     data[len(data) // 2] ^= 0xFF
-    store.put_bytes(PATHS.checkpoint(2), bytes(data))
+    store.put_bytes(A1.checkpoint(2), bytes(data))
 
     logged: list[str] = []
     manifests = ManifestStore(store, PATHS)
@@ -148,7 +164,7 @@ def test_corrupt_latest_falls_back_to_the_previous_one_and_says_so(store):
     pin_resume_point(manifests, 2, entry, logged.append)
     manifest = manifests.read()
     assert [e.step for e in manifest.checkpoints] == [1] and manifest.resumed_from == 1
-    assert not store.exists(PATHS.checkpoint(2))
+    assert not store.exists(A1.checkpoint(2))
 
 
 def test_missing_latest_falls_back_too(store):
@@ -156,7 +172,7 @@ def test_missing_latest_falls_back_too(store):
     for step in (1, 2):
         ckpt.save(lambda: _state(step), _request(step), mandatory=True)
     ckpt.close()
-    store.delete(PATHS.checkpoint(2))
+    store.delete(A1.checkpoint(2))
     logged: list[str] = []
     _, entry = load_latest_good(store, ManifestStore(store, PATHS).read(), logged.append)
     assert entry.step == 1 and any("missing" in m for m in logged)

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -39,4 +38,7 @@ def clear_probes():
 
 
 def read_rows(root: Path, job_id: str) -> list[dict]:
-    return [json.loads(line) for line in (root / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
+    from storage.file_store import FileStore
+    from tests.helpers import metrics_rows
+
+    return metrics_rows(FileStore(root), job_id)

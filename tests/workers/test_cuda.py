@@ -18,9 +18,9 @@ pytestmark = pytest.mark.gpu
 
 def test_cuda_rng_state_round_trips():
     torch.cuda.manual_seed_all(5)
-    state = rng.capture()
+    state = rng.capture("cuda")
     first = torch.rand(4, device="cuda")
-    rng.restore(state)
+    rng.restore(state, "cuda")
     assert torch.equal(torch.rand(4, device="cuda"), first)
     assert len(state["cuda"]) == torch.cuda.device_count()
 

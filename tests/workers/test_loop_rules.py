@@ -18,6 +18,8 @@ from workers.evaluate import evaluate
 from workers.targets import build_task
 from tests import probes
 from storage.file_store import FileStore
+from storage.layout import JobPaths
+from storage.manifest_store import ManifestStore
 from tests.helpers import final_state, make_spec
 from tests.workers.conftest import read_rows
 
@@ -223,6 +225,7 @@ def test_best_checkpoint_follows_the_monitored_held_out_metric_not_the_last_epoc
     best_epoch = values.index(min(values) if mode == "min" else max(values))
     assert best_epoch != len(rows) - 1, "the probe must make the last epoch worse than the best"
     assert result.report["best"]["epoch"] == best_epoch
-    best = load_bytes((root / "jobs" / job / "checkpoints" / "best.pt").read_bytes())
+    best_entry = ManifestStore(FileStore(root), JobPaths(job)).read().best
+    best = load_bytes(FileStore(root).get_bytes(best_entry.key), best_entry.sha256)
     assert best["progress"]["epoch"] == best_epoch + 1 and best["progress"]["global_step"] == rows[best_epoch]["step"]
     assert [r["is_best"] for r in rows].index(True) == 0 and rows[best_epoch]["is_best"]

@@ -93,3 +93,24 @@ def test_a_user_collate_function_builds_the_batches_in_loader_workers(run_job):
 def test_pairs_to_dicts_scales_features():
     batch = tasks.pairs_to_dicts([(torch.ones(2), torch.tensor(1))] * 3, scale=2.0)
     assert torch.equal(batch["features"], torch.full((3, 2), 2.0)) and batch["label"].tolist() == [1, 1, 1]
+
+
+def test_the_best_weights_are_exported_as_safetensors_beside_the_last(run_job):
+    from safetensors.torch import load as load_safetensors
+
+    from storage.artifacts import final_files
+    from schemas.manifest import CheckpointManifest
+    from tests.helpers import read_manifest
+
+    probe = {"target": "tests.probes:linear", "kwargs": {}}
+    diverging = {"target": "tests.probes:diverging", "kwargs": {}, "batch_size": 16, "val_fraction": 0.25}
+    _, root, job = run_job(make_spec(model=probe, data=diverging, optimizer={"name": "sgd", "lr": 0.5},
+                                     scheduler={"name": "none"}, loop={"epochs": 4}))
+    store = FileStore(root)
+    manifest = CheckpointManifest.model_validate(read_manifest(store, job))
+    files = final_files(manifest)
+    best = load_safetensors(store.get_bytes(files["best.safetensors"].key))
+    last = load_safetensors(store.get_bytes(files["model.safetensors"].key))
+    best_state = torch.load(root / manifest.best.key, weights_only=True)["model"]
+    assert best.keys() == best_state.keys() and all(torch.equal(best[k], best_state[k]) for k in best)
+    assert any(not torch.equal(best[k], last[k]) for k in best), "the probe makes the last epoch differ from the best"

@@ -1,7 +1,6 @@
 """Tasks: built-in and user tasks keep the loop's rules and bit-exact resume; bad tasks fail clearly."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 from schemas.errors import NonFiniteLossError, PermanentError
 from storage.file_store import FileStore
 from tests import tasks
+from tests.workers.conftest import read_rows
 from tests.helpers import (assert_same_training, kill_when, make_spec, metrics_rows, read_manifest, run_baton,
                            start_baton, write_spec)
 from workers.task_api import TaskError
@@ -108,7 +108,7 @@ def test_a_user_task_is_called_under_the_loop_rules(run_job):
 def test_a_user_metric_is_reported_and_picks_the_best(run_job):
     result, root, job = run_job(make_spec(model=DICT_MODEL, data=_no_split(DICT_DATA), task=DICT_TASK,
                                           loop={"epochs": 3}, checkpoint={"monitor": "val_f1", "mode": "max"}))
-    rows = [json.loads(line) for line in (root / "jobs" / job / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(root, job)
     f1 = [r["val_f1"] for r in rows]
     assert all(0.0 <= v <= 1.0 for v in f1) and set(rows[0]) >= {"val_f1", "val_loss", "train_loss"}
     assert result.report["best"]["value"] == max(f1) and result.report["monitor"] == "val_f1"
@@ -190,7 +190,7 @@ def test_language_model_validation_averages_per_token_like_training(run_job):
     spec["scheduler"] = {"name": "none"}
     spec["data"]["val"] = {"target": "builtin:stdlib_text", "kwargs": {**TEXT, "part": "train"}}  # score what trains
     result, root, job = run_job(spec)
-    row = [json.loads(line) for line in (root / "jobs" / job / "metrics.jsonl").read_text().splitlines()][-1]
+    row = read_rows(root, job)[-1]
     # one step in, the same text scores as it trained: per token, near log(256) = 5.55 for an untrained byte model;
     # a per-sequence average of summed token losses would be 16x (block) that
     assert 4.5 < row["train_loss"] < 6.5 and abs(row["val_loss"] / row["train_loss"] - 1) < 0.1

@@ -1,0 +1,112 @@
+"""An HTTP gateway in front of moto's S3 server, for faults that need to see requests.
+
+- ``ignore_conditions=True``: strips ``If-None-Match``/``If-Match`` from every request before it
+  reaches the server. That is how S3-compatible stores without conditional writes behave: they
+  do not refuse the condition, they ignore it and overwrite.
+- ``hold(predicate)``: a request for which ``predicate(method, path)`` is true waits (unanswered,
+  its body read) until ``release()``: a client frozen at an exact point of its protocol.
+  ``seen`` lists every request as ``(method, path)`` in arrival order.
+"""
+from __future__ import annotations
+
+import http.client
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+_CONDITIONS = {"if-none-match", "if-match"}
+
+
+class S3Gateway:
+    def __init__(self, target_port: int, ignore_conditions: bool = False):
+        self.target_port = target_port
+        self.ignore_conditions = ignore_conditions
+        self.seen: list[tuple[str, str]] = []
+        self.held: list[tuple[str, str]] = []
+        self._predicate: Optional[Callable[[str, str], bool]] = None
+        self._gate = threading.Event()
+        self._gate.set()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def hold(self, predicate: Callable[[str, str], bool]) -> None:
+        with self._lock:
+            self._predicate = predicate
+            self._gate.clear()
+
+    def release(self) -> None:
+        with self._lock:
+            self._predicate = None
+            self._gate.set()
+
+    def close(self) -> None:
+        self.release()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _should_hold(self, method: str, path: str) -> bool:
+        with self._lock:
+            self.seen.append((method, path))
+            if self._predicate is not None and self._predicate(method, path):
+                self.held.append((method, path))
+                return True
+            return False
+
+    def _handler(self):
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    chunks = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+
+            def _forward(self) -> None:
+                body = self._body()
+                if gateway._should_hold(self.command, self.path):
+                    gateway._gate.wait()
+                drop = _HOP_BY_HOP | (_CONDITIONS if gateway.ignore_conditions else set())
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in drop | {"content-length"}}
+                if body or self.command in ("PUT", "POST"):
+                    headers["Content-Length"] = str(len(body))
+                upstream = http.client.HTTPConnection("127.0.0.1", gateway.target_port, timeout=60)
+                try:
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    response = upstream.getresponse()
+                    data = response.read()
+                    self.send_response(response.status, response.reason)
+                    for key, value in response.getheaders():
+                        if key.lower() not in _HOP_BY_HOP and not (key.lower() == "content-length" and self.command != "HEAD"):
+                            self.send_header(key, value)
+                    if self.command != "HEAD":
+                        self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        return Handler

@@ -1,0 +1,52 @@
+"""Issue 9: an S3-compatible store that ignores conditional writes turns the manifest's
+compare-and-swap into a blind overwrite. A worker probes its store at start and refuses to run.
+
+The store that ignores them is moto's server behind tests/s3_gateway.py, which strips
+If-None-Match/If-Match from every request, as such stores effectively do."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from storage.open import open_store
+from tests.helpers import run_baton, baton_env
+from tests.s3_gateway import S3Gateway
+from tests.storage.conftest import store_through
+
+
+@pytest.fixture
+def careless_gateway(s3_server):
+    gw = S3Gateway(s3_server.port, ignore_conditions=True)
+    yield gw
+    gw.close()
+
+
+def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
+    from storage.conditional_probe import check_conditional_writes
+
+    store = open_store(f"s3://{s3_bucket}/runs")
+    check_conditional_writes(store)
+    assert store.list("") == []  # the probe cleans up after itself
+
+
+def test_the_probe_refuses_a_store_that_ignores_conditions(s3_bucket, careless_gateway):
+    from storage.conditional_probe import check_conditional_writes
+    from schemas.errors import ConditionalWritesIgnored
+
+    store = store_through(careless_gateway, s3_bucket)
+    with pytest.raises(ConditionalWritesIgnored) as refused:
+        check_conditional_writes(store)
+    assert store.url in str(refused.value)
+
+
+def test_a_worker_refuses_to_start_on_such_a_store(s3_bucket, s3_env, careless_gateway, redis_server):
+    url = f"s3://{s3_bucket}/runs"
+    env = baton_env(**{**s3_env, "AWS_ENDPOINT_URL": careless_gateway.endpoint_url}, BATON_STORAGE_URL=url,
+                    BATON_REDIS_URL=redis_server.url, BATON_METRICS_PORT="0")
+    try:
+        result = run_baton("worker", "--name", "careless@test", env=env, timeout=45)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker started on a store that ignores conditional writes")
+    assert result.returncode != 0
+    assert url in result.stderr and "conditional" in result.stderr
