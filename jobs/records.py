@@ -7,8 +7,10 @@ past its lease, or a stale redelivery, changes nothing.
 
 Publishing a Celery message cannot be part of a Redis transaction, so it follows the outbox
 pattern: a script marks the record ``publish_pending`` in the same step as the state change,
-the message is published, then the mark is cleared. The reaper re-publishes a mark left
-behind by a crash; the duplicate messages this may create are dropped when claimed.
+the message is published, then the mark is cleared and ``published_at`` set. The reaper
+re-publishes a mark left behind by a crash, and a message published but not claimed in time
+(a worker that took it died before its claim: kombu would redeliver it only after its
+visibility_timeout); the duplicate messages this may create are dropped when claimed.
 """
 from __future__ import annotations
 
@@ -30,8 +32,12 @@ redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
 
+# KEYS: job. ARGV: the mark, now. The message is out: from now on the reaper waits for its claim.
 _CLEAR_PENDING = """
-if redis.call('HGET', KEYS[1], 'publish_pending') == ARGV[1] then redis.call('HDEL', KEYS[1], 'publish_pending') end
+if redis.call('HGET', KEYS[1], 'publish_pending') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'publish_pending')
+  redis.call('HSET', KEYS[1], 'published_at', ARGV[2])
+end
 return 1
 """
 
@@ -118,7 +124,7 @@ class JobRecords:
 
     def published(self, job_id: str, mark: str) -> None:
         """The message for ``mark`` (the publish_pending value) is out: clear the mark."""
-        self._clear_pending(keys=[keys.job(job_id)], args=[mark])
+        self._clear_pending(keys=[keys.job(job_id)], args=[mark, now()])
 
     def pending_mark(self, job_id: str) -> Optional[str]:
         return self.redis.hget(keys.job(job_id), "publish_pending")

@@ -30,7 +30,7 @@ if tonumber(ARGV[1]) ~= current + 1 then return {'stale', tostring(current)} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'leased'} end
 redis.call('SET', KEYS[2], ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4])
-redis.call('HDEL', KEYS[1], 'publish_pending', 'error', 'traceback')
+redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback')
 return {'ok', redis.call('HGET', KEYS[1], 'spec'), redis.call('HGET', KEYS[1], 'storage_url')}
 """
 
