@@ -67,6 +67,23 @@ redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
+# KEYS: job, lease, active. ARGV: lease token, now, reason, job id, stacks. Returns the next attempt,
+# 0 when this loss was the last retry.max_attempts allows (the job failed), -1 if fenced out.
+_RELEASE_LOST = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+redis.call('DEL', KEYS[2])
+local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[2], 'last_event', ARGV[3], 'stall_stacks', ARGV[5])
+if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
+  redis.call('HSET', KEYS[1], 'state', 'failed', 'finished_at', ARGV[2], 'traceback', ARGV[5],
+             'error', ARGV[3] .. '; lost ' .. lost .. ' time(s), retry.max_attempts reached')
+  redis.call('SREM', KEYS[3], ARGV[4])
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'retrying', 'publish_pending', ARGV[2])
+return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
+"""
+
 # KEYS: job, active. ARGV: job id, now
 _CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -110,6 +127,7 @@ class JobRecords:
         self._fenced_set = client.register_script(_FENCED_SET)
         self._finish = client.register_script(_FINISH)
         self._release = client.register_script(_RELEASE)
+        self._release_lost = client.register_script(_RELEASE_LOST)
         self._cancel = client.register_script(_CANCEL)
         self._resume = client.register_script(_RESUME)
 
@@ -176,3 +194,9 @@ class JobRecords:
     def release(self, job_id: str, token: str, reason: str) -> int:
         """Give the job back for another worker at once (preemption); returns the next attempt, -1 if fenced."""
         return int(self._release(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, now(), reason]))
+
+    def release_lost(self, job_id: str, token: str, reason: str, stacks: str) -> int:
+        """Give the job back as a worker loss (a hung attempt): counted against retry.max_attempts.
+        Returns the next attempt, 0 when the job failed instead, -1 if fenced out."""
+        return int(self._release_lost(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
+                                      args=[token, now(), reason, job_id, stacks]))

@@ -5,7 +5,9 @@ How an attempt ends decides what happens to the job:
 - preempted (SIGTERM): checkpointed, then released and re-queued at once as the next attempt;
 - an exception from the job's own model or data code: failed, with its traceback, not retried;
 - storage unreachable beyond its retries: released and re-queued (infrastructure, not the job);
-- fenced out (another attempt owns the job): nothing more is written.
+- fenced out (another attempt owns the job): nothing more is written;
+- hung (no optimizer step for BATON_STALL_TIMEOUT_S): released as a worker loss with every
+  thread's stack in its status, and the worker process exits (``stall.py``).
 A worker killed outright writes nothing; its lease expires and the reaper re-queues the job.
 
 Redis going away (a restart, a failover) is none of these: every Redis call here is retried
@@ -41,6 +43,7 @@ from .control import LoopControl, StepReport
 from .preemption import Preemption
 from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
 from .session import run_attempt
+from .stall import StallWatchdog, exit_process
 
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")
@@ -69,6 +72,7 @@ class WorkerControl(LoopControl):
         self._last_progress = 0.0
         self._last_step = None
         self._progress_failing = False
+        self.stall: Optional[StallWatchdog] = None
 
     def leased(self, call: Callable[[], T], what: str) -> T:
         """``call()`` through a Redis outage while the lease may be valid; LeaseUnconfirmed after."""
@@ -118,6 +122,8 @@ class WorkerControl(LoopControl):
         return None
 
     def on_step(self, report: StepReport) -> None:
+        if self.stall is not None:
+            self.stall.progress()
         metrics.STEPS.inc()
         elapsed = time.monotonic() - self._last_progress
         if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
@@ -162,6 +168,23 @@ def _release(ctx: WorkerContext, control: "WorkerControl", reason: str, kind: st
     _log.warning("job %s: released (%s), queued as attempt %d", job_id, reason, next_attempt)
 
 
+def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks: str) -> None:
+    """The stall watchdog fired: give the job back as a worker loss, then leave this process."""
+    job_id = control.job_id
+    reason = f"no optimizer step for {idle_s:.0f}s on {ctx.worker} (BATON_STALL_TIMEOUT_S); stopped as hung"
+    _log.error("job %s: %s; every thread's stack:\n%s", job_id, reason, stacks)
+    try:
+        if not control.heartbeat.fenced.is_set():
+            next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, stacks),
+                                          "the release of a hung attempt")
+            if next_attempt > 0:
+                metrics.JOBS_RETRIED.labels("stalled").inc()
+                _publish(ctx, job_id, next_attempt)
+    except (redis.RedisError, FencedOut) as exc:  # its lease expires once this process is gone: reaped instead
+        _log.error("job %s: could not release the hung attempt (%s); its lease will expire", job_id, exc)
+    exit_process(f"job {job_id} hung; a fresh worker process must take over")
+
+
 def _publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:
     """The outbox's publish; if the broker is away the mark stays and the reaper publishes it later."""
     try:
@@ -197,6 +220,10 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     metrics.JOBS_RUNNING.inc()
     control = WorkerControl(ctx, job_id, token, heartbeat)
     ctx.preemption.register(job_id, lambda why: _release(ctx, control, why))
+    if ctx.settings.stall_timeout_s > 0:
+        control.stall = StallWatchdog(job_id, ctx.settings.stall_timeout_s,
+                                      lambda idle_s, stacks: _stalled(ctx, control, idle_s, stacks))
+        control.stall.start()
     _log.info("job %s: attempt %d started on %s", job_id, attempt, ctx.worker)
     outcome = "error"
     try:
@@ -208,6 +235,8 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
             outcome = "fenced"
         return outcome
     finally:
+        if control.stall is not None:
+            control.stall.stop()
         heartbeat.stop()
         ctx.preemption.unregister(job_id)
         metrics.JOBS_RUNNING.dec()
