@@ -7,8 +7,10 @@ past its lease, or a stale redelivery, changes nothing.
 
 Publishing a Celery message cannot be part of a Redis transaction, so it follows the outbox
 pattern: a script marks the record ``publish_pending`` in the same step as the state change,
-the message is published, then the mark is cleared. The reaper re-publishes a mark left
-behind by a crash; the duplicate messages this may create are dropped when claimed.
+the message is published, then the mark is cleared and ``published_at`` set. The reaper
+re-publishes a mark left behind by a crash, and a message published but not claimed in time
+(a worker that took it died before its claim: kombu would redeliver it only after its
+visibility_timeout); the duplicate messages this may create are dropped when claimed.
 """
 from __future__ import annotations
 
@@ -30,8 +32,12 @@ redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
 
+# KEYS: job. ARGV: the mark, now. The message is out: from now on the reaper waits for its claim.
 _CLEAR_PENDING = """
-if redis.call('HGET', KEYS[1], 'publish_pending') == ARGV[1] then redis.call('HDEL', KEYS[1], 'publish_pending') end
+if redis.call('HGET', KEYS[1], 'publish_pending') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'publish_pending')
+  redis.call('HSET', KEYS[1], 'published_at', ARGV[2])
+end
 return 1
 """
 
@@ -58,6 +64,23 @@ _RELEASE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2], 'last_event', ARGV[3])
+return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
+"""
+
+# KEYS: job, lease, active. ARGV: lease token, now, reason, job id, stacks. Returns the next attempt,
+# 0 when this loss was the last retry.max_attempts allows (the job failed), -1 if fenced out.
+_RELEASE_LOST = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+redis.call('DEL', KEYS[2])
+local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[2], 'last_event', ARGV[3], 'stall_stacks', ARGV[5])
+if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
+  redis.call('HSET', KEYS[1], 'state', 'failed', 'finished_at', ARGV[2], 'traceback', ARGV[5],
+             'error', ARGV[3] .. '; lost ' .. lost .. ' time(s), retry.max_attempts reached')
+  redis.call('SREM', KEYS[3], ARGV[4])
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'retrying', 'publish_pending', ARGV[2])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
@@ -104,6 +127,7 @@ class JobRecords:
         self._fenced_set = client.register_script(_FENCED_SET)
         self._finish = client.register_script(_FINISH)
         self._release = client.register_script(_RELEASE)
+        self._release_lost = client.register_script(_RELEASE_LOST)
         self._cancel = client.register_script(_CANCEL)
         self._resume = client.register_script(_RESUME)
 
@@ -118,7 +142,7 @@ class JobRecords:
 
     def published(self, job_id: str, mark: str) -> None:
         """The message for ``mark`` (the publish_pending value) is out: clear the mark."""
-        self._clear_pending(keys=[keys.job(job_id)], args=[mark])
+        self._clear_pending(keys=[keys.job(job_id)], args=[mark, now()])
 
     def pending_mark(self, job_id: str) -> Optional[str]:
         return self.redis.hget(keys.job(job_id), "publish_pending")
@@ -170,3 +194,9 @@ class JobRecords:
     def release(self, job_id: str, token: str, reason: str) -> int:
         """Give the job back for another worker at once (preemption); returns the next attempt, -1 if fenced."""
         return int(self._release(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, now(), reason]))
+
+    def release_lost(self, job_id: str, token: str, reason: str, stacks: str) -> int:
+        """Give the job back as a worker loss (a hung attempt): counted against retry.max_attempts.
+        Returns the next attempt, 0 when the job failed instead, -1 if fenced out."""
+        return int(self._release_lost(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
+                                      args=[token, now(), reason, job_id, stacks]))

@@ -65,6 +65,12 @@ class FencedOut(BaseException):
     """
 
 
+class LeaseUnconfirmed(FencedOut):
+    """Redis could not be reached until this attempt's lease may have expired: nothing proves the
+    job is still this attempt's, so it stops committing nothing, as if fenced out. Infrastructure:
+    the job is released or reaped, never failed."""
+
+
 class JobNotFound(BatonError):
     """No job with this id exists."""
 

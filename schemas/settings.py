@@ -32,6 +32,12 @@ class BatonSettings(BaseSettings):
         60.0, gt=0, description="After SIGTERM a worker checkpoints, releases its job and exits within this; "
         "match it to the platform's notice (Kubernetes terminationGracePeriodSeconds, spot notice)."
     )
+    stall_timeout_s: float = Field(
+        1800.0, ge=0, description="A running job that makes no optimizer step for this long while its lease renews "
+        "is hung (stuck data loader or user code): its worker records every thread's stack, releases it as a worker "
+        "loss (counted against retry.max_attempts) and exits for its supervisor to restart. 0 turns it off; keep it "
+        "above the longest validation, checkpoint wait or first-step warm-up."
+    )
     redis_ca_certs: str = Field("", description="CA bundle for rediss:// (default: the system's).")
     metrics_port: int = Field(9100, ge=0, le=65535, description="Worker's Prometheus /metrics port; 0 turns it off. "
                               "`baton worker --gpus`/`--concurrency` gives child i the port + i.")

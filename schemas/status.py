@@ -45,6 +45,9 @@ class JobStatus(BaseModel):
     best_value: Optional[float] = None
     resumed_from: Optional[int] = Field(None, description="Step the current attempt resumed from.")
     storage_url: Optional[str] = None
+    last_event: Optional[str] = Field(None, description="Why the job last went back to the queue.")
+    stall_stacks: Optional[str] = Field(None, description="Every thread's stack when an attempt was last stopped "
+                                        "for making no optimizer step in BATON_STALL_TIMEOUT_S.")
     error: Optional[str] = None
     traceback: Optional[str] = None
     created_at: Optional[float] = None

@@ -110,3 +110,27 @@ class _Slow(Dataset):
 def slow_spiral(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:
     """The built-in spiral, loading each sample in ``delay_s``: training paced like real data."""
     return _Slow(spiral(seed=seed, **kwargs), delay_s)
+
+
+def _hang_forever() -> None:
+    """User code stuck for good (a dead NFS mount, a deadlocked loader): only the process can end."""
+    while True:
+        time.sleep(1)
+
+
+class _HangingMLP(RecordingMLP):
+    def __init__(self, hang_after: int, **kwargs):
+        super().__init__(**kwargs)
+        self.hang_after, self.trained = hang_after, 0
+
+    def forward(self, x):
+        if self.training:
+            self.trained += 1
+            if self.trained > self.hang_after:
+                _hang_forever()
+        return super().forward(x)
+
+
+def hanging_mlp(hang_after: int = 5, **kwargs) -> nn.Module:
+    """Trains ``hang_after`` micro-batches, then its forward never returns (in every process it runs in)."""
+    return _HangingMLP(hang_after, **kwargs)

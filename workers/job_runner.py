@@ -5,8 +5,15 @@ How an attempt ends decides what happens to the job:
 - preempted (SIGTERM): checkpointed, then released and re-queued at once as the next attempt;
 - an exception from the job's own model or data code: failed, with its traceback, not retried;
 - storage unreachable beyond its retries: released and re-queued (infrastructure, not the job);
-- fenced out (another attempt owns the job): nothing more is written.
+- fenced out (another attempt owns the job): nothing more is written;
+- hung (no optimizer step for BATON_STALL_TIMEOUT_S): released as a worker loss with every
+  thread's stack in its status, and the worker process exits (``stall.py``).
 A worker killed outright writes nothing; its lease expires and the reaper re-queues the job.
+
+Redis going away (a restart, a failover) is none of these: every Redis call here is retried
+while the lease may still be valid (``redis_retry.while_leased``); if Redis stays away longer,
+the attempt stops as fenced out (``LeaseUnconfirmed``), committing nothing, and the job comes
+back through its lease. Progress records are not waited for: the next step writes newer ones.
 """
 from __future__ import annotations
 
@@ -15,9 +22,10 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import redis
+from kombu.exceptions import KombuError
 
 from jobs.records import JobRecords
 from schemas.errors import FencedOut, SpecError, TransientError
@@ -33,9 +41,12 @@ from . import lease
 from . import metrics
 from .control import LoopControl, StepReport, describe_row
 from .preemption import Preemption
+from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
 from .session import run_attempt
+from .stall import StallWatchdog, exit_process
 
 _log = logging.getLogger("baton.worker")
+T = TypeVar("T")
 
 PROGRESS_EVERY_S = 0.5
 """Least time between two progress writes to the job record."""
@@ -60,14 +71,44 @@ class WorkerControl(LoopControl):
         self.ctx, self.job_id, self.token, self.heartbeat = ctx, job_id, token, heartbeat
         self._last_progress = 0.0
         self._last_step = None
+        self._progress_failing = False
+        self.stall: Optional[StallWatchdog] = None
+
+    def leased(self, call: Callable[[], T], what: str) -> T:
+        """``call()`` through a Redis outage while the lease may be valid; LeaseUnconfirmed after."""
+        try:
+            return while_leased(call, self.heartbeat.valid_until, f"job {self.job_id}: {what}")
+        except FencedOut:
+            self.heartbeat.fenced.set()
+            raise
 
     def fence(self) -> None:
         """Raise FencedOut unless this attempt still holds the job (checked before every commit)."""
-        if self.heartbeat.fenced.is_set() or not self.ctx.records.fenced_set(self.job_id, self.token, {}):
+        if self.heartbeat.fenced.is_set() or not self.leased(
+                lambda: self.ctx.records.fenced_set(self.job_id, self.token, {}), "the checkpoint fence"):
             self.heartbeat.fenced.set()
             raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
 
-    def _record(self, fields: dict) -> None:
+    def _record(self, fields: dict, what: str) -> None:
+        if not self.leased(lambda: self.ctx.records.fenced_set(self.job_id, self.token,
+                                                               {**fields, "updated_at": time.time()}), what):
+            self.heartbeat.fenced.set()
+
+    def _record_progress(self, fields: dict) -> bool:
+        """One try, never waited for: the loop must not stall on a progress line, and the next step's
+        write carries newer values. The heartbeat decides whether the lease is lost."""
+        try:
+            self._record_once(fields)
+        except TRANSIENT_REDIS_ERRORS as exc:
+            if not self._progress_failing:
+                _log.warning("job %s: progress not recorded, Redis unavailable (%s: %s); training goes on",
+                             self.job_id, type(exc).__name__, exc)
+            self._progress_failing = True
+            return False
+        self._progress_failing = False
+        return True
+
+    def _record_once(self, fields: dict) -> None:
         if not self.ctx.records.fenced_set(self.job_id, self.token, {**fields, "updated_at": time.time()}):
             self.heartbeat.fenced.set()
 
@@ -81,19 +122,22 @@ class WorkerControl(LoopControl):
         return None
 
     def on_step(self, report: StepReport) -> None:
+        if self.stall is not None:
+            self.stall.progress()
         metrics.STEPS.inc()
         elapsed = time.monotonic() - self._last_progress
         if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
             if self._last_step is not None:
                 metrics.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
             metrics.SAMPLES_PER_S.set(report.samples_per_s)
-            self._last_progress, self._last_step = time.monotonic(), report.step
             where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {})}
-            self._record({**where, "step": report.step, "total_steps": report.total_steps, "loss": report.loss,
-                          "lr": report.lr, "samples_per_s": round(report.samples_per_s, 1)})
+            if self._record_progress({**where, "step": report.step, "total_steps": report.total_steps,
+                                      "loss": report.loss, "lr": report.lr,
+                                      "samples_per_s": round(report.samples_per_s, 1)}):
+                self._last_progress, self._last_step = time.monotonic(), report.step
 
     def on_epoch(self, row: dict) -> None:
-        self._record({k: row[k] for k in ("val_loss", "val_accuracy") if k in row})
+        self._record({k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "the epoch's metrics")
         self.log(describe_row(row))
 
     def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
@@ -103,29 +147,67 @@ class WorkerControl(LoopControl):
         fields = {"latest_checkpoint": manifest.latest.key}
         if manifest.best is not None:
             fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
-        self._record(fields)
+        self._record(fields, "the committed checkpoint's record")
 
     def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
-        self._record({"resumed_from": step})
+        self._record({"resumed_from": step}, "the resume point")
         self.log(f"resuming from step {step} (epoch {epoch}, batch {batch_in_epoch}) as attempt {attempt}")
 
     def log(self, message: str) -> None:
         _log.info("job %s: %s", self.job_id, message)
 
 
-def _release(ctx: WorkerContext, job_id: str, token: str, reason: str, kind: str = "preempted") -> None:
+def _release(ctx: WorkerContext, control: "WorkerControl", reason: str, kind: str = "preempted") -> None:
     """Give the job back for another worker now, as its next attempt."""
-    next_attempt = ctx.records.release(job_id, token, reason)
+    job_id = control.job_id
+    next_attempt = control.leased(lambda: ctx.records.release(job_id, control.token, reason), "the release")
     if next_attempt < 0:
         return  # fenced out already: someone else owns it
     metrics.JOBS_RETRIED.labels(kind).inc()
-    ctx.records.publish_marked(job_id, next_attempt, ctx.publish)
+    _publish(ctx, job_id, next_attempt)
     _log.warning("job %s: released (%s), queued as attempt %d", job_id, reason, next_attempt)
+
+
+def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks: str) -> None:
+    """The stall watchdog fired: give the job back as a worker loss, then leave this process."""
+    job_id = control.job_id
+    reason = f"no optimizer step for {idle_s:.0f}s on {ctx.worker} (BATON_STALL_TIMEOUT_S); stopped as hung"
+    _log.error("job %s: %s; every thread's stack:\n%s", job_id, reason, stacks)
+    try:
+        if not control.heartbeat.fenced.is_set():
+            next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, stacks),
+                                          "the release of a hung attempt")
+            if next_attempt > 0:
+                metrics.JOBS_RETRIED.labels("stalled").inc()
+                _publish(ctx, job_id, next_attempt)
+    except (redis.RedisError, FencedOut) as exc:  # its lease expires once this process is gone: reaped instead
+        _log.error("job %s: could not release the hung attempt (%s); its lease will expire", job_id, exc)
+    exit_process(f"job {job_id} hung; a fresh worker process must take over")
+
+
+def _publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:
+    """The outbox's publish; if the broker is away the mark stays and the reaper publishes it later."""
+    try:
+        ctx.records.publish_marked(job_id, attempt, ctx.publish)
+    except (redis.RedisError, KombuError, OSError) as exc:
+        _log.warning("job %s: attempt %d not published yet (%s: %s); a reaper will publish it", job_id, attempt,
+                     type(exc).__name__, exc)
+
+
+def _finish(control: "WorkerControl", state: JobState, fields: Optional[dict] = None) -> None:
+    control.leased(lambda: control.ctx.records.finish(control.job_id, control.token, state, fields),
+                   f"recording the job {state.value}")
 
 
 def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     """Run one delivered attempt; returns a word saying how it ended (for logs and tests)."""
-    claimed = lease.claim(ctx.redis, job_id, attempt, ctx.worker, ctx.settings.lease_ttl_s)
+    try:  # no lease yet: wait for Redis one lease TTL, then leave the message to the reaper's re-publish
+        wait_until = time.monotonic() + ctx.settings.lease_ttl_s
+        claimed = while_leased(lambda: lease.claim(ctx.redis, job_id, attempt, ctx.worker, ctx.settings.lease_ttl_s),
+                               lambda: wait_until, f"job {job_id}: the claim")
+    except FencedOut as exc:
+        _log.warning("job %s attempt %d: dropped (%s)", job_id, attempt, exc)
+        return "dropped"
     if not claimed.ok:
         _log.info("job %s attempt %d: dropped (%s)", job_id, attempt, claimed.reason)
         return "dropped"
@@ -136,21 +218,32 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     heartbeat.start()
     metrics.JOBS_STARTED.inc()
     metrics.JOBS_RUNNING.inc()
-    ctx.preemption.register(job_id, lambda why: _release(ctx, job_id, token, why))
     control = WorkerControl(ctx, job_id, token, heartbeat)
+    ctx.preemption.register(job_id, lambda why: _release(ctx, control, why))
+    if ctx.settings.stall_timeout_s > 0:
+        control.stall = StallWatchdog(job_id, ctx.settings.stall_timeout_s,
+                                      lambda idle_s, stacks: _stalled(ctx, control, idle_s, stacks))
+        control.stall.start()
     _log.info("job %s: attempt %d started on %s", job_id, attempt, ctx.worker)
     outcome = "error"
     try:
-        outcome = _train(ctx, job_id, attempt, token, spec_data, claimed.storage_url, control)
+        try:
+            outcome = _train(ctx, job_id, attempt, spec_data, claimed.storage_url, control)
+        except FencedOut as exc:  # Redis stayed away past the lease while the outcome was being recorded
+            metrics.FENCING_EVENTS.inc()
+            _log.warning("job %s attempt %d: %s; its lease will bring it back", job_id, attempt, exc)
+            outcome = "fenced"
         return outcome
     finally:
+        if control.stall is not None:
+            control.stall.stop()
         heartbeat.stop()
         ctx.preemption.unregister(job_id)
         metrics.JOBS_RUNNING.dec()
         metrics.JOBS_FINISHED.labels(outcome).inc()
 
 
-def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, spec_data: dict,
+def _train(ctx: WorkerContext, job_id: str, attempt: int, spec_data: dict,
            storage_url: str, control: WorkerControl) -> str:
     try:
         spec = JobSpec.parse(spec_data)
@@ -165,22 +258,22 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, token: str, spec_data:
         _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)
         return "fenced"
     except TransientError as exc:
-        _release(ctx, job_id, token, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
+        _release(ctx, control, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
         return "released"
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
-        ctx.records.finish(job_id, token, JobState.failed, {"error": f"{type(exc).__name__}: {exc}",
-                                                              "traceback": traceback.format_exc()})
+        _finish(control, JobState.failed, {"error": f"{type(exc).__name__}: {exc}",
+                                            "traceback": traceback.format_exc()})
         _log.error("job %s: failed: %s: %s", job_id, type(exc).__name__, exc)
         return "failed"
     outcome = result.outcome
     if not outcome.completed:
         _log.info("job %s: stopped at step %s after a committed checkpoint (%s)", job_id, outcome.step, outcome.reason)
     if outcome.completed:
-        ctx.records.finish(job_id, token, JobState.succeeded)
+        _finish(control, JobState.succeeded)
         _log.info("job %s: succeeded", job_id)
         return "succeeded"
     if outcome.reason == "cancelled":
-        ctx.records.finish(job_id, token, JobState.cancelled)
+        _finish(control, JobState.cancelled)
         return "cancelled"
-    _release(ctx, job_id, token, f"{outcome.reason} on {ctx.worker}")
+    _release(ctx, control, f"{outcome.reason} on {ctx.worker}")
     return "released"

@@ -30,7 +30,7 @@ if tonumber(ARGV[1]) ~= current + 1 then return {'stale', tostring(current)} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'leased'} end
 redis.call('SET', KEYS[2], ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4])
-redis.call('HDEL', KEYS[1], 'publish_pending', 'error', 'traceback')
+redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback')
 return {'ok', redis.call('HGET', KEYS[1], 'spec'), redis.call('HGET', KEYS[1], 'storage_url')}
 """
 
@@ -76,24 +76,32 @@ class Heartbeat(threading.Thread):
         self.cancel_requested = threading.Event()
         self.worker_stopping = threading.Event()
         self._on_renew = on_renew
-        self._last_ok = time.monotonic()
+        self._confirmed_at = time.monotonic()  # the claim that set the lease was sent before this
+
+    def valid_until(self) -> float:
+        """time.monotonic() past which the lease may have expired: the last renewal that succeeded
+        was *sent* at ``_confirmed_at``, so Redis set its expiry no earlier than that plus the TTL."""
+        return self._confirmed_at + self._ttl_s
 
     def run(self) -> None:
         while not self._stop.wait(self._every_s):
+            sent = time.monotonic()
             try:
                 held, cancel, stopping = self._renew(keys=self._keys, args=[self._token, self._ttl_ms])
             except redis.RedisError as exc:
-                if time.monotonic() - self._last_ok > self._ttl_s:  # cannot prove the lease is still ours
+                if time.monotonic() >= self.valid_until():  # cannot prove the lease is still ours
                     _log.warning("lease %s: no renewal for %.0fs (%s): fencing this attempt out", self._token,
                                  self._ttl_s, exc)
                     self.fenced.set()
                     return
+                _log.warning("lease %s: renewal failed (%s); the lease holds for %.1fs more", self._token, exc,
+                             self.valid_until() - time.monotonic())
                 continue
             if not held:
                 _log.warning("lease %s is gone: another attempt owns the job; fencing this one out", self._token)
                 self.fenced.set()
                 return
-            self._last_ok = time.monotonic()
+            self._confirmed_at = sent
             self._on_renew()
             if cancel:
                 self.cancel_requested.set()

@@ -14,6 +14,8 @@ import signal
 import threading
 from typing import Callable
 
+from schemas.errors import FencedOut
+
 _log = logging.getLogger("baton.worker")
 
 EXIT_RELEASED = 75
@@ -61,7 +63,7 @@ class Preemption:
         for job_id, release in releasers:
             try:
                 release(why)
-            except Exception as exc:  # noqa: BLE001 - the lease will expire and the reaper requeue it
+            except (Exception, FencedOut) as exc:  # noqa: BLE001 - the lease will expire and the reaper requeue it
                 _log.error("job %s: could not release (%s); its lease will expire instead", job_id, exc)
         _log.warning("exiting now: %s", why)
         logging.shutdown()

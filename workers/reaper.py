@@ -6,7 +6,12 @@ another takes it. A job still ``running`` whose lease has expired lost its worke
 past the TTL): it is re-queued as the next attempt, until it has been lost
 ``retry.max_attempts`` times; then it fails. The script is atomic and checks state first, so
 any number of reapers may run at once. It also re-publishes the message of a job whose
-publish was interrupted (the outbox mark outlived ``REPUBLISH_AFTER_S``).
+publish was interrupted (the outbox mark outlived ``REPUBLISH_AFTER_S``), and of a job whose
+message went out but was not claimed within ``unclaimed_after_s`` (a lease TTL in workers): the
+worker that took it may have died before its claim, and kombu would bring the message back only
+after its visibility_timeout (hours). A job merely waiting for a busy pool is re-published too,
+so each re-publish doubles the wait for the next (up to ``UNCLAIMED_REPUBLISH_MAX_S``): a long
+queue gains a few duplicates, which the claim drops.
 """
 from __future__ import annotations
 
@@ -24,8 +29,14 @@ _log = logging.getLogger("baton.reaper")
 
 REPUBLISH_AFTER_S = 10.0
 """A publish mark older than this means the publisher died between the state change and the publish."""
+UNCLAIMED_AFTER_S = 6.0
+"""A message not claimed this long after its publish may have died with the worker that took it
+(workers pass their lease TTL: a worker that took it and lives claims within milliseconds)."""
+UNCLAIMED_REPUBLISH_MAX_S = 900.0
+"""The longest wait between two re-publishes of an unclaimed job: a message lost after a long wait in
+a busy queue comes back within this."""
 
-# KEYS: job, lease, active. ARGV: job id, now, republish_after_s
+# KEYS: job, lease, active. ARGV: job id, now, republish_after_s, unclaimed_after_s, unclaimed_republish_max_s
 _REAP = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then redis.call('SREM', KEYS[3], ARGV[1]) return {'gone'} end
@@ -49,6 +60,15 @@ if state == 'queued' or state == 'retrying' then
     redis.call('HSET', KEYS[1], 'publish_pending', ARGV[2])
     return {'republish', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
   end
+  local published = tonumber(redis.call('HGET', KEYS[1], 'published_at'))
+  if not pending and published then
+    local times = tonumber(redis.call('HGET', KEYS[1], 'republished') or '0')
+    local wait = math.min(tonumber(ARGV[4]) * 2 ^ times, tonumber(ARGV[5]))
+    if tonumber(ARGV[2]) - published > wait then
+      redis.call('HSET', KEYS[1], 'publish_pending', ARGV[2], 'republished', times + 1)
+      return {'republish', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
+    end
+  end
   return {'waiting'}
 end
 redis.call('SREM', KEYS[3], ARGV[1])
@@ -59,12 +79,14 @@ Publish = Callable[[str, int, str], None]
 OnAction = Callable[[str, str], None]  # (job id, action)
 
 
-def reap_once(client: redis.Redis, publish: Publish, records: JobRecords) -> list[tuple[str, str]]:
+def reap_once(client: redis.Redis, publish: Publish, records: JobRecords,
+              unclaimed_after_s: float = UNCLAIMED_AFTER_S) -> list[tuple[str, str]]:
     """One pass over the unfinished jobs; returns (job id, action) for each job acted on."""
     script = client.register_script(_REAP)
     acted = []
     for job_id in client.smembers(keys.ACTIVE):
-        result = script(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE], args=[job_id, now(), REPUBLISH_AFTER_S])
+        result = script(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
+                        args=[job_id, now(), REPUBLISH_AFTER_S, unclaimed_after_s, UNCLAIMED_REPUBLISH_MAX_S])
         action = result[0]
         if action in ("requeue", "republish"):
             attempt = int(result[1])
@@ -85,10 +107,10 @@ def take_turn(client: redis.Redis, worker: str, period_s: float) -> bool:
 
 class Reaper(threading.Thread):
     def __init__(self, client: redis.Redis, publish: Publish, period_s: float, worker: str,
-                 on_action: OnAction = lambda job_id, action: None):
+                 on_action: OnAction = lambda job_id, action: None, unclaimed_after_s: float = UNCLAIMED_AFTER_S):
         super().__init__(name="baton-reaper", daemon=True)
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
-        self._worker = worker
+        self._worker, self._unclaimed_after_s = worker, unclaimed_after_s
         self._records = JobRecords(client)
         self._stop = threading.Event()
 
@@ -97,7 +119,8 @@ class Reaper(threading.Thread):
             try:
                 if not take_turn(self._client, self._worker, self._period_s):
                     continue
-                for job_id, action in reap_once(self._client, self._publish, self._records):
+                for job_id, action in reap_once(self._client, self._publish, self._records,
+                                                  self._unclaimed_after_s):
                     self._on_action(job_id, action)
             except (redis.RedisError, KombuError, OSError) as exc:  # Redis away: the next pass tries again
                 _log.warning("reaper: %s", exc)

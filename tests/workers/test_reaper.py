@@ -84,3 +84,37 @@ def test_one_reaper_per_period_makes_the_pass(env):
     assert not reaper.take_turn(client, "w2", period_s=0.2)  # w1's turn
     time.sleep(0.25)
     assert reaper.take_turn(client, "w2", period_s=0.2)  # the turn expired: anyone may take the next
+
+
+def test_a_message_taken_but_never_claimed_is_published_again(env):
+    """A worker that dies between Celery's delivery and the claim leaves no outbox mark (the
+    publish was acked by the broker) and its message sits in kombu's unacked set for hours."""
+    client, records, publish = env
+    records.create("t", {"name": "t", "spec": "{}", "queue": "default", "max_attempts": "3"})
+    records.publish_marked("t", 1, publish)
+    assert records.pending_mark("t") is None
+    client.rpop("default")  # taken off the queue by a worker that then dies before claiming
+    assert reaper.reap_once(client, publish, records, unclaimed_after_s=0.3) == []  # it may still claim
+    time.sleep(0.35)
+    assert reaper.reap_once(client, publish, records, unclaimed_after_s=0.3) == [("t", "republish")]
+    assert queued_messages(client) == [["t", 1]]
+    assert records.pending_mark("t") is None
+
+    assert lease.claim(client, "t", 1, "w2", ttl_s=5).ok  # claimed: never published again
+    time.sleep(0.7)
+    assert reaper.reap_once(client, publish, records, unclaimed_after_s=0.3) == []
+
+
+def test_a_job_waiting_for_a_busy_pool_is_republished_ever_more_rarely(env):
+    """Each re-publish doubles the wait for the next one: a long queue gains few duplicates."""
+    client, records, publish = env
+    records.create("q", {"name": "q", "spec": "{}", "queue": "default", "max_attempts": "3"})
+    records.publish_marked("q", 1, publish)
+    deadline = time.monotonic() + 1.45
+    republished = 0
+    while time.monotonic() < deadline:
+        republished += len(reaper.reap_once(client, publish, records, unclaimed_after_s=0.2))
+        time.sleep(0.02)
+    # published at 0; again after 0.2, 0.2+0.4, 0.6+0.8: 2 or 3 by 1.45 s, never one per bound (7)
+    assert 2 <= republished <= 3
+    assert len(queued_messages(client)) == 1 + republished

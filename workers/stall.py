@@ -1,0 +1,63 @@
+"""The stall watchdog: a job that makes no optimizer step for ``BATON_STALL_TIMEOUT_S``.
+
+A stuck data loader or user code keeps the heartbeat renewing (it runs on its own thread), so
+the lease alone would keep a hung job "running" forever. The loop reports every optimizer step
+(``LoopControl.on_step``); when none has come for the timeout, the watchdog records every
+thread's stack, hands the job back as a worker loss (counted against ``retry.max_attempts``: a
+hang that repeats must end), and exits the process: a hung thread cannot be interrupted, so the
+worker's supervisor (Kubernetes, compose, ``baton worker --gpus``) starts a fresh one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Callable
+
+_log = logging.getLogger("baton.worker")
+
+EXIT_STALLED = 70
+"""Exit status of a worker that abandoned a hung job (EX_SOFTWARE): its supervisor restarts it."""
+CHECK_EVERY_MAX_S = 5.0
+"""The watchdog looks at most this long apart (and four times per timeout for short timeouts)."""
+
+
+def thread_stacks() -> str:
+    """Every thread's current stack, named, as faulthandler would print them."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(f"Thread {names.get(ident, '?')} ({ident}), most recent call last:\n"
+                     + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
+
+
+class StallWatchdog(threading.Thread):
+    """Calls ``on_stall(idle_s, stacks)`` once when ``progress()`` has not been called for ``timeout_s``."""
+
+    def __init__(self, job_id: str, timeout_s: float, on_stall: Callable[[float, str], None]):
+        super().__init__(name=f"baton-stall-{job_id}", daemon=True)
+        self.timeout_s, self._on_stall = timeout_s, on_stall
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+
+    def progress(self) -> None:
+        self._last = time.monotonic()
+
+    def run(self) -> None:
+        while not self._stop.wait(min(self.timeout_s / 4, CHECK_EVERY_MAX_S)):
+            idle = time.monotonic() - self._last
+            if idle >= self.timeout_s:
+                self._on_stall(idle, thread_stacks())
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def exit_process(why: str) -> None:
+    """Leave now, whatever the hung thread is doing."""
+    _log.error("exiting: %s", why)
+    logging.shutdown()
+    os._exit(EXIT_STALLED)
