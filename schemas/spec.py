@@ -5,7 +5,7 @@ Cross-field rules live in ``model_validator``s that report every problem at once
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,28 +41,26 @@ def _check_target(problems: Problems, target: str, kwargs: dict, registry: dict)
         problems.lines.extend(problems_from(exc, prefix="kwargs"))
 
 
-class ModelSpec(_Spec):
-    target: str = Field(description="'builtin:mlp', 'builtin:cnn' or 'package.module:callable' returning an nn.Module.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the target.")
-
-    @model_validator(mode="after")
-    def _target(self) -> "ModelSpec":
-        problems = Problems()
-        _check_target(problems, self.target, self.kwargs, BUILTIN_MODELS)
-        problems.raise_if_any()
-        return self
-
-
 class TargetSpec(_Spec):
-    target: str = Field(description="'package.module:callable' (or a 'builtin:NAME' where the field says so).")
+    """A callable to build: ``target`` and its ``kwargs``; a built-in's kwargs are checked against
+    ``BUILTINS`` (its kwargs models), so a misspelled one is refused at submit."""
+
+    BUILTINS: ClassVar[dict[str, type[BaseModel]]] = BUILTIN_DATA
+    target: str = Field(description="'builtin:NAME' (a built-in data set) or 'package.module:callable'.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the target.")
 
     @model_validator(mode="after")
     def _target(self) -> "TargetSpec":
         problems = Problems()
-        _check_target(problems, self.target, self.kwargs, BUILTIN_DATA)
+        _check_target(problems, self.target, self.kwargs, self.BUILTINS)
         problems.raise_if_any()
         return self
+
+
+class ModelSpec(TargetSpec):
+    BUILTINS: ClassVar[dict[str, type[BaseModel]]] = BUILTIN_MODELS
+    target: str = Field(description="'builtin:mlp', 'builtin:cnn', 'builtin:char_transformer' or "
+                                    "'package.module:callable' returning an nn.Module.")
 
 
 class DataSpec(_Spec):
@@ -105,21 +103,14 @@ class DataSpec(_Spec):
         return self.val_fraction if self.val_fraction is not None else DEFAULT_VAL_FRACTION
 
 
-class TaskSpec(_Spec):
+class TaskSpec(TargetSpec):
+    BUILTINS: ClassVar[dict[str, type[BaseModel]]] = BUILTIN_TASKS
     target: str = Field(
         "builtin:classification",
         description="How a batch becomes a loss and how validation is scored: 'builtin:classification' (cross-entropy; "
         "val_loss, val_accuracy), 'builtin:regression' (MSE; val_loss = MSE, val_mae), 'builtin:language_model' "
         "(next-token cross-entropy; val_loss per token, val_perplexity, val_accuracy per token), or "
         "'package.module:callable' returning an object with loss(model, batch), metrics() and score(model, batch, metrics).")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the target.")
-
-    @model_validator(mode="after")
-    def _target(self) -> "TaskSpec":
-        problems = Problems()
-        _check_target(problems, self.target, self.kwargs, BUILTIN_TASKS)
-        problems.raise_if_any()
-        return self
 
     def builtin_metrics(self) -> Optional[dict[str, str]]:
         """``{"val_NAME": mode}`` for a built-in task; None for a user task (known only when it is built)."""
@@ -214,6 +205,14 @@ class CheckpointSpec(_Spec):
         None, description="Whether a lower or a higher monitored value is better; built-in tasks' metrics have a known "
         "direction (and a wrong mode is refused), a user task's metric needs it stated.")
 
+    @model_validator(mode="after")
+    def _sane(self) -> "CheckpointSpec":
+        problems = Problems()
+        if self.keep_last < 2:
+            problems.add("keep_last", "must be >= 2 (the newest checkpoint may still be uploading when an older one is needed)")
+        problems.raise_if_any()
+        return self
+
 
 class ResourcesSpec(_Spec):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the worker has one, else cpu.")
@@ -226,6 +225,34 @@ class ResourcesSpec(_Spec):
 
 class RetrySpec(_Spec):
     max_attempts: int = Field(3, gt=0, le=100, description="Attempts in all, counting the first; only infrastructure loss is retried.")
+
+
+def monitor_problems(task: TaskSpec, monitor: str, mode: Optional[str]) -> list[str]:
+    """Whether the task reports ``monitor`` (built-in tasks: known at submit) and ``mode`` fits it."""
+    known = task.builtin_metrics()
+    if known is None:  # a user task: its metrics are checked when the job starts
+        if mode is None and monitor not in ("train_loss", "val_loss"):
+            return [f"checkpoint.mode: state whether {monitor} is better low (min) or high (max)"]
+        return []
+    if monitor not in known:
+        return [f"checkpoint.monitor: {monitor!r} is not reported by task {task.target}; choose one of {sorted(known)}"]
+    if mode is not None and mode != known[monitor]:
+        return [f"checkpoint.mode: {monitor} improves when it goes {'down' if known[monitor] == 'min' else 'up'}; "
+                f"use mode: {known[monitor]}"]
+    return []
+
+
+def _monitor_problems_of_raw(data: dict) -> list[str]:
+    """The monitor's problems of a spec that failed elsewhere (so that every problem is reported at once)."""
+    try:
+        task = TaskSpec.model_validate(data.get("task") or {})
+        checkpoint = data.get("checkpoint") or {}
+        monitor, mode = checkpoint.get("monitor", "val_loss"), checkpoint.get("mode")
+    except (ValidationError, AttributeError):
+        return []
+    if not isinstance(monitor, str) or mode not in (None, "min", "max"):
+        return []
+    return monitor_problems(task, monitor, mode)
 
 
 class JobSpec(_Spec):
@@ -251,26 +278,9 @@ class JobSpec(_Spec):
         if self.loop.max_steps is not None and self.scheduler.name in ("cosine", "step"):
             problems.add("scheduler.name", f"{self.scheduler.name} steps once per epoch; a step-based run (loop.max_steps) "
                                            "needs a per-step schedule: warmup_cosine, constant_warmup, onecycle or none")
-        if self.checkpoint.keep_last < 2:  # here, not in CheckpointSpec, so it is reported with the monitor's problems
-            problems.add("checkpoint.keep_last", "must be >= 2 (the newest checkpoint may still be uploading when an "
-                                                 "older one is needed)")
-        self._check_monitor(problems)
+        problems.lines.extend(monitor_problems(self.task, self.checkpoint.monitor, self.checkpoint.mode))
         problems.raise_if_any()
         return self
-
-    def _check_monitor(self, problems: Problems) -> None:
-        monitor, mode = self.checkpoint.monitor, self.checkpoint.mode
-        known = self.task.builtin_metrics()
-        if known is None:  # a user task: its metrics are checked when the job starts
-            if mode is None and monitor != "train_loss" and monitor != "val_loss":
-                problems.add("checkpoint.mode", f"state whether {monitor} is better low (min) or high (max)")
-            return
-        if monitor not in known:
-            problems.add("checkpoint.monitor", f"{monitor!r} is not reported by task {self.task.target}; "
-                                               f"choose one of {sorted(known)}")
-        elif mode is not None and mode != known[monitor]:
-            problems.add("checkpoint.mode", f"{monitor} improves when it goes {'down' if known[monitor] == 'min' else 'up'}; "
-                                            f"use mode: {known[monitor]}")
 
     @property
     def monitor_mode(self) -> str:
@@ -299,4 +309,5 @@ class JobSpec(_Spec):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise SpecError(problems_from(exc)) from None
+            lines = problems_from(exc)
+            raise SpecError(lines + [p for p in _monitor_problems_of_raw(data) if p not in lines]) from None

@@ -17,6 +17,7 @@ from typing import Callable
 import safetensors.torch
 from torch import nn
 
+from schemas.errors import FencedOut
 from schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
 from storage.base import ObjectStore
 from storage.checkpoint_io import load_bytes, sha256_of
@@ -48,7 +49,10 @@ def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, mode
         retry_transient(lambda: store.put_bytes(key, data), WRITE_RETRY_S, f"write {key}", log)
         return ObjectRef(key=key, size=len(data), sha256=sha256_of(data))
 
-    best_entry = ManifestStore(store, paths).read().best
+    current = ManifestStore(store, paths).read()
+    if current.attempt > attempt:  # the commit below would be refused: write nothing at all
+        raise FencedOut(f"job {paths.job_id}: attempt {current.attempt} owns it; attempt {attempt} writes no final artifacts")
+    best_entry = current.best
     report = build_report(paths.job_id, spec, rows, best, resumed_attempts=attempt,
                           best_key=best_entry.key if best_entry is not None else None)
     fence()

@@ -96,7 +96,8 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
     if best["value"] is None:
         why = f"none: {metric} was never finite, so no checkpoint was kept as best"
     else:
-        why = (f"{_where(best_row)} (step {best_row['step']}) has the "
+        place = _where(best_row) if best_row.get("_by_step") else f"{_where(best_row)} (step {best_row['step']})"
+        why = (f"{place} has the "
                f"{'lowest' if best['mode'] == 'min' else 'highest'} {metric} = {best['value']:.6g}"
                f"{' on the validation set' if metric.startswith('val_') else ''}")
     if best["value"] is not None and best_row["step"] != last["step"]:

@@ -23,7 +23,7 @@ def test_example_jobs_learn(example, min_accuracy, tmp_path):
     files = final_files(manifest)
     report = json.loads(read_verified(store, files["report.json"]))
     assert report["best"]["val_accuracy"] >= min_accuracy, report["best"]
-    assert set(files) == {"model.safetensors", "report.json", "curves.png", "metrics.jsonl"}
+    assert set(files) == {"model.safetensors", "best.safetensors", "report.json", "curves.png", "metrics.jsonl"}
     for ref in [*files.values(), manifest.best]:
         read_verified(store, ref)
     assert store.exists(JobPaths("ex").spec)

@@ -141,3 +141,11 @@ def test_settings_refuse_a_heartbeat_that_cannot_keep_the_lease(monkeypatch):
         BatonSettings(lease_ttl_s=2, heartbeat_s=1.5)
     with pytest.raises(pydantic.ValidationError, match="s3:// or file://"):
         BatonSettings(storage_url="gs://bucket")
+
+
+def test_an_unreported_monitor_is_named_even_when_another_section_is_wrong():
+    # the monitor is checked at the job level, which pydantic skips once a section fails
+    with pytest.raises(SpecError) as caught:
+        JobSpec.parse(make_spec(optimizer={"lr": 0}, checkpoint={"monitor": "val_mae", "keep_last": 1}))
+    fields = {line.split(":")[0] for line in caught.value.problems}
+    assert fields == {"optimizer.lr", "checkpoint.keep_last", "checkpoint.monitor"}, caught.value.problems

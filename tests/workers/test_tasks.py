@@ -42,6 +42,8 @@ def _no_split(data: dict) -> dict:
 
 
 CASES = {
+    # the default task, on the classic spec (tests/workers/test_exact_resume.py kills it once)
+    "classification-spiral": make_spec(checkpoint={"every_steps": 4}),
     "regression-diabetes": make_spec(
         model={"target": "builtin:mlp", "kwargs": {"in_features": 10, "hidden": 32, "out_features": 1, "dropout": 0.1}},
         data={"target": "builtin:diabetes", "kwargs": {"part": "train"}, "val_fraction": None, "batch_size": 16,
