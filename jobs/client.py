@@ -173,7 +173,7 @@ class JobClient:
         job_id = check_job_id(job_id or new_job_id(parsed.name))
         store = open_store(self.settings.storage_url)
         self._refuse_taken(store, [job_id])
-        self._create(store, job_id, parsed, {"overrides": json.dumps(wanted)} if wanted else {})
+        self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})
         self._publish(job_id, 1)
         return Job(self, job_id)
 
@@ -194,7 +194,7 @@ class JobClient:
         self._refuse_taken(store, [job.job_id for job in jobs])
         self.records.add_to_sweep(sweep_id, [job.job_id for job in jobs])
         for job in jobs:
-            self._create(store, job.job_id, job.spec, {"sweep": sweep_id, "overrides": json.dumps(job.overrides)})
+            self._create(store, job.job_id, job.spec, {"sweep": sweep_id, "overrides": json.dumps(job.overrides, default=str)})
         for job in jobs:
             self._publish(job.job_id, 1)
         return Sweep(sweep_id, [Job(self, job.job_id) for job in jobs])
