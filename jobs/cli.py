@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -27,18 +27,28 @@ def _settings() -> BatonSettings:
     return BatonSettings()
 
 
-def _load_or_exit(spec_path: Path, settings: BatonSettings):
+SET_HELP = "Override a spec field: dotted.path=VALUE (a YAML value: 1e-3, true, [64, 64]); repeatable."
+
+
+def _bad_spec(exc: SpecError) -> typer.Exit:
+    typer.echo(str(exc), err=True)
+    return typer.Exit(EXIT_BAD_SPEC)
+
+
+def _load_or_exit(spec_path: Path, settings: BatonSettings, sets: Optional[List[str]] = None):
     try:
-        return load_spec(spec_path, settings.allowed_prefixes)
+        return load_spec(spec_path, settings.allowed_prefixes, sets)
     except SpecError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(EXIT_BAD_SPEC)
+        raise _bad_spec(exc)
 
 
 @app.command()
-def validate(spec: Path = typer.Argument(..., help="Job spec, YAML or JSON.")) -> None:
+def validate(
+    spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
     """Check a job spec without running it (exit 2 naming each wrong field)."""
-    parsed = _load_or_exit(spec, _settings())
+    parsed = _load_or_exit(spec, _settings(), sets)
     for note, _ in check_user_targets(parsed):
         typer.echo(f"  {note}")
     typer.echo(f"{spec}: valid job spec {parsed.name!r}")
@@ -51,6 +61,7 @@ def run(
     storage: Optional[str] = typer.Option(None, "--storage", help="file:///path or s3://bucket/prefix "
                                           "(default: BATON_STORAGE_URL, else file://./baton-data)"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ) -> None:
     """Run a job in this process (no Redis); run again with the same --id to resume it.
 
@@ -61,7 +72,7 @@ def run(
     from workers.local import run_local
 
     settings = _settings()
-    parsed = _load_or_exit(spec, settings)
+    parsed = _load_or_exit(spec, settings, sets)
     store = open_store(storage or settings.storage_url)
     show_bar = sys.stdout.isatty() if progress is None else progress
     try:
@@ -111,18 +122,36 @@ def submit(
     spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
     job_id: Optional[str] = typer.Option(None, "--id", help="Job id (default: NAME-TIME-XXXX)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends (exit 1 unless it succeeds)."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ) -> None:
     """Validate a spec and queue it (exit 2 naming each wrong field; nothing is queued then)."""
-    settings = _settings()
-    _load_or_exit(spec, settings)
+    _load_or_exit(spec, _settings(), sets)
     try:
-        job = _client().submit(spec, job_id)
+        job = _client().submit(spec, job_id, overrides=sets)
     except SpecError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(EXIT_BAD_SPEC)
+        raise _bad_spec(exc)
     typer.echo(job.id)
     if wait:
         raise typer.Exit(_follow(job))
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
+    grid: List[str] = typer.Option(..., "--grid", help="An axis: dotted.path=V1,V2,... (YAML values); repeatable, "
+                                   "every combination is queued."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
+    sweep_id: Optional[str] = typer.Option(None, "--id", help="Sweep id (default: NAME-sweep-TIME-XXXX); jobs are ID-N."),
+) -> None:
+    """Queue one job per grid point, sharing a sweep id; all are validated first (exit 2 and nothing
+    queued if any is invalid). Compare them with `baton list --sweep ID`."""
+    try:
+        queued = _client().sweep(spec, grid, overrides=sets, sweep_id=sweep_id)
+    except SpecError as exc:
+        raise _bad_spec(exc)
+    typer.echo(f"sweep {queued.id}: {len(queued.jobs)} jobs queued")
+    for job in queued.jobs:
+        typer.echo(job.id)
 
 
 @app.command()
@@ -137,11 +166,23 @@ def status(job_id: Optional[str] = typer.Argument(None, help="A job id; all rece
 
 
 @app.command("list")
-def list_jobs(limit: int = typer.Option(50, help="How many, newest first.")) -> None:
-    """Recent jobs as a table."""
-    from .display import table
+def list_jobs(
+    limit: int = typer.Option(50, help="How many, newest first."),
+    sweep_id: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's jobs, best monitored value first."),
+) -> None:
+    """Recent jobs as a table; with --sweep, a sweep's jobs compared by their best monitored value."""
+    from schemas.errors import JobNotFound
 
-    typer.echo(table(_client().list(limit)))
+    from .display import sweep_table, table
+
+    if sweep_id is None:
+        typer.echo(table(_client().list(limit)))
+        return
+    try:
+        typer.echo(sweep_table(_client().sweep_results(sweep_id)))
+    except JobNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -4,20 +4,27 @@
     job = client.submit("job.yaml")      # or a JobSpec or a dict; validated before anything is queued
     job.status(); job.wait(progress=True); job.metrics(); job.cancel()
     job.download("out/", which="best")   # best | latest | final
+    client.submit("job.yaml", overrides={"optimizer.lr": 1e-3})       # or ["optimizer.lr=1e-3"]
+    sweep = client.sweep("job.yaml", {"optimizer.lr": [1e-3, 3e-3], "seed": [1, 2, 3]})
+    client.sweep_results(sweep.id)       # its jobs, best monitored value first
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
 from schemas.errors import JobNotFound, SpecError
 from schemas.manifest import CheckpointManifest
+from schemas.overrides import Overrides, normalize, normalize_grid
 from schemas.settings import BatonSettings
+from schemas.spec import NAME_PATTERN, JobSpec
 from schemas.status import JobStatus
 from storage.artifacts import download_verified, final_files, read_metrics, read_verified
 from storage.base import ObjectStore
@@ -27,7 +34,8 @@ from storage.open import open_store
 
 from .records import JobRecords
 from .redis_conn import connect
-from .specfile import SpecSource, load_spec
+from .specfile import SpecSource, load_spec, read_raw
+from .sweeps import SweepEntry, plan, rank
 
 WHICH = ("best", "latest", "final")
 POLL_S = 0.5
@@ -133,6 +141,14 @@ def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:
     return bar
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """The jobs one ``JobClient.sweep`` queued, in grid order."""
+
+    id: str
+    jobs: list[Job]
+
+
 class JobClient:
     def __init__(self, redis_url: Optional[str] = None, storage_url: Optional[str] = None):
         overrides = {k: v for k, v in (("redis_url", redis_url), ("storage_url", storage_url)) if v}
@@ -148,25 +164,71 @@ class JobClient:
         celery = self._celery
         self.records.publish_marked(job_id, attempt, lambda job, n, queue: publish_run(celery, job, n, queue))
 
-    def submit(self, spec: SpecSource, job_id: Optional[str] = None) -> Job:
+    def submit(self, spec: SpecSource, job_id: Optional[str] = None, overrides: Overrides = None) -> Job:
         """Validate, store the spec, create the record, queue attempt 1. SpecError (nothing queued)
-        if the spec is invalid."""
-        parsed = load_spec(spec, self.settings.allowed_prefixes)
+        if the spec is invalid. ``overrides`` (``{"optimizer.lr": 1e-3}`` or ``["optimizer.lr=1e-3"]``)
+        are applied to the spec's raw mapping before it is validated."""
+        wanted = normalize(overrides)
+        parsed = load_spec(spec, self.settings.allowed_prefixes, wanted)
         job_id = check_job_id(job_id or new_job_id(parsed.name))
         store = open_store(self.settings.storage_url)
-        paths = JobPaths(job_id)
-        if self.records.exists(job_id) or store.exists(paths.spec):
-            raise SpecError([f"id: a job {job_id!r} already exists"])
-        store.put_bytes(paths.spec, parsed.model_dump_json(indent=2).encode())
+        self._refuse_taken(store, [job_id])
+        self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})
+        self._publish(job_id, 1)
+        return Job(self, job_id)
+
+    def sweep(self, spec: SpecSource, grid: "Mapping[str, Sequence[Any]] | Sequence[str]",
+              overrides: Overrides = None, sweep_id: Optional[str] = None) -> "Sweep":
+        """Queue one job per point of ``grid`` (``{"optimizer.lr": [1e-3, 3e-3], "seed": [1, 2]}`` or
+        ``["optimizer.lr=1e-3,3e-3", "seed=1,2"]``), each the spec with that point's overrides. Every
+        point is validated first: one invalid point raises SpecError and nothing is queued."""
+        raw = read_raw(spec)
+        name = raw.get("name") if isinstance(raw, dict) and isinstance(raw.get("name"), str) else ""
+        name = name if re.match(NAME_PATTERN, name) else "job"  # an invalid name is reported by plan()
+        try:
+            sweep_id = check_job_id(sweep_id or new_job_id(f"{name}-sweep"))
+        except ValueError as exc:
+            raise SpecError([f"sweep_id: {exc}"]) from None
+        jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, normalize(overrides))
+        store = open_store(self.settings.storage_url)
+        self._refuse_taken(store, [job.job_id for job in jobs])
+        self.records.add_to_sweep(sweep_id, [job.job_id for job in jobs])
+        for job in jobs:
+            self._create(store, job.job_id, job.spec, {"sweep": sweep_id, "overrides": json.dumps(job.overrides, default=str)})
+        for job in jobs:
+            self._publish(job.job_id, 1)
+        return Sweep(sweep_id, [Job(self, job.job_id) for job in jobs])
+
+    def sweep_results(self, sweep_id: str) -> list[SweepEntry]:
+        """A sweep's jobs, best monitored value first (min or max by each spec's checkpoint monitor);
+        jobs without a best value yet come last. JobNotFound for an unknown sweep."""
+        entries = []
+        for job_id in self.records.sweep_ids(sweep_id):
+            try:
+                raw = self.records.raw(job_id)
+            except JobNotFound:
+                continue
+            spec = JobSpec.model_validate_json(raw["spec"])
+            entries.append(SweepEntry(JobStatus.model_validate(raw), spec.checkpoint.monitor, spec.monitor_mode))
+        if not entries:
+            raise JobNotFound(f"no sweep {sweep_id!r}")
+        return rank(entries)
+
+    def _refuse_taken(self, store: ObjectStore, job_ids: list[str]) -> None:
+        taken = [job_id for job_id in job_ids if self.records.exists(job_id) or store.exists(JobPaths(job_id).spec)]
+        if taken:
+            raise SpecError([f"id: a job {job_id!r} already exists" for job_id in taken])
+
+    def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
+        """Store spec.json and a queued record (marked for publishing)."""
+        store.put_bytes(JobPaths(job_id).spec, parsed.model_dump_json(indent=2).encode())
         created = self.records.create(job_id, {
             "name": parsed.name, "spec": parsed.model_dump_json(), "queue": parsed.resources.queue,
             "max_attempts": str(parsed.retry.max_attempts), "storage_url": store.url,
-            **({"epochs": str(parsed.loop.epochs)} if parsed.loop.epochs is not None else {}),
+            **({"epochs": str(parsed.loop.epochs)} if parsed.loop.epochs is not None else {}), **extra,
         })
         if not created:
             raise SpecError([f"id: a job {job_id!r} already exists"])
-        self._publish(job_id, 1)
-        return Job(self, job_id)
 
     def job(self, job_id: str) -> Job:
         self.records.raw(job_id)  # JobNotFound if it does not exist

@@ -55,3 +55,24 @@ def table(statuses: list[JobStatus]) -> str:
         steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
         lines.append(f"{s.id:<40} {s.state.value:<10} {s.attempt:>3} {steps:>13} {_num(s.val_loss):>9} {s.worker or '-':<24}")
     return "\n".join(lines)
+
+
+def _value(value: object) -> str:
+    return format(value, ".4g") if isinstance(value, float) else str(value)
+
+
+def sweep_table(entries: list) -> str:
+    """A sweep's jobs (``jobs.sweeps.SweepEntry``, best first): the grid values that differ, the
+    state and the best monitored value, with its direction."""
+    if not entries:
+        return "no jobs"
+    axes = [p for p in entries[0].status.overrides or {}
+            if len({repr((e.status.overrides or {}).get(p)) for e in entries}) > 1]
+    monitor, mode = entries[0].monitor, entries[0].mode
+    best = f"BEST {monitor} ({mode})"
+    cells = [[e.status.id, e.status.state.value, *(_value((e.status.overrides or {}).get(p, "-")) for p in axes),
+              f"{e.status.step}/{e.status.total_steps}" if e.status.total_steps else "-", _num(e.best_value)]
+             for e in entries]
+    header = ["ID", "STATE", *axes, "STEP", best]
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *cells])

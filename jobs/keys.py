@@ -23,6 +23,11 @@ def lease(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:lease"
 
 
+def sweep(sweep_id: str) -> str:
+    """Sorted set of the ids of a sweep's jobs, scored by their place in the grid."""
+    return f"{PREFIX}:sweep:{sweep_id}"
+
+
 def worker_stopping(worker: str) -> str:
     """Set while the worker named ``worker`` is shutting down (its jobs checkpoint and leave)."""
     return f"{PREFIX}:worker:{worker}:stopping"

@@ -171,6 +171,14 @@ class JobRecords:
         """Newest first."""
         return list(self.redis.zrevrange(keys.JOBS_INDEX, 0, limit - 1))
 
+    def add_to_sweep(self, sweep_id: str, job_ids: list[str]) -> None:
+        """Index a sweep's jobs (before their records exist: a listing skips ids without one)."""
+        self.redis.zadd(keys.sweep(sweep_id), {job_id: i for i, job_id in enumerate(job_ids)})
+
+    def sweep_ids(self, sweep_id: str) -> list[str]:
+        """A sweep's job ids in grid order; empty for an unknown sweep."""
+        return list(self.redis.zrange(keys.sweep(sweep_id), 0, -1))
+
     def cancel(self, job_id: str) -> str:
         """'cancelled' (it was waiting), 'requested' (its worker stops at the next step), 'missing',
         or its terminal state."""

@@ -11,6 +11,7 @@ from typing import Any, Union
 import yaml
 
 from schemas.errors import SpecError
+from schemas.overrides import Overrides, apply_overrides, normalize
 from schemas.spec import JobSpec
 from schemas.targets import disallowed_targets, parse_target
 
@@ -29,10 +30,32 @@ def _read_file(path: Path) -> Any:
         raise SpecError([f"spec: {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"]) from None
 
 
-def load_spec(source: SpecSource, allowed_prefixes: tuple[str, ...] = ()) -> JobSpec:
+def read_raw(source: SpecSource) -> Any:
+    """The spec as a raw mapping (what its file holds), before validation."""
+    if isinstance(source, (str, Path)):
+        return _read_file(Path(source))
+    if isinstance(source, JobSpec):
+        return source.model_dump()
+    return source
+
+
+def load_spec(source: SpecSource, allowed_prefixes: tuple[str, ...] = (), overrides: Overrides = None) -> JobSpec:
     """A validated JobSpec whose targets are all allowed under ``allowed_prefixes`` and, where their
-    module is importable on this machine, exist."""
-    raw = _read_file(Path(source)) if isinstance(source, (str, Path)) else source
+    module is importable on this machine, exist. ``overrides`` (``{"optimizer.lr": 1e-3}`` or
+    ``["optimizer.lr=1e-3"]``) are applied to the raw mapping first, then everything is validated."""
+    return check_spec(with_overrides(read_raw(source), normalize(overrides)), allowed_prefixes)
+
+
+def with_overrides(raw: Any, overrides: dict[str, Any]) -> Any:
+    if not overrides:
+        return raw
+    if not isinstance(raw, dict):
+        raise SpecError([f"spec: must be a mapping (got {type(raw).__name__})"])
+    return apply_overrides(raw, overrides)
+
+
+def check_spec(raw: Any, allowed_prefixes: tuple[str, ...] = ()) -> JobSpec:
+    """Validate a raw mapping (or a JobSpec) and check its targets as ``load_spec`` does."""
     spec = JobSpec.parse(raw)
     problems = disallowed_targets(spec.user_targets(), allowed_prefixes)
     if problems:

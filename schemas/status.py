@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Json
 
 
 class JobState(str, Enum):
@@ -45,6 +45,9 @@ class JobStatus(BaseModel):
     best_value: Optional[float] = None
     resumed_from: Optional[int] = Field(None, description="Step the current attempt resumed from.")
     storage_url: Optional[str] = None
+    sweep: Optional[str] = Field(None, description="The sweep (baton sweep) this job belongs to.")
+    overrides: Optional[Json[dict[str, Any]]] = Field(
+        None, description="The --set overrides (or grid point) applied to its spec file, {dotted.path: value}.")
     last_event: Optional[str] = Field(None, description="Why the job last went back to the queue.")
     stall_stacks: Optional[str] = Field(None, description="Every thread's stack when an attempt was last stopped "
                                         "for making no optimizer step in BATON_STALL_TIMEOUT_S.")

@@ -27,6 +27,7 @@ PROBE_PREFIX = "baton-probe/"
 """Where a worker's start-up probe of conditional writes puts its (deleted) objects."""
 
 _ATTEMPT_KEY_RE = re.compile(r"^jobs/[^/]+/attempt-(\d+)/")
+_SIDE_OUTPUT_RE = re.compile(r"^jobs/[^/]+/attempt-\d+/tensorboard/")
 
 
 def probe_key(token: str) -> str:
@@ -37,6 +38,12 @@ def attempt_of(key: str) -> Optional[int]:
     """The attempt that wrote an attempt-keyed object, or None for a shared key."""
     match = _ATTEMPT_KEY_RE.match(key)
     return int(match[1]) if match else None
+
+
+def is_side_output(key: str) -> bool:
+    """An attempt's output for people and their tools (TensorBoard event files), found by listing
+    its directory as those tools do, never through the manifest: garbage collection keeps it."""
+    return bool(_SIDE_OUTPUT_RE.match(key))
 
 
 @dataclass(frozen=True)
@@ -100,3 +107,14 @@ class JobPaths:
     @property
     def curves(self) -> str:
         return f"{self.attempt_root}/final/curves.png"
+
+    @property
+    def tensorboard(self) -> str:
+        """The attempt's TensorBoard log directory (``tensorboard --logdir`` on the job's prefix
+        shows one run per attempt, each continuing the steps of the one before)."""
+        return f"{self.attempt_root}/tensorboard"
+
+    def tensorboard_file(self, name: str) -> str:
+        if not name or "/" in name:
+            raise ValueError(f"an event file's name must be a plain file name (got {name!r})")
+        return f"{self.tensorboard}/{name}"

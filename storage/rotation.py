@@ -8,7 +8,7 @@ from schemas.errors import TransientError
 from schemas.manifest import CheckpointEntry, CheckpointManifest
 
 from .base import ObjectStore
-from .layout import JobPaths, attempt_of
+from .layout import JobPaths, attempt_of, is_side_output
 
 
 def rotate(manifest: CheckpointManifest, keep_last: int) -> list[CheckpointEntry]:
@@ -32,6 +32,7 @@ def collect_garbage(store: ObjectStore, paths: JobPaths, manifest: CheckpointMan
                     log: Callable[[str], None]) -> list[str]:
     """Delete the attempt-keyed objects of ``attempt`` and older ones that ``manifest`` (just
     committed by ``attempt``) does not refer to: uploads of fenced-out attempts, replaced metrics.
+    Side outputs (``layout.is_side_output``: TensorBoard event files) are kept.
 
     Safe because a later manifest can only refer to objects this one refers to, or to objects of a
     newer attempt (never touched here); and this attempt writes from one thread, so none of its
@@ -40,8 +41,8 @@ def collect_garbage(store: ObjectStore, paths: JobPaths, manifest: CheckpointMan
     deleted = []
     for key in store.list(paths.attempts):
         owner = attempt_of(key)
-        if owner is None or owner > attempt or key in referenced:
-            continue
+        if owner is None or owner > attempt or key in referenced or is_side_output(key):
+            continue  # side outputs (TensorBoard) are listed by their readers, never referenced
         try:
             store.delete(key)
             deleted.append(key)

@@ -26,6 +26,8 @@ CHECKPOINT_WRITE = Histogram("baton_checkpoint_upload_seconds", "Background seri
                              buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 CHECKPOINT_BYTES = Counter("baton_checkpoint_bytes_total", "Bytes of committed checkpoints.")
 LEASE_RENEWALS = Counter("baton_lease_renewals_total", "Lease renewals by this worker's heartbeats.")
+TRACKING_FAILURES = Counter("baton_tracking_failures_total", "Failed writes or uploads of experiment tracking "
+                            "(TensorBoard event files); the job goes on without them.", ["tracker"])
 FENCING_EVENTS = Counter("baton_fencing_events_total", "Attempts in this worker fenced out by a newer attempt.")
 
 

@@ -24,6 +24,7 @@ from .determinism import configure, resolve_device
 from .finalize import finalize
 from .loop import Outcome, TrainingLoop
 from .resume import load_latest_good, pin_resume_point
+from .tracking import TensorBoardTracker, TrackedControl
 
 
 @dataclass
@@ -34,6 +35,33 @@ class AttemptResult:
 
 
 def run_attempt(
+    spec: JobSpec,
+    job_id: str,
+    store: ObjectStore,
+    attempt: int,
+    control: LoopControl,
+    *,
+    on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
+    **options,
+) -> AttemptResult:
+    """One attempt (``_attempt``), with its metrics rows also written as TensorBoard event files
+    (``tracking.py``), fed by the control's callbacks and the commits."""
+    tracker = TensorBoardTracker(store, JobPaths(job_id, attempt), control.log)
+    tracked = TrackedControl(control, tracker)
+    try:
+        return _attempt(spec, job_id, store, attempt, tracked, on_commit=_chain(on_commit, tracked.on_commit), **options)
+    finally:
+        tracker.close()
+
+
+def _chain(*callbacks: Callable[[CheckpointManifest, CheckpointStats], None]):
+    def on_commit(manifest: CheckpointManifest, stats: CheckpointStats) -> None:
+        for callback in callbacks:
+            callback(manifest, stats)
+    return on_commit
+
+
+def _attempt(
     spec: JobSpec,
     job_id: str,
     store: ObjectStore,

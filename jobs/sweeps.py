@@ -1,0 +1,71 @@
+"""Sweeps: one spec, a grid of overrides, one job per grid point, compared by their best value.
+
+A sweep is planned whole before anything is queued: every grid point is applied to the raw spec and
+validated, so one bad value refuses the whole sweep. Its jobs share a sweep id (a field of each job
+record, and the prefix of their ids) and their names carry the grid point's number.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from schemas.errors import SpecError
+from schemas.overrides import grid_points
+from schemas.spec import JobSpec
+from schemas.status import JobStatus
+
+from .specfile import check_spec, with_overrides
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    job_id: str
+    overrides: dict[str, Any]  # the grid point and any --set, without the name suffix
+    spec: JobSpec
+
+
+def plan(raw: Any, axes: dict[str, list[Any]], sweep_id: str, allowed_prefixes: tuple[str, ...],
+         overrides: Optional[dict[str, Any]] = None) -> list[PlannedJob]:
+    """Every grid point as a validated job; SpecError with every distinct problem if any is invalid."""
+    points = grid_points(axes)
+    width = len(str(len(points)))
+    planned, problems = [], []
+    for i, point in enumerate(points, start=1):
+        number = f"{i:0{width}d}"
+        wanted = {**(overrides or {}), **point}
+        try:
+            base = with_overrides(raw, wanted)
+            name = f"{base.get('name')}-{number}" if isinstance(base.get("name"), str) else base.get("name")
+            spec = check_spec({**base, "name": name}, allowed_prefixes)
+        except SpecError as exc:
+            problems += [p for p in exc.problems if p not in problems]
+            continue
+        planned.append(PlannedJob(f"{sweep_id}-{number}", wanted, spec))
+    if problems:
+        raise SpecError(problems)
+    return planned
+
+
+@dataclass(frozen=True)
+class SweepEntry:
+    """One job of a sweep, as ``baton list --sweep`` compares them."""
+
+    status: JobStatus
+    monitor: str
+    mode: str  # min | max
+
+    @property
+    def best_value(self) -> Optional[float]:
+        return self.status.best_value
+
+
+def rank(entries: list[SweepEntry]) -> list[SweepEntry]:
+    """Best first by each job's own monitor direction; jobs with no best value yet last, in grid order."""
+    def key(entry: SweepEntry) -> tuple:
+        value = entry.best_value
+        if value is None or math.isnan(value):
+            return (1, 0.0)
+        return (0, value if entry.mode == "min" else -value)
+
+    return sorted(entries, key=key)

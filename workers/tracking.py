@@ -1,0 +1,192 @@
+"""TensorBoard event files of a job's metrics rows, one file per attempt, under the attempt's prefix.
+
+Every metrics row (one per validation) becomes scalars at its ``step``: ``train_loss``, each
+``val_NAME``, ``lr``, ``grad_norm``, ``samples_per_s``. They are written with
+``torch.utils.tensorboard.SummaryWriter`` into a local temporary directory and the event file is
+uploaded through the ObjectStore to ``jobs/<id>/attempt-<n>/tensorboard/<file>``.
+
+A row is written only once a checkpoint at or after its step is committed: a row that no commit
+covers is produced again by the next attempt (which resumes before it), so writing it early would
+put that step in two event files. A resumed attempt writes only rows after its resume step. Then
+each step is in exactly one event file across the attempts.
+
+Tracking never fails or slows a job: the loop and the checkpointer only put items on a queue; one
+background thread imports TensorBoard, writes and uploads. Its failures are logged and counted
+(``baton_tracking_failures_total``), and an attempt waits at most ``CLOSE_WAIT_S`` for it at the end.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from schemas.manifest import CheckpointManifest
+from schemas.metrics import val_metrics
+from storage.base import ObjectStore
+from storage.checkpointer import CheckpointStats
+from storage.layout import JobPaths
+
+from . import metrics
+from .control import LoopControl, StepReport
+
+_log = logging.getLogger("baton.tracking")
+
+TRACKER = "tensorboard"
+ROW_SCALARS = ("train_loss", "lr", "grad_norm", "samples_per_s")
+"""The fixed fields of a row written as scalars, besides every val_NAME."""
+CLOSE_WAIT_S = 30.0
+"""Longest an attempt waits at its end for the last event file upload (then it goes without)."""
+EVENT_FILE_PREFIX = "events.out.tfevents."
+MISSING = "TensorBoard is not installed: no event files for this job (pip install 'baton[tensorboard]')"
+
+
+def row_scalars(row: dict) -> dict[str, float]:
+    """The scalars a metrics row becomes, by tag."""
+    return {**{k: row[k] for k in ROW_SCALARS if k in row}, **val_metrics(row)}
+
+
+class TensorBoardTracker:
+    """Feeds one attempt's event file. ``row``, ``committed``, ``resumed_from`` never block."""
+
+    def __init__(self, store: ObjectStore, paths: JobPaths, log: Callable[[str], None]):
+        self.store, self.paths, self.log = store, paths, log
+        self._queue: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"baton-tensorboard-{paths.job_id}", daemon=True)
+        self._thread.start()
+
+    # --- called from the loop and the checkpointer ---------------------------------------------
+    def resumed_from(self, step: int) -> None:
+        self._queue.put(("resume", step))
+
+    def row(self, row: dict) -> None:
+        self._queue.put(("row", dict(row)))
+
+    def committed(self, step: int) -> None:
+        self._queue.put(("commit", step))
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Write and upload what is committed, then stop; waits at most ``wait_s``."""
+        self._queue.put(("close", None))
+        self._thread.join(wait_s)
+        if self._thread.is_alive():
+            metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+            _log.warning("job %s: the TensorBoard upload did not finish within %.0fs; the job goes on without it",
+                         self.paths.job_id, wait_s)
+
+    # --- the background thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        state = _WriterState(self.paths)
+        try:
+            while True:
+                kind, value = self._queue.get()
+                if kind == "close":
+                    self._guard(state, lambda: state.upload(self.store), "upload")
+                    return
+                if kind == "resume":
+                    state.resume_step = value
+                elif kind == "row":
+                    if value["step"] > state.resume_step:
+                        state.pending.append(value)
+                elif kind == "commit":
+                    self._guard(state, lambda: state.write_committed(value), "write")
+                    if self._queue.empty():  # a burst of commits uploads once
+                        self._guard(state, lambda: state.upload(self.store), "upload")
+        finally:
+            state.cleanup()
+
+    def _guard(self, state: "_WriterState", action: Callable[[], None], what: str) -> None:
+        if state.disabled:
+            return
+        try:
+            action()
+        except ImportError:
+            state.disabled = True
+            self.log(MISSING)
+        except Exception as exc:  # tracking must never fail the job: logged, counted, retried at the next commit
+            metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+            _log.warning("job %s: TensorBoard %s failed (%s: %s); training goes on", self.paths.job_id, what,
+                         type(exc).__name__, exc)
+
+
+class _WriterState:
+    """What only the tracker's thread touches: the SummaryWriter, the rows not yet committed."""
+
+    def __init__(self, paths: JobPaths):
+        self.paths = paths
+        self.resume_step = -1
+        self.pending: list[dict] = []
+        self.disabled = False
+        self.dirty = False
+        self._dir: Optional[Path] = None
+        self._writer = None
+
+    def _open(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter  # optional: baton[tensorboard]
+
+            self._dir = Path(tempfile.mkdtemp(prefix="baton-tensorboard-"))
+            self._writer = SummaryWriter(log_dir=str(self._dir))
+        return self._writer
+
+    def write_committed(self, step: int) -> None:
+        """Write the rows a commit at ``step`` covers (their steps are <= it)."""
+        ready = [row for row in self.pending if row["step"] <= step]
+        if not ready:
+            return
+        writer = self._open()
+        for row in ready:
+            for tag, value in row_scalars(row).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    writer.add_scalar(tag, value, global_step=row["step"])
+            self.pending.remove(row)
+            self.dirty = True
+
+    def upload(self, store: ObjectStore) -> None:
+        if not self.dirty or self._writer is None:
+            return
+        self._writer.flush()
+        for path in sorted(self._dir.glob(f"{EVENT_FILE_PREFIX}*")):
+            store.put_file(self.paths.tensorboard_file(path.name), path)
+        self.dirty = False
+
+    def cleanup(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception as exc:  # the file is uploaded already or never will be; nothing to keep
+                _log.debug("closing the SummaryWriter: %s", exc)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class TrackedControl(LoopControl):
+    """``inner`` (the worker's or ``baton run``'s control), plus the tracker fed by its callbacks."""
+
+    def __init__(self, inner: LoopControl, tracker: TensorBoardTracker):
+        self.inner, self.tracker = inner, tracker
+
+    def stop_reason(self) -> Optional[str]:
+        return self.inner.stop_reason()
+
+    def on_step(self, report: StepReport) -> None:
+        self.inner.on_step(report)
+
+    def on_epoch(self, row: dict) -> None:
+        self.tracker.row(row)
+        self.inner.on_epoch(row)
+
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
+        self.tracker.resumed_from(step)
+        self.inner.on_resume(step, epoch, batch_in_epoch, attempt)
+
+    def log(self, message: str) -> None:
+        self.inner.log(message)
+
+    def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
+        """Chained after the runner's own on_commit: rows up to the committed step may be written."""
+        if manifest.latest is not None:
+            self.tracker.committed(manifest.latest.step)
