@@ -10,7 +10,7 @@ _JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 
 def check_job_id(job_id: str) -> str:
-    if not _JOB_ID_RE.match(job_id):
+    if not _JOB_ID_RE.fullmatch(job_id):  # not .match: its "$" also matches before a trailing newline
         raise ValueError(f"job id must match {JOB_ID_PATTERN} (got {job_id!r})")
     return job_id
 
