@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from tqdm import tqdm
 
@@ -25,9 +25,12 @@ from storage.layout import JobPaths, check_job_id, new_job_id
 from storage.manifest_store import ManifestStore
 from storage.open import open_store
 
-from .records import JobRecords
+from .records import JobRecords, spec_fields
 from .redis_conn import connect
 from .specfile import SpecSource, load_spec
+
+if TYPE_CHECKING:
+    from .recover import Recovered
 
 WHICH = ("best", "latest", "final")
 POLL_S = 0.5
@@ -158,15 +161,19 @@ class JobClient:
         if self.records.exists(job_id) or store.exists(paths.spec):
             raise SpecError([f"id: a job {job_id!r} already exists"])
         store.put_bytes(paths.spec, parsed.model_dump_json(indent=2).encode())
-        created = self.records.create(job_id, {
-            "name": parsed.name, "spec": parsed.model_dump_json(), "queue": parsed.resources.queue,
-            "max_attempts": str(parsed.retry.max_attempts), "storage_url": store.url,
-            **({"epochs": str(parsed.loop.epochs)} if parsed.loop.epochs is not None else {}),
-        })
+        created = self.records.create(job_id, spec_fields(parsed, store.url))
         if not created:
             raise SpecError([f"id: a job {job_id!r} already exists"])
         self._publish(job_id, 1)
         return Job(self, job_id)
+
+    def recover(self, job_id: Optional[str] = None) -> "list[Recovered]":
+        """Rebuild records lost with Redis from object storage (``job_id``, or every job the store
+        holds) and queue each unfinished one again; see ``jobs.recover``."""
+        from .recover import recover_jobs
+
+        store = open_store(self.settings.storage_url)
+        return recover_jobs(self.records, store, self._publish, None if job_id is None else [job_id])
 
     def job(self, job_id: str) -> Job:
         self.records.raw(job_id)  # JobNotFound if it does not exist
