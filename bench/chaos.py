@@ -65,7 +65,8 @@ def chaos_spec(faults: int) -> dict:
     steps_per_epoch = 23  # 720 training samples in batches of 32
     epochs = max(2, math.ceil((faults * 12 + 30) / steps_per_epoch))
     return make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
-                     loop={"epochs": epochs}, checkpoint={"every_steps": 4, "keep_last": 3})
+                     loop={"epochs": epochs}, checkpoint={"every_steps": 4, "keep_last": 3},
+                     retry={"max_attempts": 100})  # the job is meant to lose its worker many times
 
 
 @dataclass

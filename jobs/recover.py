@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from schemas.errors import JobNotFound
+from schemas.errors import JobNotFound, SpecError
 from schemas.spec import JobSpec
 from schemas.status import JobState
 from storage.base import ObjectStore
@@ -40,9 +40,10 @@ Publish = Callable[[str, int], None]  # (job id, attempt): the outbox's publish 
 @dataclass(frozen=True)
 class Recovered:
     job_id: str
-    action: str  # "queued" | "succeeded" | "present" (it still has a record: left alone)
+    action: str  # "queued" | "succeeded" | "present" (it still has a record: left alone) | "skipped"
     attempt: int  # the attempt queued, the one that finished, or the record's current one
     step: Optional[int] = None  # the latest committed checkpoint's step
+    reason: str = ""  # why it was skipped
 
     def describe(self) -> str:
         if self.action == "queued":
@@ -50,6 +51,8 @@ class Recovered:
             return f"{self.job_id}: record rebuilt, queued as attempt {self.attempt} ({start})"
         if self.action == "succeeded":
             return f"{self.job_id}: record rebuilt as succeeded (attempt {self.attempt}, step {self.step})"
+        if self.action == "skipped":
+            return f"{self.job_id}: skipped: {self.reason}"
         return f"{self.job_id}: has a record (attempt {self.attempt}); left alone"
 
 
@@ -77,6 +80,10 @@ def recover_job(records: JobRecords, store: ObjectStore, publish: Publish, job_i
         spec = JobSpec.parse(json.loads(store.get_bytes(paths.spec)))
     except FileNotFoundError:
         raise JobNotFound(f"no job {job_id!r} in {store.url} (no {paths.spec})") from None
+    except ValueError as exc:  # not JSON, or a spec this version of baton refuses (SpecError is not one)
+        return Recovered(job_id, "skipped", 0, reason=f"{paths.spec} is unreadable: {exc}")
+    except SpecError as exc:
+        return Recovered(job_id, "skipped", 0, reason=f"{paths.spec} is not a valid spec here: {'; '.join(exc.problems)}")
     manifest = ManifestStore(store, paths).read()
     fields = {**spec_fields(spec, store.url), **_progress_fields(manifest)}
     step = manifest.latest.step if manifest.latest is not None else None

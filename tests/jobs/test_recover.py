@@ -3,6 +3,7 @@ store. `baton recover` rebuilds the records from spec.json + manifest.json and q
 jobs again; a recovered job resumes from its last checkpoint and ends bit-exact."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -84,3 +85,24 @@ def test_a_finished_job_is_recovered_as_succeeded_and_a_live_record_is_left_alon
     missing = run_baton("recover", "nosuchjob", env=cluster.env)
     assert missing.returncode == 1 and "no job 'nosuchjob'" in missing.stderr
     assert run_baton("recover", env=cluster.env).returncode == 2  # neither JOB nor --all
+
+
+def test_a_job_whose_stored_spec_is_unreadable_is_skipped_and_the_others_recovered(redis_server, tmp_path):
+    from jobs.recover import recover_jobs
+    from jobs.records import JobRecords
+    from storage.file_store import FileStore as Store
+
+    client = redis_lib.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    store = Store(tmp_path / "store")
+    store.put_bytes("jobs/broken/spec.json", b"{not json")
+    store.put_bytes("jobs/renamed/spec.json", b'{"name": "x", "epochs": 3}')
+    store.put_bytes("jobs/fine/spec.json", json.dumps(make_spec()).encode())
+    published = []
+
+    found = recover_jobs(JobRecords(client), store, lambda job_id, attempt: published.append((job_id, attempt)))
+    assert [(r.job_id, r.action) for r in found] == [("broken", "skipped"), ("fine", "queued"), ("renamed", "skipped")]
+    assert "unreadable" in found[0].reason and "epochs: unknown field" in found[2].reason
+    assert published == [("fine", 2)]  # no manifest yet: attempt 0, one number skipped, the next one queued
+    assert JobRecords(client).status("fine").state.value == "retrying"
+    assert not JobRecords(client).exists("broken")
