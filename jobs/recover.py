@@ -64,7 +64,7 @@ def stored_job_ids(store: ObjectStore) -> list[str]:
 def _progress_fields(manifest) -> dict[str, str]:
     fields: dict[str, str] = {"last_event": "record rebuilt from object storage (Redis lost it)"}
     if manifest.latest is not None:
-        fields.update(step=str(manifest.latest.step), epoch=str(manifest.latest.epoch),
+        fields.update(step=str(manifest.latest.step), epoch=str(manifest.latest.epoch + 1),  # status counts from 1
                       latest_checkpoint=manifest.latest.key)
     if manifest.best is not None:
         fields.update(best_checkpoint=manifest.best.key, best_value=repr(manifest.best.value))
