@@ -211,6 +211,29 @@ def resume(job_id: str) -> None:
 
 
 @app.command()
+def recover(
+    job_id: Optional[str] = typer.Argument(None, help="The job whose record to rebuild."),
+    all_jobs: bool = typer.Option(False, "--all", help="Every job the store (BATON_STORAGE_URL) holds."),
+) -> None:
+    """Rebuild job records that Redis lost, from object storage (spec.json + manifest.json): a finished
+    job becomes succeeded, any other is queued again as a new attempt from its latest checkpoint."""
+    from schemas.errors import JobNotFound
+
+    if (job_id is None) == (not all_jobs):
+        typer.echo("give a JOB or --all (not both)", err=True)
+        raise typer.Exit(EXIT_BAD_SPEC)
+    try:
+        recovered = _client().recover(job_id)
+    except JobNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    for item in recovered:
+        typer.echo(item.describe())
+    if not recovered:
+        typer.echo("no jobs in the store")
+
+
+@app.command()
 def fetch(
     job_id: str,
     which: str = typer.Option("best", "--which", help="best | latest | final"),

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -32,10 +32,13 @@ from storage.layout import JobPaths, check_job_id, new_job_id
 from storage.manifest_store import ManifestStore
 from storage.open import open_store
 
-from .records import JobRecords
+from .records import JobRecords, spec_fields
 from .redis_conn import connect
 from .specfile import SpecSource, load_spec, read_raw
 from .sweeps import SweepEntry, plan, rank
+
+if TYPE_CHECKING:
+    from .recover import Recovered
 
 WHICH = ("best", "latest", "final")
 POLL_S = 0.5
@@ -222,13 +225,17 @@ class JobClient:
     def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
         """Store spec.json and a queued record (marked for publishing)."""
         store.put_bytes(JobPaths(job_id).spec, parsed.model_dump_json(indent=2).encode())
-        created = self.records.create(job_id, {
-            "name": parsed.name, "spec": parsed.model_dump_json(), "queue": parsed.resources.queue,
-            "max_attempts": str(parsed.retry.max_attempts), "storage_url": store.url,
-            **({"epochs": str(parsed.loop.epochs)} if parsed.loop.epochs is not None else {}), **extra,
-        })
+        created = self.records.create(job_id, {**spec_fields(parsed, store.url), **extra})
         if not created:
             raise SpecError([f"id: a job {job_id!r} already exists"])
+
+    def recover(self, job_id: Optional[str] = None) -> "list[Recovered]":
+        """Rebuild records lost with Redis from object storage (``job_id``, or every job the store
+        holds) and queue each unfinished one again; see ``jobs.recover``."""
+        from .recover import recover_jobs
+
+        store = open_store(self.settings.storage_url)
+        return recover_jobs(self.records, store, self._publish, None if job_id is None else [job_id])
 
     def job(self, job_id: str) -> Job:
         self.records.raw(job_id)  # JobNotFound if it does not exist

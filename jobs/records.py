@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import redis
 
 from schemas.errors import JobNotFound
+from schemas.spec import JobSpec
 from schemas.status import JobState, JobStatus
 
 from . import keys
@@ -29,6 +30,15 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+"""
+
+# KEYS: job, index, active. ARGV: job id, score, unfinished (1/0), field/value pairs...
+_RESTORE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+if ARGV[3] == '1' then redis.call('SADD', KEYS[3], ARGV[1]) end
 return 1
 """
 
@@ -117,12 +127,20 @@ def now() -> str:
     return repr(time.time())
 
 
+def spec_fields(spec: JobSpec, storage_url: str) -> dict[str, str]:
+    """The record fields a job's spec decides (at submit, and again when a lost record is recovered)."""
+    return {"name": spec.name, "spec": spec.model_dump_json(), "queue": spec.resources.queue,
+            "max_attempts": str(spec.retry.max_attempts), "storage_url": storage_url,
+            **({"epochs": str(spec.loop.epochs)} if spec.loop.epochs is not None else {})}
+
+
 class JobRecords:
     """Reads and writes of job records. Worker-side writes take the lease token they hold."""
 
     def __init__(self, client: redis.Redis):
         self.redis = client
         self._create = client.register_script(_CREATE)
+        self._restore = client.register_script(_RESTORE)
         self._clear_pending = client.register_script(_CLEAR_PENDING)
         self._fenced_set = client.register_script(_FENCED_SET)
         self._finish = client.register_script(_FINISH)
@@ -139,6 +157,21 @@ class JobRecords:
                   "created_at": stamp, "updated_at": stamp, "publish_pending": stamp}
         flat = [item for pair in record.items() for item in pair]
         return bool(self._create(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE], args=[job_id, stamp, *flat]))
+
+    def restore(self, job_id: str, fields: dict[str, str], state: JobState, attempt: int) -> bool:
+        """Re-create a record lost with Redis (``jobs.recover``): ``state`` at ``attempt`` claims so far;
+        an unfinished one is marked publish_pending for its next attempt. False if the id has a record."""
+        stamp = now()
+        record = {**fields, "id": job_id, "state": state.value, "attempt": str(attempt), "lost": "0",
+                  "created_at": stamp, "updated_at": stamp}
+        unfinished = not state.terminal
+        if unfinished:
+            record["publish_pending"] = stamp
+        else:
+            record["finished_at"] = stamp
+        flat = [str(item) for pair in record.items() for item in pair]
+        return bool(self._restore(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE],
+                                  args=[job_id, stamp, "1" if unfinished else "0", *flat]))
 
     def published(self, job_id: str, mark: str) -> None:
         """The message for ``mark`` (the publish_pending value) is out: clear the mark."""

@@ -65,11 +65,14 @@ def _stop(proc: Optional[subprocess.Popen], timeout_s: float = 10.0) -> None:
 
 @dataclass
 class RedisServer:
-    """``redis-server`` on a free loopback port, keeping nothing on disk."""
+    """``redis-server`` on a free loopback port, keeping nothing on disk; with ``persistent`` it keeps
+    every write in an append-only file (fsync always), so ``kill()`` then ``start()`` brings it back
+    on the same port with its data, as a restarted production Redis does."""
 
     port: int = field(default_factory=free_port)
     proc: Optional[subprocess.Popen] = None
     workdir: Optional[str] = None
+    persistent: bool = False
 
     @property
     def url(self) -> str:
@@ -79,9 +82,11 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
-        self.workdir = tempfile.mkdtemp(prefix="baton-redis-")
+        if self.workdir is None:
+            self.workdir = tempfile.mkdtemp(prefix="baton-redis-")
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
              "--dir", self.workdir, "--daemonize", "no", "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )
@@ -93,10 +98,17 @@ class RedisServer:
             sock.sendall(b"PING\r\n")
             return sock.recv(16).startswith(b"+PONG")
 
+    def kill(self) -> None:
+        """SIGKILL by PID, keeping the data directory (``start()`` again restarts from it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> None:
         _stop(self.proc)
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
 
 @dataclass

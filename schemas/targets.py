@@ -19,7 +19,7 @@ class Target(NamedTuple):
 
 def parse_target(text: str) -> Target:
     """``builtin:NAME`` or ``package.module:callable``; ValueError otherwise."""
-    match = _TARGET_RE.match(text)
+    match = _TARGET_RE.fullmatch(text)  # not .match: its "$" also matches before a trailing newline
     if not match:
         raise ValueError(
             f"must be 'builtin:NAME' or 'package.module:callable' (got {text!r})"

@@ -10,7 +10,7 @@ _JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 
 def check_job_id(job_id: str) -> str:
-    if not _JOB_ID_RE.match(job_id):
+    if not _JOB_ID_RE.fullmatch(job_id):  # not .match: its "$" also matches before a trailing newline
         raise ValueError(f"job id must match {JOB_ID_PATTERN} (got {job_id!r})")
     return job_id
 
@@ -23,6 +23,10 @@ def new_job_id(name: str) -> str:
     return check_job_id(f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}")
 
 
+JOBS_PREFIX = "jobs/"
+"""Every job's objects live under ``jobs/<id>/``."""
+_SPEC_KEY_RE = re.compile(r"^jobs/([^/]+)/spec\.json$")
+
 PROBE_PREFIX = "baton-probe/"
 """Where a worker's start-up probe of conditional writes puts its (deleted) objects."""
 
@@ -32,6 +36,12 @@ _SIDE_OUTPUT_RE = re.compile(r"^jobs/[^/]+/attempt-\d+/tensorboard/")
 
 def probe_key(token: str) -> str:
     return f"{PROBE_PREFIX}{token}"
+
+
+def job_id_of_spec(key: str) -> Optional[str]:
+    """The job id of a ``jobs/<id>/spec.json`` key (how a listing finds every job a store holds), else None."""
+    match = _SPEC_KEY_RE.fullmatch(key)
+    return match[1] if match and _JOB_ID_RE.fullmatch(match[1]) else None
 
 
 def attempt_of(key: str) -> Optional[int]:
@@ -64,7 +74,7 @@ class JobPaths:
 
     @property
     def root(self) -> str:
-        return f"jobs/{self.job_id}"
+        return f"{JOBS_PREFIX}{self.job_id}"
 
     @property
     def spec(self) -> str:

@@ -6,6 +6,12 @@
 - Resuming mid-epoch skips the consumed batches by index: they are never loaded.
 - Augmentation draws from a generator seeded by (seed, epoch, sample index), so it does not
   depend on which loader worker loads a sample, or on how many there are.
+- In a loader worker process, python's, numpy's and torch's global RNGs are seeded from (seed,
+  epoch, sample index) before every ``__getitem__`` (validation samples: from (seed, index)), so randomness a data set draws there (outside
+  ``augment()``) is reproduced by a mid-epoch resume and does not depend on the number of loader
+  workers. Not in the main process (``num_workers: 0``): there those draws come from the global
+  stream dropout uses, which every checkpoint carries, so resume is exact already, and re-seeding
+  would change that stream (saving and restoring it around each sample costs ~0.3 ms).
 - Every DataLoader gets its own generator, so creating an iterator never draws from the global
   RNG (which dropout uses).
 - A separate validation set (``data.val``) replaces the split; the whole data set then trains.
@@ -18,11 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from schemas.spec import DataSpec
 
@@ -42,6 +50,15 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], li
     return sorted(perm[n_val:].tolist()), sorted(perm[:n_val].tolist())
 
 
+def seed_sample_rngs(seed: int, epoch: int, index: int) -> None:
+    """Seed python's, numpy's and torch's (CPU) global RNGs for one sample: call only in a loader
+    worker process, whose global RNGs nothing else reads."""
+    value = derive_seed(seed, "sample", epoch, index)
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.random.default_generator.manual_seed(value)
+
+
 class TrainView(Dataset):
     """The training split of ``base`` in one epoch, with per-sample seeded augmentation."""
 
@@ -54,6 +71,8 @@ class TrainView(Dataset):
 
     def __getitem__(self, position: int):
         index = self.indices[position]
+        if get_worker_info() is not None:  # a loader worker: its RNGs would restart from its seed on resume
+            seed_sample_rngs(self.seed, self.epoch, index)
         sample = self.base[index]
         if self._augment is None:
             return sample
@@ -64,14 +83,20 @@ class TrainView(Dataset):
 
 
 class EvalView(Dataset):
-    def __init__(self, base: Dataset, indices: list[int]):
-        self.base, self.indices = base, indices
+    """Validation samples in order; in a loader worker, the global RNGs are seeded per sample from
+    (seed, index), the same for every validation."""
+
+    def __init__(self, base: Dataset, indices: list[int], seed: int = 0):
+        self.base, self.indices, self.seed = base, indices, seed
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, position: int):
-        return self.base[self.indices[position]]
+        index = self.indices[position]
+        if get_worker_info() is not None:
+            seed_sample_rngs(self.seed, -1, index)  # epoch -1: validation, never a training epoch
+        return self.base[index]
 
 
 class EpochBatches(Sampler[list[int]]):
@@ -113,7 +138,7 @@ class Loading:
         seed = derive_seed(self.seed, "val-loader")
         if isinstance(dataset, IterableDataset):
             return self.loader(dataset, seed, batch_size=size)
-        view = EvalView(dataset, indices if indices is not None else list(range(len(dataset))))
+        view = EvalView(dataset, indices if indices is not None else list(range(len(dataset))), self.seed)
         batches = [list(range(i, min(i + size, len(view)))) for i in range(0, len(view), size)]
         return self.loader(view, seed, batch_sampler=batches)
 
