@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
 import yaml
 
 from schemas.manifest import CheckpointManifest
@@ -150,3 +149,13 @@ def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore,
     assert [{k: r[k] for k in DETERMINISTIC_FIELDS} for r in rows_a] == \
            [{k: r[k] for k in DETERMINISTIC_FIELDS} for r in rows_b]
     assert final_model_bytes(store_a, job_a) == final_model_bytes(store_b, job_b)
+
+
+def run_reference(root: Path, spec: dict) -> ObjectStore:
+    """``spec`` run uninterrupted to the end (`baton run`, a file store under ``root``), job id ``reference``."""
+    from storage.file_store import FileStore
+
+    done = run_baton("run", str(write_spec(root, spec)), "--id", "reference", "--storage", f"file://{root / 'store'}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return FileStore(root / "store")
+

@@ -10,8 +10,7 @@ import pytest
 import redis as redis_lib
 
 from schemas.errors import SpecError
-from storage.file_store import FileStore
-from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest, run_baton, write_spec
+from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest, run_baton, run_reference, write_spec
 
 # ~0.1 s per optimizer step (slow data): long enough to act mid-epoch
 SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
@@ -20,10 +19,7 @@ SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_c
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reference")
-    done = run_baton("run", str(write_spec(root, SPEC)), "--id", "reference", "--storage", f"file://{root / 'store'}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return FileStore(root / "store")
+    return run_reference(tmp_path_factory.mktemp("reference"), SPEC)
 
 
 def _wait_running(job, timeout: float = 90):

@@ -9,8 +9,7 @@ import time
 import pytest
 
 from schemas.settings import BatonSettings
-from storage.file_store import FileStore
-from tests.helpers import (assert_same_training, kill_when, make_spec, read_manifest, run_baton, write_spec)
+from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest, run_reference
 from workers.celery_app import make_app, publish_run
 
 # ~0.1 s per optimizer step (slow data, as real data is): long enough to act mid-epoch
@@ -21,10 +20,7 @@ SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_c
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The same spec run uninterrupted, in-process (`baton run`, file store)."""
-    root = tmp_path_factory.mktemp("reference")
-    done = run_baton("run", str(write_spec(root, SPEC)), "--id", "reference", "--storage", f"file://{root / 'store'}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return FileStore(root / "store")
+    return run_reference(tmp_path_factory.mktemp("reference"), SPEC)
 
 
 def wait_for(predicate, timeout: float = 90, every: float = 0.05):
