@@ -200,22 +200,19 @@ class TrainingLoop:
             return True
         if loop.eval_every_steps is None or step % loop.eval_every_steps:
             return False
-        # an epoch-based run validates at the epoch's end anyway, moments later
-        return loop.epochs is None or not self._pass_complete_after_this_step()
+        return not self._epoch_end_follows()
 
-    def _pass_complete_after_this_step(self) -> bool:
+    def _epoch_end_follows(self) -> bool:
+        """Whether this step ends an epoch of an epoch-based run: its validation and checkpoint
+        come moments later, so neither is taken here."""
         n = self.parts.data.batches_per_pass
-        return n is not None and self.progress.batch_in_epoch >= n
+        return self.parts.spec.loop.epochs is not None and n is not None and self.progress.batch_in_epoch >= n
 
     # --- checkpoints -----------------------------------------------------------------------
     def _periodic_checkpoint(self) -> None:
         every = self.parts.spec.checkpoint.every_steps
         p = self.progress
-        if not every or p.global_step % every or self._validated_at == p.global_step:
-            return
-        # an epoch's last step is covered by the epoch-end checkpoint moments later
-        n = self.parts.data.batches_per_pass
-        if self.parts.spec.loop.epochs is not None and n is not None and p.batch_in_epoch >= n:
+        if not every or p.global_step % every or self._validated_at == p.global_step or self._epoch_end_follows():
             return
         self._checkpoint("step", mandatory=False)
 

@@ -20,8 +20,9 @@ OVERFIT_EPOCHS = 2
 """Consecutive epochs of rising validation loss with falling training loss that count as overfitting."""
 
 
-def _where(row: dict) -> str:
-    return f"step {row['step']}" if row.get("_by_step") else f"epoch {row['epoch']}"
+def _where(row: dict, by_step: bool) -> str:
+    """A row's place: by step in a step-based run, by epoch otherwise."""
+    return f"step {row['step']}" if by_step else f"epoch {row['epoch']}"
 
 
 def _first_nonfinite(rows: list[dict]) -> Optional[dict]:
@@ -57,19 +58,19 @@ def _overfitting_from(rows: list[dict]) -> Optional[dict]:
     return None
 
 
-def _patterns(rows: list[dict]) -> list[tuple[int, str]]:
+def _patterns(rows: list[dict], by_step: bool) -> list[tuple[int, str]]:
     found = []
     row = _first_nonfinite(rows)
     if row is not None:
-        found.append((row["step"], f"non-finite training loss (steps skipped) first in {_where(row)}"))
+        found.append((row["step"], f"non-finite training loss (steps skipped) first in {_where(row, by_step)}"))
     spikes = _grad_spikes(rows)
     if spikes:
         spike = next(r for r in rows if r["step"] == spikes[0]["step"])
-        found.append((spike["step"], f"gradient-norm spike in {_where(spike)} "
+        found.append((spike["step"], f"gradient-norm spike in {_where(spike, by_step)} "
                                      f"({spikes[0]['grad_norm_max']:.3g} vs median {spikes[0]['median_grad_norm']:.3g})"))
     row = _overfitting_from(rows)
     if row is not None:
-        found.append((row["step"], f"overfitting from {_where(row)}: validation loss rising while training loss falls"))
+        found.append((row["step"], f"overfitting from {_where(row, by_step)}: validation loss rising while training loss falls"))
     if len(rows) >= 2 and rows[-1]["train_loss"] >= rows[0]["train_loss"]:
         found.append((rows[-1]["step"], "training loss did not fall over the run"))
     return sorted(found)
@@ -88,20 +89,19 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
     if not rows:
         raise ValueError("no validation rows: nothing to report")
     by_step = (spec.get("loop") or {}).get("max_steps") is not None
-    rows = [{**r, "_by_step": by_step} for r in rows]
     last = rows[-1]
     best_row = next((r for r in rows if r["step"] == best["step"]), last)
-    patterns = _patterns(rows)
+    patterns = _patterns(rows, by_step)
     metric = best["metric"]
     if best["value"] is None:
         why = f"none: {metric} was never finite, so no checkpoint was kept as best"
     else:
-        place = _where(best_row) if best_row.get("_by_step") else f"{_where(best_row)} (step {best_row['step']})"
+        place = _where(best_row, by_step) + ("" if by_step else f" (step {best_row['step']})")
         why = (f"{place} has the "
                f"{'lowest' if best['mode'] == 'min' else 'highest'} {metric} = {best['value']:.6g}"
                f"{' on the validation set' if metric.startswith('val_') else ''}")
     if best["value"] is not None and best_row["step"] != last["step"]:
-        why += f"; the last validation ({_where(last)}) reached {last[metric]:.6g}, so best and last differ"
+        why += f"; the last validation ({_where(last, by_step)}) reached {last[metric]:.6g}, so best and last differ"
     elif best["value"] is not None:
         why += "; it is also the last validation"
     stable = not patterns or all("overfitting" in p for _, p in patterns)
