@@ -6,7 +6,10 @@ writes would turn every fenced commit into a blind overwrite, so the worker refu
 
 With ``--concurrency N`` or ``--gpus`` it supervises one such worker process per slot (each
 named ``NAME-i``, each pinned to its own GPU with ``--gpus``), passes SIGTERM/SIGINT on to all
-of them and exits when they have.
+of them and exits when they have. A child that exits with the stall watchdog's status (70: it
+abandoned a hung job, ``stall.py``) is started again in its slot, at most ``RESTARTS_MAX`` times
+in ``RESTART_WINDOW_S`` per slot (a node where every job hangs must not spin); any other exit
+leaves its slot empty, as before, and the supervisor's status is the highest of its children's.
 """
 from __future__ import annotations
 
@@ -15,7 +18,18 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Optional, Sequence
+import time
+from collections import deque
+from typing import Callable, Optional, Sequence
+
+RESTART_EXIT_CODES = frozenset({70})
+"""Child exits that mean "start me again": the stall watchdog's (``stall.EXIT_STALLED``, not imported
+here so the supervisor does not load the worker's modules)."""
+RESTARTS_MAX = 5
+"""Restarts of one slot allowed within ``RESTART_WINDOW_S``; past that its exit stands."""
+RESTART_WINDOW_S = 600.0
+POLL_S = 0.2
+"""How often the supervisor looks at its children."""
 
 
 def default_name() -> str:
@@ -39,23 +53,58 @@ def child_name(name: str, index: int) -> str:
     return f"{local}-{index}{at}{host}"
 
 
-def supervise(name: str, queues: str, loglevel: str, children_env: Sequence[dict[str, str]]) -> int:
-    """Start one worker process per entry of ``children_env`` (extra environment for each)."""
-    procs = []
-    for index, extra in enumerate(children_env):
-        argv = [sys.executable, "-m", "jobs", "worker", "--name", child_name(name, index), "--queues", queues,
-                "--loglevel", loglevel]
-        procs.append(subprocess.Popen(argv, env={**os.environ, **extra}))
+def child_argv(name: str, queues: str, loglevel: str) -> Callable[[int], list[str]]:
+    """The command line of the worker process in slot ``index``."""
+    return lambda index: [sys.executable, "-m", "jobs", "worker", "--name", child_name(name, index),
+                          "--queues", queues, "--loglevel", loglevel]
+
+
+def supervise(name: str, queues: str, loglevel: str, children_env: Sequence[dict[str, str]],
+              argv: Optional[Callable[[int], list[str]]] = None) -> int:
+    """Start one worker process per entry of ``children_env`` (extra environment for each), restart
+    the ones that exit stalled, and return when every slot's process has exited for good."""
+    argv = argv or child_argv(name, queues, loglevel)
+    start = lambda index: subprocess.Popen(argv(index), env={**os.environ, **children_env[index]})  # noqa: E731
+    procs = [start(index) for index in range(len(children_env))]
+    restarts: list[deque] = [deque() for _ in procs]
+    codes: list[Optional[int]] = [None] * len(procs)
+    stopping = False
 
     def forward(signum: int, frame) -> None:
+        nonlocal stopping
+        stopping = True
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    codes = [proc.wait() for proc in procs]
+    while any(code is None for code in codes):
+        for index, proc in enumerate(procs):
+            if codes[index] is not None or proc.poll() is None:
+                continue
+            if not stopping and proc.returncode in RESTART_EXIT_CODES and _may_restart(restarts[index]):
+                print(f"baton worker: {child_name(name, index)} exited with status {proc.returncode} (stalled); "
+                      f"starting it again", file=sys.stderr, flush=True)
+                procs[index] = start(index)
+                continue
+            if proc.returncode in RESTART_EXIT_CODES and not stopping:
+                print(f"baton worker: {child_name(name, index)} exited with status {proc.returncode} "
+                      f"{RESTARTS_MAX} times in {RESTART_WINDOW_S:.0f}s; not restarting it", file=sys.stderr, flush=True)
+            codes[index] = proc.returncode
+        time.sleep(POLL_S)
     return max(codes, default=0)
+
+
+def _may_restart(history: deque) -> bool:
+    """Record a restart now, unless ``RESTARTS_MAX`` happened within the last ``RESTART_WINDOW_S``."""
+    now = time.monotonic()
+    while history and now - history[0] > RESTART_WINDOW_S:
+        history.popleft()
+    if len(history) >= RESTARTS_MAX:
+        return False
+    history.append(now)
+    return True
 
 
 def check_storage(storage_url: str) -> Optional[str]:
