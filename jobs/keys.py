@@ -11,6 +11,9 @@ ACTIVE = f"{PREFIX}:active"
 
 REAPER_TURN = f"{PREFIX}:reaper:turn"
 """Held for one reaper period by the worker whose reaper makes this period's pass."""
+REDIS_OUTAGE = f"{PREFIX}:redis:outage"
+"""Set (for a lease TTL and a reaper period) by a worker that found Redis unreachable and reached it
+again: a lease that lapsed meanwhile lapsed because of Redis, and is not counted as a worker loss."""
 
 
 def job(job_id: str) -> str:
@@ -19,7 +22,7 @@ def job(job_id: str) -> str:
 
 
 def lease(job_id: str) -> str:
-    """String ``<attempt>:<worker>`` with a TTL: present while a live worker holds the job."""
+    """String ``<attempt>:<worker>:<claim nonce>`` with a TTL: present while a live worker holds the job."""
     return f"{PREFIX}:job:{job_id}:lease"
 
 

@@ -77,6 +77,22 @@ redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
+# KEYS: job, lease. ARGV: lease token, attempt, worker, now, reason. Returns the next attempt, or -1.
+# The lease is still this token's, or it lapsed and nobody has touched the job since (still running
+# as this worker's attempt): either way the job is still this attempt's to give back, uncounted.
+_RELEASE_IF_STILL_MINE = """
+local lease = redis.call('GET', KEYS[2])
+if lease ~= ARGV[1] then
+  if lease then return -1 end
+  if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return -1 end
+  if tonumber(redis.call('HGET', KEYS[1], 'attempt')) ~= tonumber(ARGV[2]) then return -1 end
+  if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[3] then return -1 end
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[4], 'publish_pending', ARGV[4], 'last_event', ARGV[5])
+return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
+"""
+
 # KEYS: job, lease, active. ARGV: lease token, now, reason, job id, stacks. Returns the next attempt,
 # 0 when this loss was the last retry.max_attempts allows (the job failed), -1 if fenced out.
 _RELEASE_LOST = """
@@ -146,6 +162,7 @@ class JobRecords:
         self._finish = client.register_script(_FINISH)
         self._release = client.register_script(_RELEASE)
         self._release_lost = client.register_script(_RELEASE_LOST)
+        self._release_if_still_mine = client.register_script(_RELEASE_IF_STILL_MINE)
         self._cancel = client.register_script(_CANCEL)
         self._resume = client.register_script(_RESUME)
 
@@ -235,6 +252,13 @@ class JobRecords:
     def release(self, job_id: str, token: str, reason: str) -> int:
         """Give the job back for another worker at once (preemption); returns the next attempt, -1 if fenced."""
         return int(self._release(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, now(), reason]))
+
+    def release_if_still_mine(self, job_id: str, token: str, attempt: int, worker: str, reason: str) -> int:
+        """After Redis was unreachable: give the job back, not counted as a loss, if ``token`` still
+        holds its lease or the lease lapsed with the job untouched since (still ``attempt``, running on
+        ``worker``). Returns the next attempt, -1 when another attempt or a reaper has moved it on."""
+        return int(self._release_if_still_mine(keys=[keys.job(job_id), keys.lease(job_id)],
+                                               args=[token, attempt, worker, now(), reason]))
 
     def release_lost(self, job_id: str, token: str, reason: str, stacks: str) -> int:
         """Give the job back as a worker loss (a hung attempt): counted against retry.max_attempts.

@@ -65,6 +65,16 @@ class FencedOut(BaseException):
     """
 
 
+class ManifestAhead(FencedOut):
+    """The manifest belongs to ``current`` (an attempt at least this one's, held by another claim).
+    A worker whose claim Redis still confirms catches up past it (Redis was behind the manifest);
+    any other writer stops, as fenced out."""
+
+    def __init__(self, message: str, current: int):
+        super().__init__(message)
+        self.current = current
+
+
 class LeaseUnconfirmed(FencedOut):
     """Redis could not be reached until this attempt's lease may have expired: nothing proves the
     job is still this attempt's, so it stops committing nothing, as if fenced out. Infrastructure:

@@ -60,6 +60,9 @@ class CheckpointManifest(BaseModel):
     version: int = MANIFEST_VERSION
     job_id: str
     attempt: int = Field(0, description="Highest attempt that has written this manifest; older attempts are fenced out.")
+    claim: Optional[str] = Field(
+        None, description="Nonce of the claim that holds `attempt` (with it, the fencing token): a second claim of the "
+        "same attempt number (Redis lost the first, or came back behind the manifest) is fenced out too.")
     checkpoints: list[CheckpointEntry] = Field(default_factory=list, description="Committed checkpoints, oldest first.")
     best: Optional[BestEntry] = Field(None, description="The best checkpoint by checkpoint.monitor; never rotated.")
     metrics: Optional[MetricsRef] = Field(None, description="metrics.jsonl as of the latest checkpoint that carried rows.")

@@ -1,15 +1,19 @@
 """The commit protocol for ``manifest.json``: read, change, compare-and-swap.
 
-The manifest records the highest attempt that wrote it. An attempt first *claims* the manifest
-(raising its attempt number); from then on every write by an older attempt fails with FencedOut,
-and two writers racing on one version cannot both win (the store's ``put_if``).
+The manifest records the highest attempt that wrote it, and the nonce of the claim holding that
+attempt (together, the fencing token). An attempt first *claims* the manifest (raising its attempt
+number, recording its nonce); from then on every write by an older attempt fails with FencedOut,
+and so does a second claim of the same number with another nonce (two workers can hold one
+attempt number when Redis loses a claim or comes back behind the manifest). A claim is an
+attempt's first write, before any of its objects, so the claim that loses writes nothing. Two
+writers racing on one version cannot both win (the store's ``put_if``).
 """
 from __future__ import annotations
 
 import json
 from typing import Callable, Optional
 
-from schemas.errors import FencedOut, PreconditionFailed
+from schemas.errors import ManifestAhead, PreconditionFailed
 from schemas.manifest import CheckpointManifest
 
 from .base import ObjectStore
@@ -33,14 +37,24 @@ class ManifestStore:
         data, version = found
         return CheckpointManifest.model_validate_json(data), version
 
-    def update(self, attempt: int, mutate: Mutation) -> CheckpointManifest:
-        """Apply ``mutate`` as ``attempt``; FencedOut if a newer attempt has written the manifest."""
+    def update(self, attempt: int, mutate: Mutation, claim: Optional[str] = None) -> CheckpointManifest:
+        """Apply ``mutate`` as ``attempt``; ManifestAhead (a FencedOut) if a newer attempt has written the
+        manifest, or, given the ``claim`` nonce, if another claim holds this attempt number."""
         while True:
             manifest, version = self._read()
             if manifest.attempt > attempt:
-                raise FencedOut(f"attempt {attempt} is stale: the manifest belongs to attempt {manifest.attempt}")
+                raise ManifestAhead(f"attempt {attempt} is stale: the manifest belongs to attempt {manifest.attempt}",
+                                    manifest.attempt)
+            if (claim is not None and manifest.attempt == attempt and manifest.claim is not None
+                    and manifest.claim != claim):
+                raise ManifestAhead(f"attempt {attempt} is held by another claim ({manifest.claim}; this one is "
+                                    f"{claim})", manifest.attempt)
             mutate(manifest)
+            if manifest.attempt != attempt:
+                manifest.claim = None  # the previous attempt's nonce means nothing to this one
             manifest.attempt = attempt
+            if claim is not None:
+                manifest.claim = claim
             body = json.dumps(manifest.model_dump(mode="json"), indent=1).encode()
             try:
                 self.store.put_if(self.paths.manifest, body, version)

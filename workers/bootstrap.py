@@ -55,6 +55,8 @@ def device_banner() -> str:
 def _count_reaped(job_id: str, action: str) -> None:
     if action == "requeue":
         metrics.JOBS_RETRIED.labels("lost").inc()
+    elif action == "outage":
+        metrics.JOBS_RETRIED.labels("redis").inc()
 
 
 @signals.worker_init.connect
@@ -74,6 +76,6 @@ def _on_ready(sender, **_) -> None:
     ctx.redis.delete(keys.worker_stopping(ctx.worker))  # a previous run under this name may have left it
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
     Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s, ctx.worker, on_action=_count_reaped,
-           unclaimed_after_s=ctx.settings.lease_ttl_s).start()
+           lease_ttl_s=ctx.settings.lease_ttl_s).start()
     metrics.serve(ctx.settings.metrics_port)
     _log.warning("baton worker %s ready: %s", ctx.worker, device_banner())

@@ -12,8 +12,14 @@ A worker killed outright writes nothing; its lease expires and the reaper re-que
 
 Redis going away (a restart, a failover) is none of these: every Redis call here is retried
 while the lease may still be valid (``redis_retry.while_leased``); if Redis stays away longer,
-the attempt stops as fenced out (``LeaseUnconfirmed``), committing nothing, and the job comes
-back through its lease. Progress records are not waited for: the next step writes newer ones.
+the attempt stops as fenced out (``LeaseUnconfirmed``), committing nothing. When Redis answers
+again, the job is released *if it is still this attempt's* (its lease, or a lease that lapsed
+with the job untouched since), not counted as a loss; otherwise a reaper has re-queued it (also
+uncounted, ``reaper.py``) or another attempt owns it. Progress records are not waited for: the
+next step writes newer ones.
+
+Redis behind the store (``lease.py``): an attempt whose number the manifest has already passed
+catches up past it before training, instead of being fenced out and lost.
 """
 from __future__ import annotations
 
@@ -28,13 +34,16 @@ import redis
 from kombu.exceptions import KombuError
 
 from jobs.records import JobRecords
-from schemas.errors import FencedOut, SpecError, TransientError
+from schemas.errors import FencedOut, LeaseUnconfirmed, ManifestAhead, SpecError, TransientError
 from schemas.manifest import CheckpointManifest
 from schemas.settings import BatonSettings
 from storage.checkpointer import CheckpointStats
 from schemas.spec import JobSpec
 from schemas.status import JobState
 from schemas.targets import disallowed_targets
+from storage.base import ObjectStore
+from storage.layout import JobPaths
+from storage.manifest_store import ManifestStore
 from storage.open import open_store
 
 from . import lease
@@ -50,6 +59,12 @@ T = TypeVar("T")
 
 PROGRESS_EVERY_S = 0.5
 """Least time between two progress writes to the job record."""
+CATCH_UP_TRIES = 3
+"""Times an attempt catches up past the manifest before it gives up (each needs another claim to
+have moved the manifest meanwhile)."""
+REDIS_RETURN_WAIT_S = 120.0
+"""How long an attempt stopped by a Redis outage waits for Redis, to give its job back uncounted;
+past that a reaper re-queues it (uncounted too, if it saw the outage)."""
 
 
 @dataclass
@@ -67,18 +82,25 @@ class WorkerContext:
 class WorkerControl(LoopControl):
     """The loop's view of the lease, the cancel flag and the worker's shutdown."""
 
-    def __init__(self, ctx: WorkerContext, job_id: str, token: str, heartbeat: lease.Heartbeat):
-        self.ctx, self.job_id, self.token, self.heartbeat = ctx, job_id, token, heartbeat
+    def __init__(self, ctx: WorkerContext, job_id: str, heartbeat: lease.Heartbeat):
+        self.ctx, self.job_id, self.heartbeat = ctx, job_id, heartbeat
         self._last_progress = 0.0
         self._last_step = None
         self._progress_failing = False
         self.stall: Optional[StallWatchdog] = None
 
+    @property
+    def token(self) -> str:
+        """The lease this attempt holds (it changes when the attempt catches up with the manifest)."""
+        return self.heartbeat.token
+
     def leased(self, call: Callable[[], T], what: str) -> T:
         """``call()`` through a Redis outage while the lease may be valid; LeaseUnconfirmed after."""
         try:
             return while_leased(call, self.heartbeat.valid_until, f"job {self.job_id}: {what}")
-        except FencedOut:
+        except FencedOut as exc:
+            if isinstance(exc, LeaseUnconfirmed):
+                self.heartbeat.unreachable.set()
             self.heartbeat.fenced.set()
             raise
 
@@ -185,6 +207,53 @@ def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks
     exit_process(f"job {job_id} hung; a fresh worker process must take over")
 
 
+def _release_if_still_mine(ctx: WorkerContext, control: "WorkerControl", attempt: int) -> None:
+    """The attempt stopped because Redis could not be reached: once Redis answers again, give the job
+    back uncounted if it is still this attempt's. If Redis stays away, a reaper re-queues it later."""
+    job_id, reason = control.job_id, f"Redis was unreachable from {ctx.worker}; released, not counted as a loss"
+    wait_until = time.monotonic() + REDIS_RETURN_WAIT_S
+    try:
+        next_attempt = while_leased(
+            lambda: ctx.records.release_if_still_mine(job_id, control.token, attempt, ctx.worker, reason),
+            lambda: wait_until, f"job {job_id}: the release after a Redis outage")
+    except LeaseUnconfirmed as exc:
+        _log.warning("job %s: %s; a reaper will re-queue it", job_id, exc)
+        return
+    if next_attempt < 0:
+        _log.info("job %s: not released after the Redis outage: a reaper or another attempt has moved it on", job_id)
+        return
+    metrics.JOBS_RETRIED.labels("redis").inc()
+    _publish(ctx, job_id, next_attempt)
+    _log.warning("job %s: released after a Redis outage (not counted as a loss), queued as attempt %d",
+                 job_id, next_attempt)
+
+
+def _catch_up(ctx: WorkerContext, control: "WorkerControl", job_id: str, attempt: int, nonce: str,
+              store: ObjectStore) -> int:
+    """Claim the manifest as ``attempt``; when it is ahead (Redis came back behind the store, or lost
+    a claim so that another worker holds this very number), move this claim past it, while Redis
+    still says the job is ours. Returns the attempt to train as; FencedOut if the job is not ours."""
+    manifests = ManifestStore(store, JobPaths(job_id))
+    for _ in range(CATCH_UP_TRIES):
+        try:
+            manifests.update(attempt, lambda m: None, claim=nonce)
+            return attempt
+        except ManifestAhead as exc:
+            newer = exc.current + 1
+            new_token = lease.token(newer, ctx.worker, nonce)
+            held = control.token
+            moved = control.leased(lambda: control.heartbeat.swap_token(
+                lambda: lease.catch_up(ctx.redis, job_id, held, attempt, newer, new_token, ctx.settings.lease_ttl_s),
+                new_token), "catching up with the manifest")
+            if not moved:
+                raise FencedOut(f"job {job_id}: attempt {attempt} is behind the manifest ({exc}) and no longer "
+                                f"holds the job") from None
+            _log.warning("job %s: attempt %d was behind the manifest (%s): Redis was behind the store; "
+                         "caught up as attempt %d", job_id, attempt, exc, newer)
+            attempt = newer
+    raise FencedOut(f"job {job_id}: the manifest kept moving ahead of attempt {attempt}")
+
+
 def _publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:
     """The outbox's publish; if the broker is away the mark stays and the reaper publishes it later."""
     try:
@@ -201,9 +270,11 @@ def _finish(control: "WorkerControl", state: JobState, fields: Optional[dict] = 
 
 def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     """Run one delivered attempt; returns a word saying how it ended (for logs and tests)."""
+    nonce = lease.new_nonce()
     try:  # no lease yet: wait for Redis one lease TTL, then leave the message to the reaper's re-publish
         wait_until = time.monotonic() + ctx.settings.lease_ttl_s
-        claimed = while_leased(lambda: lease.claim(ctx.redis, job_id, attempt, ctx.worker, ctx.settings.lease_ttl_s),
+        claimed = while_leased(lambda: lease.claim(ctx.redis, job_id, attempt, ctx.worker, ctx.settings.lease_ttl_s,
+                                                   nonce),
                                lambda: wait_until, f"job {job_id}: the claim")
     except FencedOut as exc:
         _log.warning("job %s attempt %d: dropped (%s)", job_id, attempt, exc)
@@ -211,14 +282,13 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     if not claimed.ok:
         _log.info("job %s attempt %d: dropped (%s)", job_id, attempt, claimed.reason)
         return "dropped"
-    token = lease.token(attempt, ctx.worker)
     spec_data = json.loads(claimed.spec)
-    heartbeat = lease.Heartbeat(ctx.redis, job_id, token, ctx.worker, ctx.settings.lease_ttl_s, ctx.settings.heartbeat_s,
-                                on_renew=metrics.LEASE_RENEWALS.inc)
+    heartbeat = lease.Heartbeat(ctx.redis, job_id, claimed.token, ctx.worker, ctx.settings.lease_ttl_s,
+                                ctx.settings.heartbeat_s, on_renew=metrics.LEASE_RENEWALS.inc)
     heartbeat.start()
     metrics.JOBS_STARTED.inc()
     metrics.JOBS_RUNNING.inc()
-    control = WorkerControl(ctx, job_id, token, heartbeat)
+    control = WorkerControl(ctx, job_id, heartbeat)
     ctx.preemption.register(job_id, lambda why: _release(ctx, control, why))
     if ctx.settings.stall_timeout_s > 0:
         control.stall = StallWatchdog(job_id, ctx.settings.stall_timeout_s,
@@ -228,11 +298,14 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     outcome = "error"
     try:
         try:
-            outcome = _train(ctx, job_id, attempt, spec_data, claimed.storage_url, control)
+            outcome = _train(ctx, job_id, attempt, nonce, spec_data, claimed.storage_url, control)
         except FencedOut as exc:  # Redis stayed away past the lease while the outcome was being recorded
             metrics.FENCING_EVENTS.inc()
             _log.warning("job %s attempt %d: %s; its lease will bring it back", job_id, attempt, exc)
             outcome = "fenced"
+        if outcome == "fenced" and heartbeat.unreachable.is_set():
+            heartbeat.stop()  # the lease is not renewed any more: the release below must find it as it is
+            _release_if_still_mine(ctx, control, lease.attempt_of(control.token))
         return outcome
     finally:
         if control.stall is not None:
@@ -243,14 +316,16 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
         metrics.JOBS_FINISHED.labels(outcome).inc()
 
 
-def _train(ctx: WorkerContext, job_id: str, attempt: int, spec_data: dict,
+def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data: dict,
            storage_url: str, control: WorkerControl) -> str:
     try:
         spec = JobSpec.parse(spec_data)
         problems = disallowed_targets(spec.user_targets(), ctx.settings.allowed_prefixes)
         if problems:
             raise SpecError([f"{p} (on worker {ctx.worker})" for p in problems])
-        result = run_attempt(spec, job_id, open_store(storage_url), attempt, control,
+        store = open_store(storage_url)
+        attempt = _catch_up(ctx, control, job_id, attempt, nonce, store)
+        result = run_attempt(spec, job_id, store, attempt, control, claim=nonce,
                              allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
                              on_commit=control.on_commit)
     except FencedOut as exc:

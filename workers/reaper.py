@@ -12,18 +12,36 @@ worker that took it may have died before its claim, and kombu would bring the me
 after its visibility_timeout (hours). A job merely waiting for a busy pool is re-published too,
 so each re-publish doubles the wait for the next (up to ``UNCLAIMED_REPUBLISH_MAX_S``): a long
 queue gains a few duplicates, which the claim drops.
+
+Redis outages are not worker losses. A lease also lapses when Redis itself could not be reached
+(stopped, paused, restarting, restored from a backup, failing over): its holder could not renew
+it. Every reaper talks to Redis each period, so every reaper of a live worker witnesses such an
+outage: a call that failed with a connection error or took longer than a period, or a server
+whose ``run_id`` changed since the last pass (a restart, a failover or a restore, however quick:
+a lease restored from a backup lapses after it, with no failed call to see). For a lease TTL
+plus a period after it reached Redis again, a reaper requeues expired leases without counting
+them (by then every holder that lived through the outage has renewed, or has given its job back
+itself: ``job_runner``'s release-if-still-mine), and it sets ``keys.REDIS_OUTAGE`` for as long,
+so that a reaper that saw nothing (a worker started meanwhile) does the same. Why the reaper's
+own view and not, say, a gap in Redis's activity: a gap also appears when every worker is gone
+(the crash loop ``retry.max_attempts`` exists to end), while a reaper can only witness an outage
+by being alive through it. The price: a worker that dies during an outage is not counted either.
+A worker cut off from Redis alone is indistinguishable from a dead one while it lasts: counted.
 """
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+import time
+from typing import Callable, Optional
 
 import redis
 from kombu.exceptions import KombuError
 
 from jobs import keys
 from jobs.records import JobRecords, now
+
+from .redis_retry import TRANSIENT_REDIS_ERRORS
 
 _log = logging.getLogger("baton.reaper")
 
@@ -36,14 +54,20 @@ UNCLAIMED_REPUBLISH_MAX_S = 900.0
 """The longest wait between two re-publishes of an unclaimed job: a message lost after a long wait in
 a busy queue comes back within this."""
 
-# KEYS: job, lease, active. ARGV: job id, now, republish_after_s, unclaimed_after_s, unclaimed_republish_max_s
+# KEYS: job, lease, active, outage mark. ARGV: job id, now, republish_after_s, unclaimed_after_s,
+# unclaimed_republish_max_s, outage ('1': this reaper witnessed a Redis outage within the grace)
 _REAP = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then redis.call('SREM', KEYS[3], ARGV[1]) return {'gone'} end
 if state == 'running' then
   if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
-  local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
   local worker = redis.call('HGET', KEYS[1], 'worker') or '?'
+  if ARGV[6] == '1' or redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
+               'last_event', 'lease of ' .. worker .. ' lapsed while Redis was unreachable (not counted as a loss)')
+    return {'outage', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
+  end
+  local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
   if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
     redis.call('HSET', KEYS[1], 'state', 'failed', 'updated_at', ARGV[2], 'finished_at', ARGV[2],
                'error', 'lost its worker ' .. lost .. ' time(s) (the last: ' .. worker .. '); retry.max_attempts reached')
@@ -79,20 +103,26 @@ Publish = Callable[[str, int, str], None]
 OnAction = Callable[[str, str], None]  # (job id, action)
 
 
+_DONE_WHAT = {"requeue": "lost its worker, re-queued", "republish": "re-published",
+              "outage": "its lease lapsed while Redis was unreachable: re-queued, not counted as a loss,"}
+
+
 def reap_once(client: redis.Redis, publish: Publish, records: JobRecords,
-              unclaimed_after_s: float = UNCLAIMED_AFTER_S) -> list[tuple[str, str]]:
-    """One pass over the unfinished jobs; returns (job id, action) for each job acted on."""
+              unclaimed_after_s: float = UNCLAIMED_AFTER_S, outage: bool = False) -> list[tuple[str, str]]:
+    """One pass over the unfinished jobs; returns (job id, action) for each job acted on. ``outage``:
+    this reaper saw Redis unreachable lately, so expired leases are not worker losses (nor are
+    they while ``keys.REDIS_OUTAGE`` is set)."""
     script = client.register_script(_REAP)
     acted = []
     for job_id in client.smembers(keys.ACTIVE):
-        result = script(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
-                        args=[job_id, now(), REPUBLISH_AFTER_S, unclaimed_after_s, UNCLAIMED_REPUBLISH_MAX_S])
+        result = script(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE, keys.REDIS_OUTAGE],
+                        args=[job_id, now(), REPUBLISH_AFTER_S, unclaimed_after_s, UNCLAIMED_REPUBLISH_MAX_S,
+                              "1" if outage else "0"])
         action = result[0]
-        if action in ("requeue", "republish"):
+        if action in _DONE_WHAT:
             attempt = int(result[1])
             records.publish_marked(job_id, attempt, publish)
-            _log.warning("job %s: %s as attempt %d", job_id, "lost its worker, re-queued" if action == "requeue"
-                         else "re-published", attempt)
+            _log.warning("job %s: %s as attempt %d", job_id, _DONE_WHAT[action], attempt)
         elif action == "failed":
             _log.warning("job %s: lost its worker too often; failed", job_id)
         if action not in ("alive", "waiting"):
@@ -106,24 +136,51 @@ def take_turn(client: redis.Redis, worker: str, period_s: float) -> bool:
 
 
 class Reaper(threading.Thread):
+    """``lease_ttl_s`` (the workers' lease TTL) sets how long after a Redis outage this reaper counts
+    no expired lease as a loss, and how long a message may wait for its claim."""
+
     def __init__(self, client: redis.Redis, publish: Publish, period_s: float, worker: str,
-                 on_action: OnAction = lambda job_id, action: None, unclaimed_after_s: float = UNCLAIMED_AFTER_S):
+                 on_action: OnAction = lambda job_id, action: None, lease_ttl_s: float = UNCLAIMED_AFTER_S):
         super().__init__(name="baton-reaper", daemon=True)
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
-        self._worker, self._unclaimed_after_s = worker, unclaimed_after_s
+        self._worker, self._lease_ttl_s = worker, lease_ttl_s
         self._records = JobRecords(client)
         self._stop = threading.Event()
+        self._unreachable = False  # since the last call that reached Redis
+        self._run_id: Optional[str] = None  # the Redis server of the last pass (a new one: it restarted)
+        self._grace_until = 0.0  # time.monotonic() until which expired leases are blamed on Redis
+
+    @property
+    def grace_s(self) -> float:
+        return self._lease_ttl_s + self._period_s
 
     def run(self) -> None:
         while not self._stop.wait(self._period_s):
             try:
-                if not take_turn(self._client, self._worker, self._period_s):
-                    continue
-                for job_id, action in reap_once(self._client, self._publish, self._records,
-                                                  self._unclaimed_after_s):
-                    self._on_action(job_id, action)
-            except (redis.RedisError, KombuError, OSError) as exc:  # Redis away: the next pass tries again
+                self.make_pass()
+            except TRANSIENT_REDIS_ERRORS as exc:  # Redis away: the next pass tries again, with grace
+                self._unreachable = True
+                _log.warning("reaper: Redis unreachable (%s: %s)", type(exc).__name__, exc)
+            except (redis.RedisError, KombuError, OSError) as exc:
                 _log.warning("reaper: %s", exc)
+
+    def make_pass(self) -> None:
+        started = time.monotonic()
+        run_id = self._client.info("server")["run_id"]
+        turn = take_turn(self._client, self._worker, self._period_s)
+        restarted = self._run_id is not None and run_id != self._run_id
+        self._run_id = run_id
+        if self._unreachable or restarted or time.monotonic() - started > self._period_s:  # an outage ended
+            self._unreachable = False
+            self._grace_until = time.monotonic() + self.grace_s
+            self._client.set(keys.REDIS_OUTAGE, self._worker, px=int(self.grace_s * 1000))
+            _log.warning("reaper: Redis is back after an outage: for %.0fs expired leases are not worker losses",
+                         self.grace_s)
+        if not turn:
+            return
+        outage = time.monotonic() < self._grace_until
+        for job_id, action in reap_once(self._client, self._publish, self._records, self._lease_ttl_s, outage):
+            self._on_action(job_id, action)
 
     def stop(self) -> None:
         self._stop.set()

@@ -72,10 +72,12 @@ def _attempt(
     fence: Callable[[], None] = lambda: None,
     on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
     upload_retry_s: float = UPLOAD_RETRY_S,
+    claim: Optional[str] = None,
 ) -> AttemptResult:
     paths = JobPaths(job_id)
     manifests = ManifestStore(store, paths)
-    manifest = manifests.update(attempt, lambda m: None)  # claim: older attempts are fenced out from here
+    # claim: older attempts (and another claim of this attempt number) are fenced out from here
+    manifest = manifests.update(attempt, lambda m: None, claim=claim)
     if manifest.completed:
         return AttemptResult(Outcome(True, "already completed"), None)
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from schemas.errors import FencedOut
+from schemas.errors import FencedOut, ManifestAhead
 from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
 from storage.artifacts import read_metrics
 from storage.checkpoint_io import load_bytes
@@ -41,6 +41,30 @@ def test_a_newer_attempt_fences_out_an_older_one(store):
     with pytest.raises(FencedOut):
         manifests.update(1, lambda m: None)
     assert manifests.read().attempt == 2
+
+
+def test_two_claims_of_one_attempt_number_only_the_first_commits(store):
+    """Redis lost a claim (or came back behind the store), so two workers hold attempt 3: the
+    manifest's fencing token carries each claim's nonce, and the second claim is fenced out before
+    it writes anything; the first one's checkpoints commit."""
+    manifests = ManifestStore(store, PATHS)
+    manifests.update(2, lambda m: None, claim="c2")
+    first = manifests.update(3, lambda m: None, claim="a")
+    assert (first.attempt, first.claim) == (3, "a")
+    with pytest.raises(ManifestAhead) as fenced:
+        manifests.update(3, lambda m: None, claim="b")
+    assert fenced.value.current == 3
+    assert manifests.update(3, lambda m: None, claim="a").claim == "a"  # its own claim again: fine
+
+    ckpt = _checkpointer(store, attempt=3)  # the first claim's commits (no nonce needed after its claim)
+    ckpt.save(lambda: _state(5), _request(5), mandatory=True)
+    ckpt.close()
+    after = manifests.read()
+    assert [(e.step, e.attempt) for e in after.checkpoints] == [(5, 3)] and after.claim == "a"
+    with pytest.raises(ManifestAhead):
+        manifests.update(3, lambda m: None, claim="b")
+    newer = manifests.update(4, lambda m: None)  # a newer attempt: the old nonce goes with the old attempt
+    assert (newer.attempt, newer.claim) == (4, None)
 
 
 def test_checkpoint_is_listed_only_after_its_verified_upload(store):

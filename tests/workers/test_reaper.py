@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import time
 
 import pytest
 import redis
 
+from jobs import keys
 from jobs.records import JobRecords
 from schemas.settings import BatonSettings
 from workers import lease, reaper
@@ -60,10 +63,12 @@ def test_an_expired_lease_is_requeued_then_failed_after_max_attempts(env):
 def test_fenced_writes_need_the_exact_live_lease(env):
     client, records, _ = env
     new_job(records, "f")
-    assert lease.claim(client, "f", 1, "w1", ttl_s=5).ok
-    assert records.fenced_set("f", lease.token(1, "w1"), {"step": 3})
-    assert not records.fenced_set("f", lease.token(1, "other"), {"step": 4})
-    assert not records.fenced_set("f", lease.token(2, "w1"), {"step": 5})
+    held = lease.claim(client, "f", 1, "w1", ttl_s=5)
+    assert held.ok and held.token == lease.token(1, "w1", held.nonce)
+    assert records.fenced_set("f", held.token, {"step": 3})
+    assert not records.fenced_set("f", lease.token(1, "other", held.nonce), {"step": 4})
+    assert not records.fenced_set("f", lease.token(2, "w1", held.nonce), {"step": 5})
+    assert not records.fenced_set("f", lease.token(1, "w1", "another-claim"), {"step": 6})  # same attempt and worker
     assert records.status("f").step == 3
 
 
@@ -118,3 +123,97 @@ def test_a_job_waiting_for_a_busy_pool_is_republished_ever_more_rarely(env):
     # published at 0; again after 0.2, 0.2+0.4, 0.6+0.8: 2 or 3 by 1.45 s, never one per bound (7)
     assert 2 <= republished <= 3
     assert len(queued_messages(client)) == 1 + republished
+
+
+def test_a_claim_behind_the_manifest_catches_up_while_its_lease_holds(env):
+    client, records, _ = env
+    new_job(records, "c")
+    held = lease.claim(client, "c", 1, "w1", ttl_s=5)
+    ahead = lease.token(4, "w1", held.nonce)
+    assert lease.catch_up(client, "c", held.token, 1, 4, ahead, ttl_s=5)
+    assert (records.status("c").attempt, records.status("c").lost) == (4, 0)
+    assert client.get(keys.lease("c")) == ahead and records.fenced_set("c", ahead, {})
+    assert "caught up as attempt 4" in records.status("c").last_event
+    assert not lease.catch_up(client, "c", held.token, 1, 6, lease.token(6, "w1", held.nonce), ttl_s=5)  # moved on
+
+    stale = lease.claim(client, "d", 1, "w1", ttl_s=5)  # no record: nothing to claim
+    assert not stale.ok
+    new_job(records, "d")
+    first = lease.claim(client, "d", 1, "w1", ttl_s=5)
+    client.set(keys.lease("d"), lease.token(1, "w2", "other"))  # another claim holds the job now
+    assert not lease.catch_up(client, "d", first.token, 1, 3, lease.token(3, "w1", first.nonce), ttl_s=5)
+    assert records.status("d").attempt == 1
+
+
+def test_release_if_still_mine_gives_the_job_back_uncounted_only_while_it_is(env):
+    client, records, publish = env
+    new_job(records, "m", max_attempts=1)
+    held = lease.claim(client, "m", 1, "w1", ttl_s=5)  # the lease is still ours when Redis answers again
+    assert records.release_if_still_mine("m", held.token, 1, "w1", "Redis was unreachable") == 2
+    status = records.status("m")
+    assert (status.state.value, status.attempt, status.lost) == ("retrying", 1, 0) and not client.exists(keys.lease("m"))
+
+    lapsed = lease.claim(client, "m", 2, "w1", ttl_s=0.1)  # it lapsed, and nobody has touched the job since
+    time.sleep(0.2)
+    assert records.release_if_still_mine("m", lapsed.token, 2, "w1", "Redis was unreachable") == 3
+    assert (records.status("m").state.value, records.status("m").lost) == ("retrying", 0)
+
+    other = lease.claim(client, "m", 3, "w2", ttl_s=0.1)
+    time.sleep(0.2)  # w2's lapsed lease is not w1's to release, nor attempt 3 as w1's attempt 2
+    assert records.release_if_still_mine("m", lapsed.token, 2, "w1", "x") == -1
+    assert records.release_if_still_mine("m", lease.token(3, "w1", other.nonce), 3, "w1", "x") == -1
+    assert reaper.reap_once(client, publish, records) == [("m", "failed")]  # no outage seen: a loss (max 1)
+    assert records.release_if_still_mine("m", other.token, 3, "w2", "x") == -1  # too late: the reaper decided
+    assert (records.status("m").state.value, records.status("m").lost) == ("failed", 1)
+
+
+def test_a_lease_lapsed_during_a_marked_outage_is_requeued_uncounted(env):
+    client, records, publish = env
+    new_job(records, "o", max_attempts=1)
+    assert lease.claim(client, "o", 1, "w1", ttl_s=0.1).ok
+    time.sleep(0.2)
+    client.set(keys.REDIS_OUTAGE, "w9", px=5000)  # another worker's reaper saw Redis unreachable
+    assert reaper.reap_once(client, publish, records) == [("o", "outage")]
+    status = records.status("o")
+    assert (status.state.value, status.lost) == ("retrying", 0) and "Redis was unreachable" in status.last_event
+    assert queued_messages(client) == [["o", 2]]
+
+
+def test_a_reaper_that_lived_through_a_redis_pause_does_not_count_the_lapsed_lease(tmp_path):
+    """redis-server SIGSTOPped (by PID) past a lease TTL: the holder could not renew. The reaper,
+    whose own calls were held back meanwhile, re-queues the job without counting a loss; once its
+    grace has passed, an expired lease counts again."""
+    from jobs.services import RedisServer
+
+    server = RedisServer(workdir=str(tmp_path)).start()
+    try:
+        client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=10)
+        records = JobRecords(client)
+        celery = make_app(BatonSettings(redis_url=server.url))
+        new_job(records, "p", max_attempts=2)
+        assert lease.claim(client, "p", 1, "w1", ttl_s=0.6).ok
+        thread = reaper.Reaper(client, lambda job, attempt, queue: publish_run(celery, job, attempt, queue),
+                               period_s=0.2, worker="r1", lease_ttl_s=0.6)
+        thread.start()
+        time.sleep(0.3)
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        time.sleep(1.5)  # more than the lease TTL: it expires meanwhile, by Redis's own clock
+        os.kill(server.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while records.status("p").state.value == "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = records.status("p")
+        assert (status.state.value, status.lost) == ("retrying", 0), status
+        assert "lapsed while Redis was unreachable" in status.last_event
+
+        time.sleep(thread.grace_s + 0.3)  # the grace is over (and so is the mark it set)
+        assert lease.claim(client, "p", 2, "w1", ttl_s=0.2).ok
+        deadline = time.monotonic() + 10
+        while records.status("p").state.value == "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = records.status("p")
+        assert (status.state.value, status.lost) == ("retrying", 1) and "expired" in status.last_event
+        thread.stop()
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()

@@ -12,13 +12,14 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
 from jobs.services import _wait, die_with_parent, free_port
 from tests.conftest import Cluster
-from tests.helpers import assert_same_training, baton_env
+from tests.helpers import assert_same_training, baton_env, read_manifest
 from tests.netfault import FaultyProxy
 from tests.workers.test_worker_loss import SPEC, reference, running_at_step, wait_for  # noqa: F401 (fixture)
 
@@ -37,10 +38,11 @@ class PersistentRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "PersistentRedis":
+    def start(self, appendonly: bool = True) -> "PersistentRedis":
         self.proc = subprocess.Popen(
             [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", self.dir, "--loglevel", "warning"],
+             "--appendonly", "yes" if appendonly else "no", "--appendfsync", "always", "--dir", self.dir,
+             "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         _wait(lambda: redis.Redis(port=self.port).ping(), f"redis-server on {self.port}", self.proc)
         return self
@@ -48,6 +50,18 @@ class PersistentRedis:
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+    def backup(self) -> bytes:
+        """A snapshot of everything now (SAVE), as a nightly backup would take."""
+        redis.Redis(port=self.port).save()
+        return (Path(self.dir) / "dump.rdb").read_bytes()
+
+    def restore(self, snapshot: bytes) -> None:
+        """Crash, then come back from ``snapshot`` (not from the append-only file): Redis is behind."""
+        self.kill()
+        shutil.rmtree(Path(self.dir) / "appendonlydir", ignore_errors=True)
+        (Path(self.dir) / "dump.rdb").write_bytes(snapshot)
+        self.start(appendonly=False)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -89,3 +103,53 @@ def test_a_redis_restart_during_a_checkpoint_commit_does_not_fail_the_job(restar
     assert (final.attempt, final.lost) == (1, 0)  # the same attempt carried on: nothing was retried
     assert "Redis unavailable for job outage: the checkpoint fence" in worker.log()  # the commit did meet the outage
     assert_same_training(reference, "reference", cluster.store(), "outage")
+
+
+def test_redis_restored_from_a_backup_behind_the_store_costs_no_attempt(restartable, reference):  # noqa: F811
+    """Defect 3: attempt numbers (the fencing tokens) lived only in Redis. Redis comes back from a
+    backup taken at attempt 1 while attempt 2 trains: the claim of "attempt 2" again (a second holder
+    of that number) finds the manifest held by the lost claim of 2, catches up past it as attempt 3
+    instead of being fenced out and reaped as a lost worker, and the job ends bit-exact."""
+    cluster, server, _ = restartable
+    workers = cluster.start_workers(2)
+    job = cluster.client.submit(SPEC, "rewound")
+    wait_for(running_at_step(job, 3))
+    snapshot = server.backup()  # attempt 1 running
+    assert job.cancel() == "requested"
+    assert job.wait(timeout=60, progress=False).state.value == "cancelled"
+    assert job.resume() == 2
+    wait_for(lambda: any(e["attempt"] == 2 for e in read_manifest(cluster.store(), "rewound")["checkpoints"]),
+             every=0.02)  # attempt 2 trains and has committed
+
+    restored_at = time.time()
+    server.restore(snapshot)  # the record says attempt 1, running, its lease long expired
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", f"{final.error}\n{final.traceback}"
+    assert (final.attempt, final.lost) == (3, 0)  # caught up; nothing counted as a lost worker
+    logs = "".join(w.log() for w in workers)
+    assert "was behind the manifest" in logs and "caught up as attempt 3" in logs
+    manifest = read_manifest(cluster.store(), "rewound")
+    assert (manifest["attempt"], manifest["completed"]) == (3, True)
+    assert not [e for e in manifest["checkpoints"] if e["attempt"] == 2 and e["created_at"] > restored_at]
+    assert_same_training(reference, "reference", cluster.store(), "rewound")
+
+
+def test_redis_paused_past_the_lease_costs_no_retry_attempt(restartable, reference):  # noqa: F811
+    """redis-server SIGSTOPped (by PID) for twice the lease TTL: the lease lapses by Redis's own
+    clock while nobody can renew it. With retry.max_attempts 1 one counted loss would fail the job:
+    it must end succeeded, bit-exact, with no loss counted."""
+    cluster, server, _ = restartable
+    ttl_s = 3.0
+    cluster.start_workers(1, BATON_LEASE_TTL_S=str(ttl_s), BATON_HEARTBEAT_S="0.75", BATON_REAPER_PERIOD_S="0.5")
+    job = cluster.client.submit({**SPEC, "retry": {"max_attempts": 1}}, "paused-redis")
+    wait_for(running_at_step(job, 6))
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(2 * ttl_s)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", f"{final.error}\n{final.traceback}"
+    assert final.attempt >= 2 and final.lost == 0  # the attempt stopped by the outage was not a loss
+    assert_same_training(reference, "reference", cluster.store(), "paused-redis")
