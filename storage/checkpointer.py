@@ -126,6 +126,11 @@ class AsyncCheckpointer:
         self._inflight = _InFlight(future, stats)
         return True
 
+    def before_optimizer_step(self) -> None:
+        """Called by the loop before it modifies the parameters or the optimizer state: waits for a
+        snapshot's device-to-host copy still running on a side stream (CUDA; a no-op otherwise)."""
+        self._snapshot.wait_for_copies()
+
     def poll(self) -> None:
         """Collect the checkpoint in flight if it has finished (re-raising its failure)."""
         if self._inflight is not None and self._inflight.future.done():

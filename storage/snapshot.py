@@ -29,6 +29,9 @@ class HostSnapshot:
             torch.cuda.current_stream().synchronize()
         return copy
 
+    def wait_for_copies(self) -> None:
+        """Nothing to wait for: every copy has completed when ``take`` returns."""
+
     def _walk(self, obj: Any, path: str) -> Any:
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj, path)
