@@ -1,7 +1,8 @@
 """The asynchronous checkpointer: the loop waits only for the host snapshot.
 
 Serialization, sha256, upload, verification and the manifest commit run on one background
-thread. At most one checkpoint is in flight. The policy when the next one is due while the
+thread, at a lower scheduling priority than training (``priority.py``): on busy cores it takes
+what training leaves. At most one checkpoint is in flight. The policy when the next one is due while the
 previous is still in flight:
 
 - a periodic (``every_steps``) checkpoint is *skipped* and counted: training goes on, and the
@@ -37,6 +38,7 @@ from .base import ObjectStore
 from .checkpoint_io import save_to_file, sha256_of
 from .layout import JobPaths
 from .manifest_store import ManifestStore
+from .priority import BACKGROUND_NICE_INCREMENT, lower_this_thread
 from .retry import retry_transient
 from .rotation import collect_garbage, rotate
 from .snapshot import HostSnapshot
@@ -90,6 +92,7 @@ class AsyncCheckpointer:
         pin_memory: bool = False,
         upload_retry_s: float = UPLOAD_RETRY_S,
         log: Callable[[str], None] = print,
+        background_nice: int = BACKGROUND_NICE_INCREMENT,
     ):
         self.store = store
         self.paths = paths.for_attempt(attempt)
@@ -103,7 +106,9 @@ class AsyncCheckpointer:
         self.totals = CheckpointerTotals()
         self._snapshot = HostSnapshot(pin_memory=pin_memory)
         self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-", dir=store.scratch_dir()))
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint")
+        # the thread serializes, hashes and uploads at a lower priority than training (priority.py)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint",
+                                        initializer=lower_this_thread, initargs=(background_nice,))
         self._inflight: Optional[_InFlight] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()  # held while a manifest write may be under way
