@@ -29,7 +29,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 from schemas.errors import CheckpointCancelled, TransientError
 from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
@@ -41,7 +41,7 @@ from .manifest_store import ManifestStore
 from .priority import BACKGROUND_NICE_INCREMENT, lower_this_thread
 from .retry import retry_transient
 from .rotation import collect_garbage, rotate
-from .snapshot import HostSnapshot
+from .snapshot import Copies, HostSnapshot
 
 UPLOAD_RETRY_S = 600.0
 """How long one checkpoint's upload and commit are retried through transient storage errors."""
@@ -114,27 +114,35 @@ class AsyncCheckpointer:
         self._commit_lock = threading.Lock()  # held while a manifest write may be under way
 
     # --- called by the training loop -------------------------------------------------------
-    def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool) -> bool:
+    def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool,
+             stable: Optional[Collection[int]] = None) -> bool:
         """Snapshot the state ``capture()`` returns and commit it in the background; False when
         skipped (see the policy above). The stall is all the loop waits here: for a checkpoint
-        still in flight (mandatory ones only), the capture and the snapshot."""
+        still in flight (mandatory ones only), the capture and the snapshot.
+
+        ``stable``: storage keys of the tensors only ``optimizer.step`` modifies; on CUDA their
+        device-to-host copy then overlaps the next forward/backward, and the loop must call
+        ``before_optimizer_step()`` (snapshot.py)."""
         if self._inflight is not None and not self._inflight.future.done():
             if not mandatory:
                 self.totals.skipped += 1
                 return False
         started = time.perf_counter()  # a wait for the checkpoint in flight blocks the loop too
         self.wait()
-        snapshot = self._snapshot.take(capture())
+        snapshot = self._snapshot.take(capture(), stable)
         stats = CheckpointStats(self.paths.checkpoint(request.step), request.kind, time.perf_counter() - started)
         self.totals.taken += 1
-        future = self._pool.submit(self._write_and_commit, snapshot, request, stats)
+        future = self._pool.submit(self._write_and_commit, snapshot, self._snapshot.copies, request, stats)
         self._inflight = _InFlight(future, stats)
         return True
 
     def before_optimizer_step(self) -> None:
         """Called by the loop before it modifies the parameters or the optimizer state: waits for a
-        snapshot's device-to-host copy still running on a side stream (CUDA; a no-op otherwise)."""
-        self._snapshot.wait_for_copies()
+        snapshot's device-to-host copy still running on a side stream (CUDA; a no-op otherwise).
+        The time waited is part of that checkpoint's stall."""
+        waited = self._snapshot.wait_for_side_copies()
+        if waited and self._inflight is not None:
+            self._inflight.stats.stall_s += waited
 
     def poll(self) -> None:
         """Collect the checkpoint in flight if it has finished (re-raising its failure)."""
@@ -188,10 +196,12 @@ class AsyncCheckpointer:
         if self._cancelled.is_set():
             raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
 
-    def _write_and_commit(self, snapshot: Any, request: CheckpointRequest, stats: CheckpointStats) -> None:
+    def _write_and_commit(self, snapshot: Any, copies: Copies, request: CheckpointRequest,
+                          stats: CheckpointStats) -> None:
         started = time.perf_counter()
         tmp = self._spool / f"step-{request.step}.pt"
         try:
+            copies.wait_all()  # CUDA copies still landing in the host buffers (none on the CPU)
             size, sha256 = save_to_file(snapshot, tmp)
             del snapshot  # the buffers may be reused from here on
             self._retry(lambda: self._upload_verified(stats.key, tmp, size), f"upload {stats.key}")

@@ -7,7 +7,10 @@ unscale, clip (the pre-clip norm is logged), step, scaler update, then a per-ste
 Validation (eval mode, no autograd, the task's metrics; mode restored after) runs at each
 epoch's end, every ``eval_every_steps`` and at the end of a step-based run; each is followed by
 the metrics row, the best tracker and a checkpoint. A per-epoch scheduler steps at epoch ends.
-Checkpoints fall on optimizer-step boundaries only.
+Checkpoints fall on optimizer-step boundaries only. Losses and gradient norms stay on the device
+until the group's step reads them in one transfer (readings.py). On CUDA a checkpoint's
+device-to-host copy of the parameters and optimizer state overlaps the next forward/backward;
+the loop waits for it just before the next optimizer step (storage/snapshot.py).
 
 A run is epoch-based (``loop.epochs``) or step-based (``loop.max_steps``, passing over the data
 as often as needed). When a pass's length is known (map-style data), its last accumulation
@@ -246,8 +249,9 @@ class TrainingLoop:
             step=p.global_step, epoch=p.epoch, batch_in_epoch=p.batch_in_epoch, kind=kind, best=best,
             metrics_rows=list(self.metrics) if with_metrics else None,
         )
+        stable = train_state.stable_storages(self.parts) if self.parts.device.type == "cuda" else None
         self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads),
-                               request, mandatory=mandatory)
+                               request, mandatory=mandatory, stable=stable)
 
     def _checkpoint_costs(self) -> dict:
         self.checkpointer.poll()
