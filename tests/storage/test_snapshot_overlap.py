@@ -118,3 +118,20 @@ def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
                                        resources={"device": "cuda", "cpu_threads": 1}))
         assert run_attempt(spec, job, store, 1, Quiet()).outcome.completed
     assert_same_training(store, "none", store, "each")
+
+
+def test_host_copy_uses_one_thread_and_restores_the_training_thread_count(monkeypatch):
+    import storage.snapshot as snapshot_module
+
+    seen = []
+    original = snapshot_module.HostSnapshot._copy_tensor
+    monkeypatch.setattr(snapshot_module.HostSnapshot, "_copy_tensor",
+                        lambda self, t, path: seen.append(torch.get_num_threads()) or original(self, t, path))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        HostSnapshot().take({"w": torch.ones(4), "b": [torch.zeros(2)]})
+        assert seen == [snapshot_module.COPY_THREADS] * 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
