@@ -1,7 +1,8 @@
 """The asynchronous checkpointer: the loop waits only for the host snapshot.
 
 Serialization, sha256, upload, verification and the manifest commit run on one background
-thread. At most one checkpoint is in flight. The policy when the next one is due while the
+thread, at a lower scheduling priority than training (``priority.py``): on busy cores it takes
+what training leaves. At most one checkpoint is in flight. The policy when the next one is due while the
 previous is still in flight:
 
 - a periodic (``every_steps``) checkpoint is *skipped* and counted: training goes on, and the
@@ -28,7 +29,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 from schemas.errors import CheckpointCancelled, TransientError
 from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
@@ -37,9 +38,10 @@ from .base import ObjectStore
 from .checkpoint_io import save_to_file, sha256_of
 from .layout import JobPaths
 from .manifest_store import ManifestStore
+from .priority import BACKGROUND_NICE_INCREMENT, lower_this_thread
 from .retry import retry_transient
 from .rotation import collect_garbage, rotate
-from .snapshot import HostSnapshot
+from .snapshot import Copies, HostSnapshot
 
 UPLOAD_RETRY_S = 600.0
 """How long one checkpoint's upload and commit are retried through transient storage errors."""
@@ -90,6 +92,7 @@ class AsyncCheckpointer:
         pin_memory: bool = False,
         upload_retry_s: float = UPLOAD_RETRY_S,
         log: Callable[[str], None] = print,
+        background_nice: int = BACKGROUND_NICE_INCREMENT,
     ):
         self.store = store
         self.paths = paths.for_attempt(attempt)
@@ -103,28 +106,43 @@ class AsyncCheckpointer:
         self.totals = CheckpointerTotals()
         self._snapshot = HostSnapshot(pin_memory=pin_memory)
         self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-", dir=store.scratch_dir()))
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint")
+        # the thread serializes, hashes and uploads at a lower priority than training (priority.py)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint",
+                                        initializer=lower_this_thread, initargs=(background_nice,))
         self._inflight: Optional[_InFlight] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()  # held while a manifest write may be under way
 
     # --- called by the training loop -------------------------------------------------------
-    def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool) -> bool:
+    def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool,
+             stable: Optional[Collection[int]] = None) -> bool:
         """Snapshot the state ``capture()`` returns and commit it in the background; False when
         skipped (see the policy above). The stall is all the loop waits here: for a checkpoint
-        still in flight (mandatory ones only), the capture and the snapshot."""
+        still in flight (mandatory ones only), the capture and the snapshot.
+
+        ``stable``: storage keys of the tensors only ``optimizer.step`` modifies; on CUDA their
+        device-to-host copy then overlaps the next forward/backward, and the loop must call
+        ``before_optimizer_step()`` (snapshot.py)."""
         if self._inflight is not None and not self._inflight.future.done():
             if not mandatory:
                 self.totals.skipped += 1
                 return False
         started = time.perf_counter()  # a wait for the checkpoint in flight blocks the loop too
         self.wait()
-        snapshot = self._snapshot.take(capture())
+        snapshot = self._snapshot.take(capture(), stable)
         stats = CheckpointStats(self.paths.checkpoint(request.step), request.kind, time.perf_counter() - started)
         self.totals.taken += 1
-        future = self._pool.submit(self._write_and_commit, snapshot, request, stats)
+        future = self._pool.submit(self._write_and_commit, snapshot, self._snapshot.copies, request, stats)
         self._inflight = _InFlight(future, stats)
         return True
+
+    def before_optimizer_step(self) -> None:
+        """Called by the loop before it modifies the parameters or the optimizer state: waits for a
+        snapshot's device-to-host copy still running on a side stream (CUDA; a no-op otherwise).
+        The time waited is part of that checkpoint's stall."""
+        waited = self._snapshot.wait_for_side_copies()
+        if waited and self._inflight is not None:
+            self._inflight.stats.stall_s += waited
 
     def poll(self) -> None:
         """Collect the checkpoint in flight if it has finished (re-raising its failure)."""
@@ -178,10 +196,12 @@ class AsyncCheckpointer:
         if self._cancelled.is_set():
             raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
 
-    def _write_and_commit(self, snapshot: Any, request: CheckpointRequest, stats: CheckpointStats) -> None:
+    def _write_and_commit(self, snapshot: Any, copies: Copies, request: CheckpointRequest,
+                          stats: CheckpointStats) -> None:
         started = time.perf_counter()
         tmp = self._spool / f"step-{request.step}.pt"
         try:
+            copies.wait_all()  # CUDA copies still landing in the host buffers (none on the CPU)
             size, sha256 = save_to_file(snapshot, tmp)
             del snapshot  # the buffers may be reused from here on
             self._retry(lambda: self._upload_verified(stats.key, tmp, size), f"upload {stats.key}")

@@ -35,9 +35,16 @@ def optimizer_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, max_grad_norm: Optional[float]
 ) -> float:
     """Unscale, clip, step, update the scale; return the global gradient norm *before* clipping."""
+    return float(optimizer_step_norm_tensor(model, optimizer, scaler, max_grad_norm))
+
+
+def optimizer_step_norm_tensor(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, max_grad_norm: Optional[float]
+) -> torch.Tensor:
+    """``optimizer_step``, with the pre-clip norm left on the device (reading it is a sync)."""
     scaler.unscale_(optimizer)
     limit = max_grad_norm if max_grad_norm is not None else math.inf
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
     scaler.step(optimizer)
     scaler.update()
-    return float(norm)
+    return norm

@@ -7,7 +7,10 @@ unscale, clip (the pre-clip norm is logged), step, scaler update, then a per-ste
 Validation (eval mode, no autograd, the task's metrics; mode restored after) runs at each
 epoch's end, every ``eval_every_steps`` and at the end of a step-based run; each is followed by
 the metrics row, the best tracker and a checkpoint. A per-epoch scheduler steps at epoch ends.
-Checkpoints fall on optimizer-step boundaries only.
+Checkpoints fall on optimizer-step boundaries only. Losses and gradient norms stay on the device
+until the group's step reads them in one transfer (readings.py). On CUDA a checkpoint's
+device-to-host copy of the parameters and optimizer state overlaps the next forward/backward;
+the loop waits for it just before the next optimizer step (storage/snapshot.py).
 
 A run is epoch-based (``loop.epochs``) or step-based (``loop.max_steps``, passing over the data
 as often as needed). When a pass's length is known (map-style data), its last accumulation
@@ -25,12 +28,13 @@ from schemas.metrics import MetricsRow
 from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 
 from . import train_state
-from .amp import optimizer_step
+from .amp import optimizer_step_norm_tensor
 from .batches import batch_size, to_device
 from .components import Components
 from .control import LoopControl, StepReport
 from .evaluate import evaluate
 from .progress import BestTracker, Progress
+from .readings import PendingReadings
 
 
 @dataclass
@@ -60,6 +64,7 @@ class TrainingLoop:
         self._clock = time.perf_counter()
         self._samples_timed = 0
         self._last_loss = math.nan
+        self._pending = PendingReadings()  # losses and norms still on the device (read once per step)
 
     # --- phases ----------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -75,6 +80,7 @@ class TrainingLoop:
                     return self._stop(reason)
                 self.checkpointer.wait()  # the validation's checkpoint is the stop checkpoint
                 return Outcome(False, reason, p.global_step)
+        self._absorb_readings()
         return Outcome(True, step=p.global_step)
 
     def finished(self) -> bool:
@@ -105,36 +111,50 @@ class TrainingLoop:
         return None
 
     def micro_step(self, batch: Any, group_size: int) -> None:
+        """Forward and backward; the loss stays on the device until the group's step reads it
+        (a non-finite one is caught there, before the optimizer could step on it)."""
         p, parts = self.progress, self.parts
         batch = to_device(batch, parts.device)
         with parts.precision.autocast():
             loss = parts.task.loss(parts.model, batch)
-        value = loss.item()
+        self._pending.add_loss(loss, batch_size(batch), p.epoch, p.batch_in_epoch, p.global_step)
         p.batch_in_epoch += 1
         p.micro_step += 1
-        if not math.isfinite(value):
-            if parts.spec.loop.nonfinite == "fail":
-                raise NonFiniteLossError(
-                    f"training loss is {value} at epoch {p.epoch}, batch {p.batch_in_epoch - 1} "
-                    f"(step {p.global_step}); policy loop.nonfinite: fail"
-                )
-            self._group_nonfinite = True
-            return
         parts.scaler.scale(loss / group_size).backward()
-        samples = batch_size(batch)
-        p.epoch_loss_sum += value * samples
-        p.epoch_samples += samples
-        self._samples_timed += samples
-        self._last_loss = value
+
+    def _absorb_readings(self) -> None:
+        """Read what is pending (one transfer) into the running sums, applying the non-finite
+        policy to each loss in order: ``fail`` raises naming the micro-batch; ``skip`` marks the
+        group, whose step is then skipped and whose gradients are dropped."""
+        p = self.progress
+        losses, norms = self._pending.read()
+        for norm in norms:
+            p.record_grad_norm(norm)
+        for reading in losses:
+            if not math.isfinite(reading.value):
+                if self.parts.spec.loop.nonfinite == "fail":
+                    raise NonFiniteLossError(
+                        f"training loss is {reading.value} at epoch {reading.epoch}, batch {reading.batch_in_epoch} "
+                        f"(step {reading.step}); policy loop.nonfinite: fail"
+                    )
+                self._group_nonfinite = True
+                continue
+            p.epoch_loss_sum += reading.value * reading.samples
+            p.epoch_samples += reading.samples
+            self._samples_timed += reading.samples
+            self._last_loss = reading.value
 
     def step(self) -> None:
         p, parts = self.progress, self.parts
+        self._absorb_readings()
         if self._group_nonfinite:
             parts.optimizer.zero_grad(set_to_none=True)
             p.nonfinite_steps += 1
             self.control.log(f"step {p.global_step}: non-finite loss, optimizer step skipped (loop.nonfinite: skip)")
         else:
-            p.record_grad_norm(optimizer_step(parts.model, parts.optimizer, parts.scaler, parts.spec.loop.max_grad_norm))
+            self.checkpointer.before_optimizer_step()  # a snapshot still copying from these tensors
+            self._pending.add_norm(optimizer_step_norm_tensor(parts.model, parts.optimizer, parts.scaler,
+                                                              parts.spec.loop.max_grad_norm))
         if parts.scheduler is not None and parts.spec.scheduler.per_step:
             parts.scheduler.step()
         p.global_step += 1
@@ -155,6 +175,7 @@ class TrainingLoop:
     def validate(self, kind: str) -> None:
         """Score the validation set, record the row and the best, checkpoint (mandatory)."""
         p, parts = self.progress, self.parts
+        self._absorb_readings()
         values = evaluate(parts.model, parts.data.val_loader(), parts.device, parts.precision, parts.task)
         lr = self._lr()
         if kind == "epoch" and parts.scheduler is not None and not parts.spec.scheduler.per_step:
@@ -223,12 +244,14 @@ class TrainingLoop:
 
     def _checkpoint(self, kind: str, mandatory: bool, best=None, with_metrics: bool = False) -> None:
         p = self.progress
+        self._absorb_readings()  # the running sums travel in the checkpoint
         request = CheckpointRequest(
             step=p.global_step, epoch=p.epoch, batch_in_epoch=p.batch_in_epoch, kind=kind, best=best,
             metrics_rows=list(self.metrics) if with_metrics else None,
         )
+        stable = train_state.stable_storages(self.parts) if self.parts.device.type == "cuda" else None
         self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads),
-                               request, mandatory=mandatory)
+                               request, mandatory=mandatory, stable=stable)
 
     def _checkpoint_costs(self) -> dict:
         self.checkpointer.poll()

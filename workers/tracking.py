@@ -29,6 +29,7 @@ from schemas.metrics import val_metrics
 from storage.base import ObjectStore
 from storage.checkpointer import CheckpointStats
 from storage.layout import JobPaths
+from storage.priority import lower_this_thread
 
 from . import metrics
 from .control import LoopControl, StepReport
@@ -79,6 +80,7 @@ class TensorBoardTracker:
 
     # --- the background thread --------------------------------------------------------------------
     def _run(self) -> None:
+        lower_this_thread()  # event files are written at a lower priority than training
         state = _WriterState(self.paths)
         try:
             while True:

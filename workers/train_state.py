@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from storage.checkpoint_io import FORMAT_VERSION
+from storage.snapshot import storage_key
 
 from . import rng
 from .components import Components
@@ -31,6 +34,15 @@ def capture(parts: Components, progress: Progress, best: BestTracker, metrics: l
         "metrics": list(metrics),
         "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type},
     }
+
+
+def stable_storages(parts: Components) -> set[int]:
+    """Storage keys of the tensors that only ``optimizer.step`` modifies (the parameters and the
+    optimizer's state): a snapshot may copy them while the next forward and backward run."""
+    keys = {storage_key(p) for p in parts.model.parameters()}
+    for per_param in parts.optimizer.state.values():
+        keys.update(storage_key(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    return keys
 
 
 def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTracker, list[dict]]:

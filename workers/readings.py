@@ -1,0 +1,66 @@
+"""Per-step readings kept on the device and read back in one transfer per optimizer step.
+
+``loss.item()`` on every micro-batch and ``float(grad_norm)`` after every clip are each a device
+synchronisation: on CUDA the host waits for the queue to drain, twice per step. Here the loop
+hands over the loss (and the sample count) of each micro-batch and the pre-clip norm of each
+step as tensors, and reads them all back with one ``tolist()`` when it must know them: before
+the optimizer step (the non-finite policy decides whether to step), and before a validation or
+a checkpoint reads the running sums.
+
+The values read are the same float32 numbers ``.item()`` gave, converted to Python floats in the
+same order, so every sum built from them is bit for bit the one the per-micro-batch reads built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossReading:
+    value: float  # the micro-batch's loss, as .item() gives it
+    samples: int
+    epoch: int  # where it was taken, for the non-finite error message
+    batch_in_epoch: int
+    step: int
+
+
+@dataclass
+class PendingReadings:
+    """Losses of the current accumulation group and norms of past steps, not yet read."""
+
+    _losses: list[torch.Tensor] = field(default_factory=list)
+    _where: list[tuple[int, int, int, int]] = field(default_factory=list)  # samples, epoch, batch, step
+    _norms: list[torch.Tensor] = field(default_factory=list)
+
+    def add_loss(self, loss: torch.Tensor, samples: int, epoch: int, batch_in_epoch: int, step: int) -> None:
+        self._losses.append(loss.detach().reshape(()))
+        self._where.append((samples, epoch, batch_in_epoch, step))
+
+    def add_norm(self, norm: torch.Tensor) -> None:
+        self._norms.append(norm.detach().reshape(()))
+
+    def read(self) -> tuple[list[LossReading], list[float]]:
+        """Everything pending, as Python floats, in the order it was added; then empty."""
+        tensors = self._losses + self._norms
+        if not tensors:
+            return [], []
+        values = _to_floats(tensors)
+        n = len(self._losses)
+        losses = [LossReading(v, *where) for v, where in zip(values[:n], self._where)]
+        norms = values[n:]
+        self._losses, self._where, self._norms = [], [], []
+        return losses, norms
+
+
+def _to_floats(tensors: list[torch.Tensor]) -> list[float]:
+    """One transfer: float32 values become the same Python floats ``.item()`` gives (a float32
+    widened to a double), and other dtypes are widened the same way ``.item()`` would."""
+    dtype: Optional[torch.dtype] = tensors[0].dtype
+    if any(t.dtype != dtype or t.device != tensors[0].device for t in tensors):
+        return [t.item() for t in tensors]  # mixed dtypes or devices (rare): read one by one
+    if len(tensors) == 1:
+        return [tensors[0].item()]
+    return torch.stack(tensors).tolist()
