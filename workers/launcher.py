@@ -98,7 +98,7 @@ class Ranks:
         if isinstance(exc, (FencedOut, KeyboardInterrupt, SystemExit)):
             return exc
         collective = any(_is_collective_error(e) for e in _chain(exc))
-        deadline = time.monotonic() + (5.0 if collective else 0.5)  # a dead rank's sockets close before it is reaped
+        deadline = time.monotonic() + (5.0 if collective else 2.0)  # a dead rank's sockets close before it is reaped
         while True:
             for rank, proc in enumerate(self.procs, start=1):
                 code = proc.poll()

@@ -1,6 +1,9 @@
 """Data-parallel jobs (resources.processes: 2, gloo on the CPU): sharding, exact resume, refusals."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from schemas.errors import PermanentError
@@ -79,3 +82,24 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+def test_a_rank_killed_tears_the_group_down_without_a_hang(tmp_path):
+    """SIGKILL rank 1 alone: rank 0 sees the broken collective, names the rank and exits (a worker
+    would release the job as a worker loss); nothing is left running."""
+    import re
+    import time
+
+    from tests.workers.test_ddp_workers import alive
+
+    spec_path = write_spec(tmp_path, make_spec(**{**SPEC2, "loop": {**SPEC2["loop"], "epochs": 40}}))
+    log = tmp_path / "run.log"
+    proc = start_baton("run", str(spec_path), "--id", "k", "--storage", FileStore(tmp_path / "store").url, log=log)
+    deadline = time.monotonic() + 60
+    while not re.search(r"epoch 0: step", log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rank1 = int(re.search(r"ranks 1\.\.1 are pids (\d+)", log.read_text())[1])
+    os.kill(rank1, signal.SIGKILL)
+    assert proc.wait(timeout=30) == 1
+    assert "RankLost: rank 1 killed by SIGKILL" in log.read_text()
+    assert not alive(rank1)
