@@ -12,12 +12,9 @@ that run the same loop with no checkpointer of their own.
   used for the training loss only (``DistributedTask``), so ``parts.model`` stays the plain module
   and a checkpoint's ``model`` is what a single-process job's is. Every rank holds the same
   optimizer state and steps on the same averaged gradients: one rank's copy is the state.
-- **Data.** ``data.batch_size`` is per rank. Every pass's order is drawn identically on every rank
-  from the seed, cut into global batches of N x batch_size, and rank r takes its contiguous share
-  of each (``share``): the data position stays (epoch, global batches consumed), and a resumed
-  rank skips consumed batches by index. Validation samples are split into N contiguous shards;
-  torchmetrics sums each metric's state over ranks on ``compute()``, so validation is still
-  averaged per sample over the whole set.
+- **Data.** ``data.batch_size`` is per rank; each rank trains on its share of every global batch
+  and validates on its shard (``sharding.py``), built before the scheduler so that the schedule
+  counts global steps.
 - **Randomness.** Every rank builds its components after seeding with the job's seed (identical
   initial weights); ranks r > 0 then reseed from (seed, rank), so their dropout streams differ.
   A checkpoint holds every rank's RNG, loader state and progress (its running loss sums are its
@@ -33,7 +30,6 @@ that run the same loop with no checkpointer of their own.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -49,7 +45,7 @@ from storage.checkpointer import AsyncCheckpointer, CheckpointerTotals, Checkpoi
 from . import rng
 from .components import Components
 from .control import LoopControl, StepReport
-from .data import DataPlan, EpochBatches, TrainView, derive_seed
+from .data import derive_seed
 from .progress import Progress
 from .task_api import BoundTask
 
@@ -77,73 +73,6 @@ def check_same_processes(state: Optional[dict], processes: int) -> None:
             f"resources.processes: this job's checkpoints were written by {saved} process(es) and the spec asks for "
             f"{processes}; a job resumes only with the same count (each rank's RNG and data share are in the "
             f"checkpoint). Set resources.processes: {saved}, or start a new job")
-
-
-def share(batch: list[int], rank: int, world_size: int) -> list[int]:
-    """Rank ``rank``'s contiguous share of one global batch (sizes differ by at most one). A short
-    last batch with fewer samples than ranks gives the ranks without a share one sample of it again
-    (as DistributedSampler pads), so every rank has a batch to step on."""
-    base, extra = divmod(len(batch), world_size)
-    start = rank * base + min(rank, extra)
-    mine = batch[start:start + base + (1 if rank < extra else 0)]
-    return mine if mine else batch[rank % len(batch):rank % len(batch) + 1]
-
-
-def shard_range(n: int, rank: int, world_size: int) -> range:
-    """Rank ``rank``'s contiguous part of ``n`` items (sizes differ by at most one)."""
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    return range(start, start + base + (1 if rank < extra else 0))
-
-
-class RankBatches(EpochBatches):
-    """This rank's share of every global batch of one epoch, from global batch ``start``."""
-
-    def __init__(self, n: int, batch_size: int, seed: int, epoch: int, start: int, rank: int, world_size: int):
-        super().__init__(n, batch_size * world_size, seed, epoch, start)
-        self.rank, self.world_size = rank, world_size
-
-    def __iter__(self):
-        for batch in super().__iter__():
-            yield share(batch, self.rank, self.world_size)
-
-
-@dataclass
-class ShardedPlan:
-    """A map-style plan as one rank sees it: the same passes, in global batches, its share of each."""
-
-    plan: DataPlan
-    rank: int
-    world_size: int
-
-    @property
-    def batches_per_pass(self) -> Optional[int]:
-        return math.ceil(len(self.plan.train_indices) / (self.plan.loading.spec.batch_size * self.world_size))
-
-    def train_batches(self, epoch: int, start_batch: int = 0):
-        plan, seed = self.plan, self.plan.loading.seed
-        view = TrainView(plan.base, plan.train_indices, seed, epoch)
-        batches = RankBatches(len(view), plan.loading.spec.batch_size, seed, epoch, start_batch, self.rank, self.world_size)
-        loader_seed = derive_seed(seed, "loader", epoch) if self.rank == 0 else derive_seed(seed, "loader", epoch, self.rank)
-        return plan.loading.loader(view, loader_seed, batch_sampler=batches)
-
-    def end_pass(self) -> None:
-        self.plan.end_pass()
-
-    def val_loader(self):
-        plan = self.plan
-        indices = plan.val_indices if plan.val_indices is not None else list(range(len(plan.val_set)))
-        if len(indices) < self.world_size:
-            raise PermanentError(f"resources.processes: {self.world_size} ranks need at least as many validation "
-                                 f"samples; there are {len(indices)}")
-        mine = [indices[i] for i in shard_range(len(indices), self.rank, self.world_size)]
-        return plan.loading.val_loader(plan.val_set, mine)
-
-    def state_dict(self) -> Optional[dict]:
-        return self.plan.state_dict()
-
-    def load_state_dict(self, state: Optional[dict]) -> None:
-        self.plan.load_state_dict(state)
 
 
 class DistributedTask(BoundTask):
@@ -192,13 +121,10 @@ class RankGroup:
 
     # --- building the rank's pieces ---------------------------------------------------------
     def adopt(self, parts: Components) -> Components:
-        """Shard the data, wrap the model in DDP for the training loss, give this rank its RNG."""
-        if not isinstance(parts.data, DataPlan):
-            raise PermanentError("resources.processes > 1 needs a map-style data set (an IterableDataset cannot "
-                                 "yet be sharded across ranks exactly)")
+        """Wrap the model in DDP for the training loss and give this rank its RNG (the components
+        were built for this rank: ``build_components(..., rank, world_size)`` shards the data)."""
         device_ids = [parts.device.index] if parts.device.type == "cuda" else None
         ddp = DistributedDataParallel(parts.model, device_ids=device_ids)
-        parts.data = ShardedPlan(parts.data, self.rank, self.world_size)
         parts.task = DistributedTask(parts.task, ddp)
         if self.rank:
             rng.seed_all(derive_seed(self.seed, "rank", self.rank))

@@ -74,7 +74,7 @@ def run_rank(args: dict) -> None:
     group = RankGroup.join(store_client, rank, world_size, args["device_type"], spec.seed)
     try:
         rng.seed_all(spec.seed)
-        parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"])))
+        parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size))
         paths = JobPaths(args["job_id"]).for_attempt(args["attempt"])
         loop = TrainingLoop(parts, None, group.control(control), args["cpu_threads"], group=group)
         loop.checkpointer = group.checkpointer(None, parts, paths, lambda: loop.progress)

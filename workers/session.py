@@ -93,7 +93,8 @@ def _attempt(
     try:
         device = group.device if group is not None else resolve_device(spec.resources.device)
         rng.seed_all(spec.seed)
-        parts = build_components(spec, device, allowed_prefixes)
+        place = (group.rank, group.world_size) if group is not None else (0, 1)
+        parts = build_components(spec, device, allowed_prefixes, *place)
         checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence,
                                          on_commit=on_commit, pin_memory=device.type == "cuda",
                                          upload_retry_s=upload_retry_s, log=control.log)

@@ -11,29 +11,19 @@ import time
 
 import pytest
 
-from tests.helpers import (assert_bit_equal, assert_same_training, final_state, make_spec, read_manifest,
-                           run_reference)
+from tests.helpers import assert_bit_equal, assert_same_training, final_state, read_manifest
+from tests.workers.test_ddp import SPEC2, alive
 from tests.workers.test_worker_loss import running_at_step, wait_for
 
 pytestmark = pytest.mark.slow
 
-SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 150, "delay_s": 0.004},
-                       "batch_size": 16},
-                 loop={"epochs": 3}, checkpoint={"every_steps": 3, "keep_last": 3}, resources={"processes": 2})
+SPEC = SPEC2  # 2 ranks, slow data, 3 epochs of 12 steps, a checkpoint every 3 steps
 
 
 def rank_pids(worker) -> list[int]:
     """The PIDs of the ranks 1..N-1 the worker's latest attempt started (from its log)."""
     found = re.findall(r"ranks 1\.\.\d+ are pids ([\d, ]+)", worker.log())
     return [int(p) for p in found[-1].split(",")] if found else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def sigkill_worker_pid_when(worker, store, job_id: str, ready) -> dict:
@@ -55,9 +45,8 @@ def sigkill_worker_pid_when(worker, store, job_id: str, ready) -> dict:
     raise AssertionError("kill condition never held")
 
 
-def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orphans(cluster, tmp_path):
-    (tmp_path / "ref").mkdir()
-    reference = run_reference(tmp_path / "ref", SPEC)
+def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orphans(cluster, ddp_reference):
+    reference = ddp_reference
     cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "ddp")
     holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
