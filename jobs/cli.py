@@ -255,6 +255,8 @@ def worker(
     concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Jobs at once (one process each)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="'all' or indices like 0,1: one job per GPU, each "
                                        "process pinned to its own (overrides --concurrency)."),
+    gpus_per_job: int = typer.Option(1, "--gpus-per-job", min=1, help="GPUs per worker process (with --gpus): "
+                                     "serves data-parallel jobs of up to this many ranks (resources.processes)."),
     loglevel: str = typer.Option("INFO", "--loglevel", help="Celery log level."),
 ) -> None:
     """Start a worker: a Celery worker with baton's settings, one job per process."""
@@ -262,7 +264,7 @@ def worker(
 
     logging.getLogger("baton").setLevel(logging.INFO)
     try:
-        code = run_worker(name, queues, concurrency, loglevel, gpus)
+        code = run_worker(name, queues, concurrency, loglevel, gpus, gpus_per_job)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)

@@ -221,6 +221,12 @@ class ResourcesSpec(_Spec):
         None, gt=0, le=1024,
         description="torch intra-op threads; null: the first attempt's count, re-applied on every resume.",
     )
+    processes: int = Field(
+        1, ge=1, le=64,
+        description="Data-parallel ranks on one node (torch.distributed: gloo on cpu, NCCL on cuda, one GPU per rank); "
+                    "data.batch_size is per rank, so a step's global batch is processes x batch_size. Part of the "
+                    "reproducible configuration: a job resumes only with the same count.",
+    )
 
 
 class RetrySpec(_Spec):
@@ -278,6 +284,9 @@ class JobSpec(_Spec):
         if self.loop.max_steps is not None and self.scheduler.name in ("cosine", "step"):
             problems.add("scheduler.name", f"{self.scheduler.name} steps once per epoch; a step-based run (loop.max_steps) "
                                            "needs a per-step schedule: warmup_cosine, constant_warmup, onecycle or none")
+        if self.resources.processes > 1 and self.loop.nonfinite == "skip":
+            problems.add("loop.nonfinite", "skip is not supported with resources.processes > 1 (a rank skipping its "
+                                           "backward would desynchronise the ranks' gradient all-reduce); use fail")
         problems.lines.extend(monitor_problems(self.task, self.checkpoint.monitor, self.checkpoint.mode))
         problems.raise_if_any()
         return self

@@ -19,6 +19,7 @@ from schemas.spec import JobSpec, OptimizerSpec, SchedulerSpec
 
 from .amp import Precision
 from .data import DataPlan, Loading
+from .sharding import ShardedPlan
 from .streams import StreamPlan
 from .targets import build_collate, build_dataset, build_model, build_task
 from .task_api import BoundTask
@@ -88,7 +89,7 @@ def build_scheduler(
 class Components:
     spec: JobSpec
     device: torch.device
-    data: Union[DataPlan, StreamPlan]
+    data: Union[DataPlan, StreamPlan, ShardedPlan]
     model: nn.Module
     task: BoundTask
     optimizer: torch.optim.Optimizer
@@ -110,13 +111,19 @@ def run_length(spec: JobSpec, data: Union[DataPlan, StreamPlan]) -> Optional[int
     return spec.loop.epochs * -(-data.batches_per_pass // spec.loop.grad_accum_steps)
 
 
-def build_data(spec: JobSpec, device: torch.device, allowed_prefixes: tuple[str, ...]) -> Union[DataPlan, StreamPlan]:
+def build_data(spec: JobSpec, device: torch.device, allowed_prefixes: tuple[str, ...], rank: int = 0,
+               world_size: int = 1) -> Union[DataPlan, StreamPlan, ShardedPlan]:
+    """The data plan; with ``world_size`` > 1, rank ``rank``'s share of it (``sharding.py``)."""
     dataset = build_dataset(spec.data, spec.seed, allowed_prefixes)
     val = build_dataset(spec.data.val, spec.seed, allowed_prefixes) if spec.data.val is not None else None
     loading = Loading(spec.data, spec.seed, build_collate(spec.data.collate, allowed_prefixes), device.type == "cuda")
     if isinstance(dataset, IterableDataset):
+        if world_size > 1:
+            raise PermanentError(f"data target {spec.data.target} is an IterableDataset: resources.processes > 1 needs "
+                                 "a map-style data set (a stream cannot yet be sharded across ranks exactly)")
         return StreamPlan.build(dataset, loading, val, spec.loop.max_steps)
-    return DataPlan.build(dataset, loading, val)
+    plan = DataPlan.build(dataset, loading, val)
+    return plan if world_size == 1 else ShardedPlan(plan, rank, world_size)
 
 
 def check_monitor(spec: JobSpec, task: BoundTask) -> None:
@@ -127,11 +134,13 @@ def check_monitor(spec: JobSpec, task: BoundTask) -> None:
                              f"it reports {sorted(reported)}")
 
 
-def build_components(spec: JobSpec, device: torch.device, allowed_prefixes: tuple[str, ...]) -> Components:
-    """Task, data, model (on its device), then optimizer, scheduler and scaler. Seed the RNGs first."""
+def build_components(spec: JobSpec, device: torch.device, allowed_prefixes: tuple[str, ...], rank: int = 0,
+                     world_size: int = 1) -> Components:
+    """Task, data, model (on its device), then optimizer, scheduler and scaler. Seed the RNGs first.
+    A data-parallel rank gets its share of the data, so the schedule counts global steps."""
     task = build_task(spec.task, allowed_prefixes)
     check_monitor(spec, task)
-    data = build_data(spec, device, allowed_prefixes)
+    data = build_data(spec, device, allowed_prefixes, rank, world_size)
     model = build_model(spec.model, allowed_prefixes).to(device)
     optimizer = build_optimizer(model, spec.optimizer)
     scheduler = build_scheduler(optimizer, spec.scheduler, spec.optimizer.lr, spec.loop.epochs, run_length(spec, data))

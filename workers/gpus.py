@@ -1,7 +1,8 @@
 """``baton worker --gpus``: which worker process gets which GPU.
 
 Each child process sees exactly one device through CUDA_VISIBLE_DEVICES (so ``cuda`` means its
-own GPU and nothing else). Indices in ``--gpus`` count the devices *this* process can see: when
+own GPU and nothing else), or ``--gpus-per-job K`` of them: a worker process for data-parallel jobs
+of up to K ranks (``resources.processes``), one rank per GPU. Indices in ``--gpus`` count the devices *this* process can see: when
 the platform already narrowed CUDA_VISIBLE_DEVICES (Kubernetes, Slurm, docker --gpus), child i
 gets the i-th of those, by the same id or UUID the platform used.
 """
@@ -37,16 +38,24 @@ def parse_gpus(text: str, visible: list[str]) -> list[int]:
     return indices
 
 
-def child_environments(indices: list[int], visible: list[str], metrics_port: int) -> list[dict[str, str]]:
-    """One environment per child process: its single GPU and its own metrics port."""
-    return [{"CUDA_VISIBLE_DEVICES": visible[index], "BATON_METRICS_PORT": str(metrics_port + n if metrics_port else 0)}
-            for n, index in enumerate(indices)]
+def child_environments(indices: list[int], visible: list[str], metrics_port: int,
+                       per_job: int = 1) -> list[dict[str, str]]:
+    """One environment per child process: its GPUs (``per_job`` of them, consecutive in ``indices``:
+    a data-parallel job's ranks use them as cuda:0..per_job-1) and its own metrics port."""
+    if len(indices) % per_job:
+        raise ValueError(f"--gpus-per-job {per_job} does not divide the {len(indices)} GPU(s) of --gpus")
+    groups = [indices[i:i + per_job] for i in range(0, len(indices), per_job)]
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(visible[index] for index in group),
+             "BATON_METRICS_PORT": str(metrics_port + n if metrics_port else 0)}
+            for n, group in enumerate(groups)]
 
 
 def plan(gpus: Optional[str], concurrency: int, env: dict[str, str], device_count: int,
-         metrics_port: int) -> list[dict[str, str]]:
+         metrics_port: int, per_job: int = 1) -> list[dict[str, str]]:
     """The extra environment of each worker process ``baton worker`` should start."""
     if gpus is not None:
         visible = visible_devices(env, device_count)
-        return child_environments(parse_gpus(gpus, visible), visible, metrics_port)
+        return child_environments(parse_gpus(gpus, visible), visible, metrics_port, per_job)
+    if per_job != 1:
+        raise ValueError("--gpus-per-job needs --gpus")
     return [{"BATON_METRICS_PORT": str(metrics_port + n if metrics_port else 0)} for n in range(concurrency)]

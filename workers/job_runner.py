@@ -49,6 +49,7 @@ from storage.open import open_store
 from . import lease
 from . import metrics
 from .control import LoopControl, StepReport, describe_row
+from .launcher import RankLost
 from .preemption import Preemption
 from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
 from .session import run_attempt
@@ -254,6 +255,17 @@ def _catch_up(ctx: WorkerContext, control: "WorkerControl", job_id: str, attempt
     raise FencedOut(f"job {job_id}: the manifest kept moving ahead of attempt {attempt}")
 
 
+def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str) -> None:
+    """Give the job back as a worker loss (counted against retry.max_attempts), for another worker now."""
+    job_id = control.job_id
+    _log.error("job %s: %s; released as a worker loss", job_id, reason)
+    next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, ""),
+                                  "the release of a lost attempt")
+    if next_attempt > 0:
+        metrics.JOBS_RETRIED.labels("rank_lost").inc()
+        _publish(ctx, job_id, next_attempt)
+
+
 def _publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:
     """The outbox's publish; if the broker is away the mark stays and the reaper publishes it later."""
     try:
@@ -335,6 +347,9 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
     except TransientError as exc:
         _release(ctx, control, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
         return "released"
+    except RankLost as exc:  # a data-parallel rank died: infrastructure, counted as a worker loss
+        _release_lost(ctx, control, f"{exc} on {ctx.worker}")
+        return "lost"
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
         _finish(control, JobState.failed, {"error": f"{type(exc).__name__}: {exc}",
                                             "traceback": traceback.format_exc()})

@@ -74,6 +74,10 @@ def register_spec(store: ObjectStore, paths: JobPaths, spec: JobSpec) -> None:
     """Store spec.json, or check that the job's stored spec is this one (a resume must not change it)."""
     if store.exists(paths.spec):
         stored = JobSpec.parse(json.loads(store.get_bytes(paths.spec)))
+        if stored.resources.processes != spec.resources.processes:
+            raise SpecError([f"resources.processes: job {paths.job_id} runs as {stored.resources.processes} process(es); "
+                             f"this spec asks for {spec.resources.processes}. A job resumes only with the same count "
+                             "(each rank's RNG and data share are in its checkpoints); use a new --id"])
         if stored != spec:
             raise SpecError([f"spec: job {paths.job_id} already exists with a different spec; use a new --id"])
         return

@@ -53,6 +53,7 @@ class TrainingLoop:
     progress: Progress = field(default_factory=Progress)
     best: Optional[BestTracker] = None
     metrics: list[dict] = field(default_factory=list)
+    group: Any = None  # a data-parallel job's RankGroup (workers.distributed); None for one process
 
     def __post_init__(self) -> None:
         spec = self.parts.spec
@@ -180,7 +181,7 @@ class TrainingLoop:
         lr = self._lr()
         if kind == "epoch" and parts.scheduler is not None and not parts.spec.scheduler.per_step:
             parts.scheduler.step()
-        train_loss = p.epoch_loss_sum / p.epoch_samples if p.epoch_samples else math.nan
+        train_loss = self._train_loss()
         values["train_loss"] = train_loss
         is_best = self.best.update(values[self.best.metric], p.global_step, p.epoch)
         row = MetricsRow(
@@ -265,6 +266,13 @@ class TrainingLoop:
         }
 
     # --- small readings --------------------------------------------------------------------
+    def _train_loss(self) -> float:
+        """The training loss per sample since the last validation (over every rank's samples)."""
+        loss_sum, samples = self.progress.epoch_loss_sum, self.progress.epoch_samples
+        if self.group is not None:
+            loss_sum, samples = self.group.sum_over_ranks(loss_sum, samples)
+        return loss_sum / samples if samples else math.nan
+
     def _lr(self) -> float:
         return float(self.parts.optimizer.param_groups[0]["lr"])
 

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from schemas.manifest import CheckpointManifest
+from schemas.manifest import CheckpointEntry, CheckpointManifest
 from schemas.spec import JobSpec
 from storage.base import ObjectStore
 from storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
@@ -21,7 +21,9 @@ from . import rng, train_state
 from .components import build_components
 from .control import LoopControl
 from .determinism import configure, resolve_device
+from .distributed import RankGroup, check_same_processes
 from .finalize import finalize
+from .launcher import Ranks, check_devices
 from .loop import Outcome, TrainingLoop
 from .resume import load_latest_good, pin_resume_point
 from .tracking import TensorBoardTracker, TrackedControl
@@ -84,25 +86,70 @@ def _attempt(
     state, entry = load_latest_good(store, manifest, control.log)
     pin_resume_point(manifests, attempt, entry, control.log)
 
-    device = resolve_device(spec.resources.device)
+    check_same_processes(state, spec.resources.processes)
     threads = spec.resources.cpu_threads or (state["config"]["cpu_threads"] if state else torch.get_num_threads())
     configure(spec.loop.deterministic, threads)
-    rng.seed_all(spec.seed)
-    parts = build_components(spec, device, allowed_prefixes)
-    checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence, on_commit=on_commit,
-                                     pin_memory=device.type == "cuda", upload_retry_s=upload_retry_s, log=control.log)
-    loop = TrainingLoop(parts, checkpointer, control, threads)
-    if state is not None:
-        loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
-        control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
+    ranks = group = None
+    if spec.resources.processes > 1:
+        ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log)
     try:
-        outcome = loop.run()
-    except BaseException:
-        checkpointer.abandon()
-        raise
-    checkpointer.close()
+        device = group.device if group is not None else resolve_device(spec.resources.device)
+        rng.seed_all(spec.seed)
+        place = (group.rank, group.world_size) if group is not None else (0, 1)
+        parts = build_components(spec, device, allowed_prefixes, *place)
+        checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence,
+                                         on_commit=on_commit, pin_memory=device.type == "cuda",
+                                         upload_retry_s=upload_retry_s, log=control.log)
+        saver, loop_control = checkpointer, control
+        if group is not None:  # rank 0 of a data-parallel job: shared stop flag, every rank's state in checkpoints
+            parts = group.adopt(parts)
+            saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
+            loop_control = group.control(control)
+        loop = TrainingLoop(parts, saver, loop_control, threads, group=group)
+        if state is not None:
+            loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
+            if group is not None:
+                loop.progress = group.restore(parts, state)
+            control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
+        try:
+            outcome = loop.run()
+        except BaseException:
+            checkpointer.abandon()
+            raise
+        checkpointer.close()
+    except BaseException as exc:
+        if ranks is None:
+            raise
+        explained = ranks.explain(exc)  # before the other ranks are killed: whether one died first
+        ranks.kill()
+        group.close()
+        if explained is exc:
+            raise
+        raise explained from exc
+    if ranks is not None:
+        ranks.finish()
+        group.close()
     report = None
     if outcome.completed:
         report = finalize(store, paths, attempt, spec.model_dump(mode="json"), parts.model, loop.metrics,
                           loop.best.state_dict(), fence, control.log)
     return AttemptResult(outcome, entry.step if entry else None, report)
+
+
+def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, entry: Optional[CheckpointEntry],
+                threads: int, allowed_prefixes: tuple[str, ...], log: Callable[[str], None]) -> tuple[Ranks, RankGroup]:
+    """Start ranks 1..N-1 (each resumes from ``entry`` itself) and join the group as rank 0."""
+    device_type = resolve_device(spec.resources.device).type
+    check_devices(device_type, spec.resources.processes)
+    args = {"spec": spec.model_dump(mode="json"), "job_id": job_id, "attempt": attempt, "storage_url": store.url,
+            "resume_key": entry.key if entry else None, "resume_sha256": entry.sha256 if entry else None,
+            "cpu_threads": threads, "device_type": device_type, "allowed_prefixes": list(allowed_prefixes)}
+    ranks = Ranks(spec.resources.processes, args, log)
+    try:
+        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed)
+    except BaseException as exc:
+        explained = ranks.explain(exc)
+        ranks.kill()
+        if explained is exc:
+            raise
+        raise explained from exc

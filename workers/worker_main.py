@@ -121,7 +121,8 @@ def check_storage(storage_url: str) -> Optional[str]:
     return None
 
 
-def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str, gpus: Optional[str] = None) -> int:
+def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str, gpus: Optional[str] = None,
+               gpus_per_job: int = 1) -> int:
     from schemas.settings import BatonSettings
 
     from .gpus import plan
@@ -136,7 +137,7 @@ def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str
         import torch
 
         device_count = torch.cuda.device_count()
-    children = plan(gpus, concurrency, dict(os.environ), device_count, BatonSettings().metrics_port)
+    children = plan(gpus, concurrency, dict(os.environ), device_count, BatonSettings().metrics_port, gpus_per_job)
     if len(children) == 1 and gpus is None:
         run_one(name, queues, loglevel)
         return 0

@@ -37,3 +37,11 @@ def test_bad_gpu_lists_are_refused_naming_the_problem(gpus, count, message):
 def test_without_gpus_concurrency_gives_that_many_cpu_children():
     children = plan(None, 3, {"CUDA_VISIBLE_DEVICES": "0"}, device_count=1, metrics_port=9100)
     assert children == [{"BATON_METRICS_PORT": "9100"}, {"BATON_METRICS_PORT": "9101"}, {"BATON_METRICS_PORT": "9102"}]
+
+
+def test_gpus_per_job_groups_consecutive_gpus_into_one_worker_process():
+    children = plan("all", 1, {}, device_count=8, metrics_port=0, per_job=4)
+    assert [c["CUDA_VISIBLE_DEVICES"] for c in children] == ["0,1,2,3", "4,5,6,7"]
+    assert [c["CUDA_VISIBLE_DEVICES"] for c in plan("all", 1, {}, device_count=8, metrics_port=0, per_job=8)] == ["0,1,2,3,4,5,6,7"]
+    with pytest.raises(ValueError, match="does not divide"):
+        plan("0,1,2", 1, {}, device_count=8, metrics_port=0, per_job=2)

@@ -1,0 +1,235 @@
+"""Data-parallel training (``resources.processes: N``) on torch.distributed, one node.
+
+One attempt is the whole group. Rank 0 is the process that runs the attempt (``baton run``, or a
+worker's task): it alone holds the lease, fences and commits, through the same checkpointer as a
+single-process job. Ranks 1..N-1 are child processes (``workers.launcher``, ``workers.rank_main``)
+that run the same loop with no checkpointer of their own.
+
+- **Backends.** gloo on the CPU, NCCL on CUDA (one GPU per rank: rank r uses ``cuda:r`` of the
+  devices its worker offers). Flags and small objects travel on a gloo group in both cases, so the
+  per-step stop flag never waits on a CUDA stream.
+- **Model.** ``DistributedDataParallel`` averages gradients across ranks during backward; it is
+  used for the training loss only (``DistributedTask``), so ``parts.model`` stays the plain module
+  and a checkpoint's ``model`` is what a single-process job's is. Every rank holds the same
+  optimizer state and steps on the same averaged gradients: one rank's copy is the state.
+- **Data.** ``data.batch_size`` is per rank; each rank trains on its share of every global batch
+  and validates on its shard (``sharding.py``), built before the scheduler so that the schedule
+  counts global steps.
+- **Randomness.** Every rank builds its components after seeding with the job's seed (identical
+  initial weights); ranks r > 0 then reseed from (seed, rank), so their dropout streams differ.
+  A checkpoint holds every rank's RNG, loader state and progress (its running loss sums are its
+  own) under ``ranks``, gathered to rank 0 at
+  each checkpoint, and each rank restores its own.
+- **Stop agreement.** After every optimizer step the ranks all-reduce a one-int stop flag (MAX):
+  SIGTERM reaching any rank (or rank 0's cancel, lease loss) stops them all at the same step, and
+  rank 0 writes the one stop checkpoint.
+- **Loss of a rank.** A rank that dies breaks the next collective on the others (gloo and NCCL
+  report a closed peer), and a collective that hangs times out after ``BATON_COLLECTIVE_TIMEOUT_S``.
+  Rank 0 then raises ``RankLost`` (retried as a worker loss) or ``RankFailed`` (the job's code
+  raised on that rank: not retried), and kills the other ranks by PID (``launcher``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from schemas.errors import PermanentError
+from storage.checkpointer import AsyncCheckpointer, CheckpointerTotals, CheckpointRequest
+
+from . import rng
+from .components import Components
+from .control import LoopControl, StepReport
+from .data import derive_seed
+from .progress import Progress
+from .task_api import BoundTask
+
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("BATON_COLLECTIVE_TIMEOUT_S", "1800"))
+"""How long any collective may wait for the other ranks. A rank that dies is noticed at once (its
+peers' sockets close); this bounds a rank that hangs alive. It must exceed the longest wait rank 0
+can impose on the others: an epoch-end checkpoint waiting for the upload in flight."""
+
+RENDEZVOUS_TIMEOUT_S = 120.0
+"""How long the ranks may take to start and find each other."""
+
+STOP_CODES = {"interrupted": 1, "preempted": 2, "cancelled": 3}
+"""The stop flag's values; MAX across ranks wins (a cancel outranks a preemption)."""
+_REASONS = {code: reason for reason, code in STOP_CODES.items()}
+
+
+def check_same_processes(state: Optional[dict], processes: int) -> None:
+    """A checkpoint resumes only with the rank count that wrote it (each rank's RNG and data share
+    belong to it; resharding would change the bits)."""
+    if state is None:
+        return
+    saved = int(state.get("config", {}).get("processes", 1))
+    if saved != processes:
+        raise PermanentError(
+            f"resources.processes: this job's checkpoints were written by {saved} process(es) and the spec asks for "
+            f"{processes}; a job resumes only with the same count (each rank's RNG and data share are in the "
+            f"checkpoint). Set resources.processes: {saved}, or start a new job")
+
+
+class DistributedTask(BoundTask):
+    """The job's task, with the training loss computed through DDP (which averages the gradients
+    across ranks in backward). Validation scores the plain module, after its buffers (BatchNorm's
+    running statistics) are made rank 0's on every rank, as DDP does before each training forward."""
+
+    def __init__(self, bound: BoundTask, ddp: DistributedDataParallel):
+        self.__dict__.update(bound.__dict__)
+        self.ddp = ddp
+
+    def loss(self, model, batch):
+        return super().loss(self.ddp, batch)
+
+    def new_metrics(self, device: torch.device):
+        for buffer in self.ddp.module.buffers():  # every rank calls this once per validation
+            dist.broadcast(buffer, src=0)
+        return super().new_metrics(device)
+
+
+@dataclass
+class RankGroup:
+    """This process's place in the job's process group."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    seed: int
+    control_group: Any = None  # gloo: stop flags and gathered objects
+    closed: bool = field(default=False)
+
+    @classmethod
+    def join(cls, store: "dist.Store", rank: int, world_size: int, device_type: str, seed: int,
+             timeout_s: float = COLLECTIVE_TIMEOUT_S) -> "RankGroup":
+        """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store``."""
+        if device_type == "cuda":
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+        return cls(rank, world_size, device, seed, control)
+
+    # --- building the rank's pieces ---------------------------------------------------------
+    def adopt(self, parts: Components) -> Components:
+        """Wrap the model in DDP for the training loss and give this rank its RNG (the components
+        were built for this rank: ``build_components(..., rank, world_size)`` shards the data)."""
+        device_ids = [parts.device.index] if parts.device.type == "cuda" else None
+        ddp = DistributedDataParallel(parts.model, device_ids=device_ids)
+        parts.task = DistributedTask(parts.task, ddp)
+        if self.rank:
+            rng.seed_all(derive_seed(self.seed, "rank", self.rank))
+        return parts
+
+    def control(self, inner: LoopControl) -> "GroupControl":
+        return GroupControl(inner, self)
+
+    def checkpointer(self, inner: Optional[AsyncCheckpointer], parts: Components, paths,
+                     progress_of: Callable[[], Progress]) -> "GroupCheckpointer":
+        return GroupCheckpointer(self, inner, parts, paths, progress_of)
+
+    def restore(self, parts: Components, state: dict) -> Progress:
+        """Put back this rank's own RNG and loader state (``train_state.restore`` put rank 0's) and
+        return its own progress (the position is every rank's; the running loss sums are its own)."""
+        mine = state["ranks"][self.rank]
+        parts.data.load_state_dict(mine["data"])
+        rng.restore(mine["rng"], parts.device.type)
+        return Progress.from_state(mine["progress"])
+
+    # --- collectives ------------------------------------------------------------------------
+    def agree_stop(self, local: Optional[str]) -> Optional[str]:
+        """Every rank calls this after every optimizer step; all get a reason if any rank has one."""
+        flag = torch.tensor([STOP_CODES.get(local, 2) if local is not None else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control_group)
+        code = int(flag.item())
+        if code == 0:
+            return None
+        return local if local is not None else _REASONS[code]
+
+    def sum_over_ranks(self, *values: float) -> list[float]:
+        totals = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(totals, group=self.control_group)
+        return totals.tolist()
+
+    def gather_to_first(self, obj: Any) -> Optional[list]:
+        out = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.control_group)
+        return out
+
+    def close(self) -> None:
+        if not self.closed and dist.is_initialized():
+            self.closed = True
+            dist.destroy_process_group()
+
+
+class GroupControl(LoopControl):
+    """The loop's control for one rank: stop reasons agreed across the group, the rest passed on."""
+
+    def __init__(self, inner: LoopControl, group: RankGroup):
+        self.inner, self.group = inner, group
+
+    def stop_reason(self) -> Optional[str]:
+        return self.group.agree_stop(self.inner.stop_reason())
+
+    def on_step(self, report: StepReport) -> None:
+        self.inner.on_step(report)
+
+    def on_epoch(self, row: dict) -> None:
+        self.inner.on_epoch(row)
+
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
+        self.inner.on_resume(step, epoch, batch_in_epoch, attempt)
+
+    def log(self, message: str) -> None:
+        self.inner.log(message)
+
+
+class GroupCheckpointer:
+    """The checkpointer as the loop sees it on every rank. A save is a collective: every rank's RNG
+    and loader state is gathered to rank 0 (whether or not rank 0 then skips a periodic one, so the
+    ranks never disagree on the collectives), and rank 0's checkpointer takes the snapshot with the
+    gathered states under ``ranks``. Other ranks write nothing."""
+
+    def __init__(self, group: RankGroup, inner: Optional[AsyncCheckpointer], parts: Components, paths,
+                 progress_of: Callable[[], Progress]):
+        self.group, self.inner, self.parts, self.progress_of = group, inner, parts, progress_of
+        self.paths = inner.paths if inner is not None else paths
+        self.totals = inner.totals if inner is not None else CheckpointerTotals()
+
+    def save(self, capture: Callable[[], dict], request: CheckpointRequest, mandatory: bool) -> bool:
+        mine = {"rng": rng.capture(self.parts.device.type), "data": self.parts.data.state_dict(),
+                "progress": self.progress_of().state_dict()}
+        ranks = self.group.gather_to_first(mine)
+        if self.inner is None:
+            return False
+        return self.inner.save(lambda: with_ranks(capture(), ranks), request, mandatory)
+
+    def poll(self) -> None:
+        if self.inner is not None:
+            self.inner.poll()
+
+    def wait(self) -> None:
+        if self.inner is not None:
+            self.inner.wait()
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+    def abandon(self) -> None:
+        if self.inner is not None:
+            self.inner.abandon()
+
+
+def with_ranks(state: dict, ranks: list) -> dict:
+    """A group's checkpoint: a single-process one plus every rank's own state and the rank count."""
+    return {**state, "ranks": ranks, "config": {**state["config"], "processes": len(ranks)}}

@@ -1,0 +1,187 @@
+"""Starting, watching and ending the ranks 1..N-1 of a data-parallel attempt (rank 0 is this process).
+
+Each rank is ``python -m workers.rank_main`` with its arguments in ``BATON_RANK_ARGS``. Rank 0
+opens the rendezvous (a ``TCPStore`` on a free loopback port) before starting them, so there is no
+port to race for. No rank outlives its attempt:
+- a rank asks the kernel for SIGKILL when rank 0 dies (``PR_SET_PDEATHSIG``, set by the rank
+  itself at start, then it checks that its parent is still the one that started it): a SIGKILLed
+  worker leaves no rank behind;
+- rank 0 kills the ranks by PID whenever the attempt ends other than by finishing (fenced out,
+  an exception, a stop), and waits for them;
+- a watchdog thread notices a rank that exits early; if rank 0 is then still not out of the
+  attempt after ``RANK_LOSS_GRACE_S`` (stuck in a collective that neither fails nor times out),
+  it kills the ranks and ends this process (exit 70), so a worker never hangs holding a job: its
+  lease expires and the job is re-queued as a worker loss.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch.distributed as dist
+
+from schemas.errors import BatonError, FencedOut, PermanentError, UserCodeError
+
+_log = logging.getLogger("baton.worker")
+
+ARGS_ENV = "BATON_RANK_ARGS"
+EXIT_USER_CODE = 65
+"""A rank's exit status when the job's own code (or spec) failed there: the job fails, no retry."""
+EXIT_HUNG = 70
+RANK_LOSS_GRACE_S = 30.0
+"""How long rank 0 may take to leave the attempt after another rank died, before the watchdog ends it."""
+FINISH_WAIT_S = 60.0
+"""How long a finished attempt waits for the other ranks to exit on their own."""
+HOST = "127.0.0.1"
+
+
+class RankLost(BatonError):
+    """A rank of a data-parallel attempt died (killed, out of memory, its process gone):
+    infrastructure, so the job is retried as a worker loss."""
+
+
+class RankFailed(UserCodeError):
+    """The job's own code failed on a rank other than 0: the job fails, it is not retried."""
+
+
+class Ranks:
+    """The child ranks of this attempt, and the rendezvous store rank 0 serves."""
+
+    def __init__(self, world_size: int, args: dict, log: Callable[[str], None],
+                 on_hang: Optional[Callable[[str], None]] = None):
+        self.world_size, self.log = world_size, log
+        self.store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=120))
+        self.procs: list[subprocess.Popen] = []
+        self._ending = threading.Event()
+        self._lost: Optional[str] = None
+        self._on_hang = on_hang or _exit_hung
+        for rank in range(1, world_size):
+            rank_args = {**args, "rank": rank, "world_size": world_size, "host": HOST, "port": self.store.port,
+                         "parent_pid": os.getpid()}
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "workers.rank_main"],
+                                               env={**os.environ, ARGS_ENV: json.dumps(rank_args)}))
+        self.log(f"data-parallel: {world_size} ranks; ranks 1..{world_size - 1} are pids "
+                 f"{', '.join(str(p.pid) for p in self.procs)}")
+        self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
+        self._watchdog.start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _watch(self) -> None:
+        while not self._ending.wait(0.2):
+            for rank, proc in enumerate(self.procs, start=1):
+                code = proc.poll()
+                if code is not None and code != 0 and self._lost is None:
+                    self._lost = describe_exit(rank, code)
+                    self.log(f"data-parallel: {self._lost}; stopping the group")
+                    if self._ending.wait(RANK_LOSS_GRACE_S):
+                        return
+                    self.kill()
+                    self._on_hang(f"{self._lost}, and rank 0 did not leave its collective in {RANK_LOSS_GRACE_S:.0f}s")
+                    return
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """What rank 0's failure means: another rank's death (RankLost), its user-code failure
+        (RankFailed), or rank 0's own error (``exc`` itself). A rank that died explains any error
+        (a broken collective may surface inside the task's forward, wrapped as a TaskError)."""
+        if isinstance(exc, (FencedOut, KeyboardInterrupt, SystemExit)):
+            return exc
+        collective = any(_is_collective_error(e) for e in _chain(exc))
+        deadline = time.monotonic() + (5.0 if collective else 2.0)  # a dead rank's sockets close before it is reaped
+        while True:
+            for rank, proc in enumerate(self.procs, start=1):
+                code = proc.poll()
+                if code == EXIT_USER_CODE:
+                    return RankFailed(f"rank {rank} of {self.world_size}: the job's code failed there (its traceback "
+                                      "is in the log)")
+                if code is not None and code != 0:
+                    return RankLost(describe_exit(rank, code))
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if collective:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return RankLost(f"a collective failed ({type(exc).__name__}: {first}); another rank stopped answering")
+        return exc
+
+    def finish(self) -> None:
+        """The attempt ended normally: the ranks leave on their own (killed after FINISH_WAIT_S)."""
+        self._ending.set()
+        deadline = time.monotonic() + FINISH_WAIT_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank still running, by PID, and reap it."""
+        self._ending.set()
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            proc.wait()
+
+
+def describe_exit(rank: int, code: int) -> str:
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    return f"rank {rank} {how}"
+
+
+def _is_collective_error(exc: BaseException) -> bool:
+    return isinstance(exc, dist.DistError)
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _exit_hung(why: str) -> None:
+    _log.error("data-parallel attempt stuck: %s; exiting", why)
+    logging.shutdown()
+    os._exit(EXIT_HUNG)
+
+
+def check_devices(device_type: str, processes: int) -> None:
+    """A CUDA job of N ranks needs N GPUs visible to this worker (``--gpus-per-job``)."""
+    if device_type != "cuda":
+        return
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < processes:
+        raise PermanentError(f"resources.processes: {processes} ranks need {processes} GPUs, one each; this worker offers "
+                             f"{have}. Route the job to a queue served by workers started with --gpus-per-job "
+                             f"{processes}")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a rank: SIGKILL this process when its parent (rank 0) dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # rank 0 died before the request took effect
+        os._exit(1)

@@ -1,0 +1,103 @@
+"""A rank 1..N-1 of a data-parallel attempt (started by ``workers.launcher``; rank 0 is its parent).
+
+It builds the same components as rank 0, joins the group, resumes from the checkpoint rank 0
+chose (reading and verifying it itself), and runs the same loop without a checkpointer: its RNG
+and loader state reach the checkpoint through rank 0 (``distributed.GroupCheckpointer``).
+SIGTERM/SIGINT set its stop flag, which the group agrees on at the next optimizer step.
+Exit status: 0 when the loop ends, 65 when the job's own code (or spec) failed here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import Optional
+
+from .launcher import ARGS_ENV, EXIT_USER_CODE, die_with_parent
+
+
+class RankControl:
+    """A rank's own control: a stop flag from signals; its logs go to stderr, prefixed."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self._stop: Optional[str] = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self._stop is None:
+            self._stop = "interrupted"  # rank 0 decides what a second signal means
+
+    def stop_reason(self) -> Optional[str]:
+        return self._stop
+
+    def on_step(self, report) -> None:
+        pass
+
+    def on_epoch(self, row: dict) -> None:
+        pass
+
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        print(f"[rank {self.rank}] {message}", file=sys.stderr, flush=True)
+
+
+def run_rank(args: dict) -> None:
+    import torch.distributed as dist
+
+    from schemas.spec import JobSpec
+    from storage.checkpoint_io import load_bytes
+    from storage.layout import JobPaths
+    from storage.open import open_store
+
+    from . import rng, train_state
+    from .components import build_components
+    from .determinism import configure, prepare_process
+    from .distributed import RankGroup
+    from .loop import TrainingLoop
+
+    prepare_process()
+    rank, world_size = args["rank"], args["world_size"]
+    control = RankControl(rank)
+    spec = JobSpec.parse(args["spec"])
+    state = None
+    if args.get("resume_key"):
+        store = open_store(args["storage_url"])
+        state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
+    configure(spec.loop.deterministic, args["cpu_threads"])
+    store_client = dist.TCPStore(args["host"], args["port"], world_size, is_master=False)
+    group = RankGroup.join(store_client, rank, world_size, args["device_type"], spec.seed)
+    try:
+        rng.seed_all(spec.seed)
+        parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size))
+        paths = JobPaths(args["job_id"]).for_attempt(args["attempt"])
+        loop = TrainingLoop(parts, None, group.control(control), args["cpu_threads"], group=group)
+        loop.checkpointer = group.checkpointer(None, parts, paths, lambda: loop.progress)
+        if state is not None:
+            loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
+            loop.progress = group.restore(parts, state)
+        loop.run()
+    finally:
+        group.close()
+
+
+def main() -> int:
+    args = json.loads(os.environ[ARGS_ENV])
+    die_with_parent(args["parent_pid"])
+    from schemas.errors import PermanentError, SpecError, UserCodeError
+
+    try:
+        run_rank(args)
+    except (UserCodeError, PermanentError, SpecError):
+        traceback.print_exc()
+        return EXIT_USER_CODE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
