@@ -31,6 +31,7 @@ that run the same loop with no checkpointer of their own.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -204,14 +205,22 @@ class GroupCheckpointer:
         self.group, self.inner, self.parts, self.progress_of = group, inner, parts, progress_of
         self.paths = inner.paths if inner is not None else paths
         self.totals = inner.totals if inner is not None else CheckpointerTotals()
+        self.gather_s: list[float] = []  # per save: capturing and gathering the ranks' states
 
     def save(self, capture: Callable[[], dict], request: CheckpointRequest, mandatory: bool) -> bool:
+        started = time.perf_counter()
         mine = {"rng": rng.capture(self.parts.device.type), "data": self.parts.data.state_dict(),
                 "progress": self.progress_of().state_dict()}
         ranks = self.group.gather_to_first(mine)
+        self.gather_s.append(time.perf_counter() - started)
         if self.inner is None:
             return False
         return self.inner.save(lambda: with_ranks(capture(), ranks), request, mandatory)
+
+    def describe(self) -> str:
+        """This rank's share of the checkpoint stall (for logs and bench/ddp.py)."""
+        mean_ms = 1000 * sum(self.gather_s) / len(self.gather_s) if self.gather_s else 0.0
+        return f"{len(self.gather_s)} checkpoint gathers, mean {mean_ms:.2f} ms"
 
     def poll(self) -> None:
         if self.inner is not None:

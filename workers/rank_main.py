@@ -82,6 +82,7 @@ def run_rank(args: dict) -> None:
             loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
             loop.progress = group.restore(parts, state)
         loop.run()
+        control.log(loop.checkpointer.describe())
     finally:
         group.close()
 

@@ -5,6 +5,7 @@ LoopControl and their fence.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -89,46 +90,57 @@ def _attempt(
     check_same_processes(state, spec.resources.processes)
     threads = spec.resources.cpu_threads or (state["config"]["cpu_threads"] if state else torch.get_num_threads())
     configure(spec.loop.deterministic, threads)
-    ranks = group = None
-    if spec.resources.processes > 1:
-        ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log)
+    train = functools.partial(_train, spec, job_id, store, attempt, control, state, entry, threads,
+                              allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
+                              upload_retry_s=upload_retry_s)
+    if spec.resources.processes == 1:
+        return train(None)
+    ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log)
     try:
-        device = group.device if group is not None else resolve_device(spec.resources.device)
-        rng.seed_all(spec.seed)
-        place = (group.rank, group.world_size) if group is not None else (0, 1)
-        parts = build_components(spec, device, allowed_prefixes, *place)
-        checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence,
-                                         on_commit=on_commit, pin_memory=device.type == "cuda",
-                                         upload_retry_s=upload_retry_s, log=control.log)
-        saver, loop_control = checkpointer, control
-        if group is not None:  # rank 0 of a data-parallel job: shared stop flag, every rank's state in checkpoints
-            parts = group.adopt(parts)
-            saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
-            loop_control = group.control(control)
-        loop = TrainingLoop(parts, saver, loop_control, threads, group=group)
-        if state is not None:
-            loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
-            if group is not None:
-                loop.progress = group.restore(parts, state)
-            control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
-        try:
-            outcome = loop.run()
-        except BaseException:
-            checkpointer.abandon()
-            raise
-        checkpointer.close()
+        result = train(group)
     except BaseException as exc:
-        if ranks is None:
-            raise
         explained = ranks.explain(exc)  # before the other ranks are killed: whether one died first
         ranks.kill()
         group.close()
         if explained is exc:
             raise
         raise explained from exc
-    if ranks is not None:
-        ranks.finish()
-        group.close()
+    ranks.finish()
+    group.close()
+    return result
+
+
+def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control: LoopControl,
+           state: Optional[dict], entry: Optional[CheckpointEntry], threads: int, group: Optional[RankGroup], *,
+           allowed_prefixes: tuple[str, ...], fence: Callable[[], None],
+           on_commit: Callable[[CheckpointManifest, CheckpointStats], None], upload_retry_s: float) -> AttemptResult:
+    """Build, resume, train and finalize; ``group`` is rank 0's place in a data-parallel job, else None."""
+    paths = JobPaths(job_id)
+    device = group.device if group is not None else resolve_device(spec.resources.device)
+    rng.seed_all(spec.seed)
+    place = (group.rank, group.world_size) if group is not None else (0, 1)
+    parts = build_components(spec, device, allowed_prefixes, *place)
+    checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence, on_commit=on_commit,
+                                     pin_memory=device.type == "cuda", upload_retry_s=upload_retry_s, log=control.log)
+    saver, loop_control = checkpointer, control
+    if group is not None:  # rank 0 of a data-parallel job: a shared stop flag, every rank's state in checkpoints
+        parts = group.adopt(parts)
+        saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
+        loop_control = group.control(control)
+    loop = TrainingLoop(parts, saver, loop_control, threads, group=group)
+    if state is not None:
+        loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
+        if group is not None:
+            loop.progress = group.restore(parts, state)
+        control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
+    try:
+        outcome = loop.run()
+    except BaseException:
+        checkpointer.abandon()
+        raise
+    checkpointer.close()
+    if group is not None:
+        control.log(f"rank 0: {saver.describe()}")
     report = None
     if outcome.completed:
         report = finalize(store, paths, attempt, spec.model_dump(mode="json"), parts.model, loop.metrics,

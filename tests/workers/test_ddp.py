@@ -14,8 +14,10 @@ from schemas.spec import JobSpec
 from storage.file_store import FileStore
 from storage.layout import JobPaths
 from tests.helpers import (assert_bit_equal, assert_same_training, final_state, kill_when, make_spec,
-                           mid_epoch_after_two_checkpoints, read_manifest, run_baton, start_baton, write_spec)
+                           mid_epoch_after_two_checkpoints, read_manifest, start_baton, write_spec)
+from workers.control import LoopControl
 from workers.local import register_spec
+from workers.session import run_attempt
 from workers.distributed import check_same_processes
 from workers.sharding import shard_range, share
 from workers.data import EpochBatches
@@ -48,13 +50,6 @@ def test_a_different_rank_count_is_refused_naming_both():
         check_same_processes({"config": {"processes": 2}}, 1)
     with pytest.raises(PermanentError, match=r"written by 1 process\(es\) and the spec asks for 2"):
         check_same_processes({"config": {"cpu_threads": 1}}, 2)
-
-
-def test_one_process_checkpoints_are_unchanged(run_job):
-    """processes: 1 (the default) starts no group: no per-rank states, no rank count in the config."""
-    result, root, job_id = run_job(make_spec(data={"kwargs": {"n_per_class": 100}}, loop={"epochs": 2}))
-    state = final_state(FileStore(root), job_id)
-    assert "ranks" not in state and "processes" not in state["config"]
 
 
 def alive(pid: int) -> bool:
@@ -93,8 +88,8 @@ def test_two_ranks_sigkilled_twice_mid_epoch_resume_bit_exact(tmp_path, ddp_refe
     assert "resuming cut from step" in log.read_text() and "RankLost: rank 1 killed by SIGKILL" in log.read_text()
     assert not alive(rank1)
 
-    done = run_baton("run", str(spec_path), "--id", "cut", "--storage", store.url)
-    assert done.returncode == 0, done.stdout + done.stderr
+    attempt = read_manifest(store, "cut")["attempt"] + 1  # the last resume in this process, as `baton run` would
+    assert run_attempt(JobSpec.parse(SPEC2), "cut", store, attempt, LoopControl(), allowed_prefixes=("tests",)).outcome.completed
     assert_same_training(ddp_reference, "reference", store, "cut")
     ours, theirs = final_state(store, "cut"), final_state(ddp_reference, "reference")
     assert len(ours["ranks"]) == 2 and ours["config"]["processes"] == 2
@@ -119,6 +114,8 @@ def test_two_ranks_follow_the_loss_curve_of_one_rank_at_twice_the_batch(run_job)
                                       resources={"processes": 2}))
     from tests.workers.conftest import read_rows
 
+    assert "ranks" not in final_state(FileStore(root1), one)  # processes: 1 starts no group: checkpoints as before
+    assert "processes" not in final_state(FileStore(root1), one)["config"]
     rows1, rows2 = read_rows(root1, one), read_rows(root2, two)
     assert [r["step"] for r in rows1] == [r["step"] for r in rows2] == [12, 24, 36, 48]
     for a, b in zip(rows1, rows2):
@@ -126,3 +123,44 @@ def test_two_ranks_follow_the_loss_curve_of_one_rank_at_twice_the_batch(run_job)
             assert abs(a[key] - b[key]) <= 1e-6 * abs(a[key]), (key, a, b)
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)  # the schedule counts global steps
     assert rows1[-1]["train_loss"] < 0.95 * rows1[0]["train_loss"]
+
+
+def test_spec_field_bounds_and_what_n_ranks_refuse():
+    assert JobSpec.parse(make_spec()).resources.processes == 1
+    with pytest.raises(SpecError, match="resources.processes"):
+        JobSpec.parse(make_spec(resources={"processes": 0}))
+    with pytest.raises(SpecError, match="loop.nonfinite: skip is not supported with resources.processes > 1"):
+        JobSpec.parse(make_spec(resources={"processes": 2}, loop={"nonfinite": "skip"}))
+
+
+def test_a_lost_rank_releases_the_job_as_a_worker_loss(monkeypatch, tmp_path):
+    """The job runner's side of RankLost: released as lost (counted), published again, not failed."""
+    from types import SimpleNamespace
+
+    from workers import job_runner
+    from workers.launcher import RankLost
+
+    def lose(*args, **kwargs):
+        raise RankLost("rank 1 killed by SIGKILL")
+    monkeypatch.setattr(job_runner, "run_attempt", lose)
+    calls = []
+    records = SimpleNamespace(release_lost=lambda *a: calls.append(("lost", *a)) or 3,
+                              publish_marked=lambda job_id, attempt, publish: calls.append(("publish", job_id, attempt)),
+                              finish=lambda *a: calls.append(("finish", *a)))
+    ctx = SimpleNamespace(records=records, worker="w0", publish=None, settings=SimpleNamespace(allowed_prefixes=()))
+    control = SimpleNamespace(job_id="j", token="2:w0", leased=lambda call, what: call(), fence=None, on_commit=None)
+    outcome = job_runner._train(ctx, "j", 2, make_spec(resources={"processes": 2}), f"file://{tmp_path}", control)
+    assert outcome == "lost"
+    assert calls == [("lost", "j", "2:w0", "rank 1 killed by SIGKILL on w0", ""), ("publish", "j", 3)]
+
+
+@pytest.mark.gpu
+def test_two_ranks_on_two_gpus_train_with_nccl(run_job):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    spec = make_spec(data={"kwargs": {"n_per_class": 150}, "batch_size": 16}, loop={"epochs": 2},
+                     resources={"device": "cuda", "processes": 2, "cpu_threads": 1})
+    result, root, job_id = run_job(spec)
+    state = final_state(FileStore(root), job_id)
+    assert result.outcome.completed and len(state["ranks"]) == 2 and state["config"]["device_type"] == "cuda"
+    assert state["ranks"][1]["rng"]["cuda"]  # each rank's CUDA generators travel with the checkpoint
