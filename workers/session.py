@@ -5,11 +5,13 @@ LoopControl and their fence.
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
+from schemas.errors import FencedOut, TransientError
 from schemas.manifest import CheckpointManifest
 from schemas.spec import JobSpec
 from storage.base import ObjectStore
@@ -24,6 +26,7 @@ from .determinism import configure, resolve_device
 from .finalize import finalize
 from .loop import Outcome, TrainingLoop
 from .resume import load_latest_good, pin_resume_point
+from .mlflow_tracking import MlflowTracker, tracking_uri
 from .tracking import TensorBoardTracker, TrackedControl
 
 
@@ -42,16 +45,53 @@ def run_attempt(
     control: LoopControl,
     *,
     on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
+    worker: Optional[str] = None,
     **options,
 ) -> AttemptResult:
     """One attempt (``_attempt``), with its metrics rows also written as TensorBoard event files
-    (``tracking.py``), fed by the control's callbacks and the commits."""
+    (``tracking.py``) and, where MLFLOW_TRACKING_URI is set, to the job's MLflow run
+    (``mlflow_tracking.py``), fed by the control's callbacks and the commits. ``worker`` names where
+    it runs (MLflow's ``baton.worker`` tag)."""
     tracker = TensorBoardTracker(store, JobPaths(job_id, attempt), control.log)
     tracked = TrackedControl(control, tracker)
+    commits = [on_commit, tracked.on_commit]
+    mlflow = _mlflow_tracker(spec, job_id, store, attempt, worker, control)
+    if mlflow is not None:
+        tracked = TrackedControl(tracked, mlflow)
+        commits.append(tracked.on_commit)
     try:
-        return _attempt(spec, job_id, store, attempt, tracked, on_commit=_chain(on_commit, tracked.on_commit), **options)
+        result = _attempt(spec, job_id, store, attempt, tracked, on_commit=_chain(*commits), **options)
+    except BaseException as exc:
+        if mlflow is not None:
+            mlflow.finish("RUNNING" if isinstance(exc, INFRASTRUCTURE) else "FAILED")
+        raise
+    else:
+        if mlflow is not None:
+            mlflow.finish(_run_status(result.outcome))
     finally:
         tracker.close()
+        if mlflow is not None:
+            mlflow.close()
+    return result
+
+
+INFRASTRUCTURE = (FencedOut, TransientError, KeyboardInterrupt, SystemExit)
+"""Exceptions after which the job goes on (another attempt): its MLflow run stays RUNNING."""
+
+
+def _run_status(outcome: Outcome) -> str:
+    if outcome.completed:
+        return "FINISHED"
+    return "KILLED" if outcome.reason == "cancelled" else "RUNNING"
+
+
+def _mlflow_tracker(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, worker: Optional[str],
+                    control: LoopControl) -> Optional[MlflowTracker]:
+    uri = tracking_uri()
+    if uri is None:
+        return None
+    return MlflowTracker(uri, store, JobPaths(job_id, attempt), spec.model_dump(mode="json"), spec.checkpoint.monitor,
+                         worker or f"local@{socket.gethostname()}", control.log)
 
 
 def _chain(*callbacks: Callable[[CheckpointManifest, CheckpointStats], None]):
