@@ -112,10 +112,10 @@ class Reaper(threading.Thread):
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
         self._worker, self._unclaimed_after_s = worker, unclaimed_after_s
         self._records = JobRecords(client)
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self._period_s):
+        while not self._stopping.wait(self._period_s):
             try:
                 if not take_turn(self._client, self._worker, self._period_s):
                     continue
@@ -126,4 +126,4 @@ class Reaper(threading.Thread):
                 _log.warning("reaper: %s", exc)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
