@@ -252,7 +252,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, spec_data: dict,
             raise SpecError([f"{p} (on worker {ctx.worker})" for p in problems])
         result = run_attempt(spec, job_id, open_store(storage_url), attempt, control,
                              allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
-                             on_commit=control.on_commit, worker=ctx.worker)
+                             on_commit=control.on_commit, worker=ctx.worker, job_log=True)
     except FencedOut as exc:
         metrics.FENCING_EVENTS.inc()
         _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)
