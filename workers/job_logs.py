@@ -26,6 +26,7 @@ an upload that fails is logged once per outage, counted
 """
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 import re
@@ -81,7 +82,9 @@ class Redactor:
 
 
 def stamp(now: Optional[float] = None) -> str:
-    return datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    """UTC time to the millisecond: ``2026-11-22T07:54:19.875Z``."""
+    moment = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 class _Chunks:
@@ -135,6 +138,7 @@ class JobLogCapture:
         self._saved: dict[int, int] = {}
         self._pipes: dict[int, tuple[int, int]] = {}  # fd -> (read end, write end)
         self._partial: dict[int, bytes] = {1: b"", 2: b""}
+        self._decoders = {fd: codecs.getincrementaldecoder("utf-8")(errors="replace") for fd in (1, 2)}
         self._stop = threading.Event()  # the reader's: the attempt is over
         self._final = threading.Event()  # the flusher's: the end marker is written, flush a last time
         self._failing = False
@@ -146,11 +150,16 @@ class JobLogCapture:
     def start(self, header: str) -> "JobLogCapture":
         self.line(BATON_STREAM, header)
         _flush_python_streams()
-        for fd in (1, 2):
-            read_end, write_end = os.pipe()
-            self._saved[fd] = os.dup(fd)
+        try:  # every descriptor first: a half-done redirect would leave a pipe that nobody reads
+            for fd in (1, 2):
+                self._saved[fd] = os.dup(fd)
+                self._pipes[fd] = os.pipe()
+        except OSError:
+            for opened in [*self._saved.values(), *(end for pipe in self._pipes.values() for end in pipe)]:
+                os.close(opened)
+            raise
+        for fd, (_, write_end) in self._pipes.items():
             os.dup2(write_end, fd)
-            self._pipes[fd] = (read_end, write_end)
         self._line_buffering = _line_buffered(True)  # a print reaches the log when its line ends, not 8 KiB later
         self._reader = threading.Thread(target=self._read, name=f"baton-joblog-read-{self.paths.job_id}", daemon=True)
         self._flusher = threading.Thread(target=self._flush_loop, name=f"baton-joblog-flush-{self.paths.job_id}",
@@ -210,9 +219,10 @@ class JobLogCapture:
                 os.close(read_end)
 
     def _take(self, fd: int, data: bytes) -> None:
-        text = self.redact(data.decode("utf-8", errors="replace"))
+        shown = self.redact(self._decoders[fd].decode(data)).encode()  # a character split between reads stays whole
         try:
-            os.write(self._saved[fd], text.encode())
+            while shown:
+                shown = shown[os.write(self._saved[fd], shown):]
         except OSError:
             pass  # the console is gone (a closed terminal): the stored log still gets the line
         *lines, rest = (self._partial[fd] + data).split(b"\n")

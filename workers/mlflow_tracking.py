@@ -1,11 +1,12 @@
 """MLflow tracking: each job is one MLflow run, continued by every attempt, each step logged once.
 
 On when ``MLFLOW_TRACKING_URI`` is set where the job runs (MLflow's own variable; the experiment is
-``MLFLOW_EXPERIMENT_NAME``, else the spec's name). The run holds:
+``MLFLOW_EXPERIMENT_NAME``, else ``baton``: not the spec's name, which a sweep makes ``NAME-N`` per
+job and so would scatter one sweep over many experiments). The run holds:
 - params: the spec, flattened to dotted paths (``optimizer.lr``), logged when the run is created;
 - metrics: every numeric field of each metrics row (``train_loss``, every ``val_NAME``, ``lr``,
   ``grad_norm``, ...) at the row's ``step``, once the checkpoint at that step is committed;
-- tags: ``baton.job_id``, ``baton.attempts`` and ``baton.worker`` (the latest attempt and where it ran,
+- tags: ``baton.job_id``, ``baton.spec_name``, ``baton.attempts`` and ``baton.worker`` (the latest attempt and where it ran,
   ``baton.worker.attempt-N`` for each), ``baton.storage`` (the job's prefix in object storage), and
   ``baton.best_checkpoint`` with the metric, value and step that made it best, then at the end
   ``baton.final_model`` / ``baton.best_model``: object-storage URIs beside the metrics that chose them.
@@ -48,6 +49,7 @@ _log = logging.getLogger("baton.tracking")
 TRACKER = "mlflow"
 URI_VARIABLE = "MLFLOW_TRACKING_URI"
 EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
+DEFAULT_EXPERIMENT = "baton"
 QUEUE_MAX = 10_000
 """Items (rows, commits) waiting for the thread; past it new rows are dropped and counted, never waited for."""
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -235,7 +237,8 @@ class MlflowTracker:
             try:
                 from mlflow import MlflowClient  # optional: baton[mlflow] (mlflow-skinny is enough on workers)
             except ImportError:
-                raise ImportError(f"{URI_VARIABLE} is set but mlflow is not installed (pip install 'baton[mlflow]')") from None
+                raise ImportError(f"{URI_VARIABLE} is set but mlflow is not installed "
+                                  "(pip install 'baton[mlflow]')") from None
 
             self._mlflow_client = MlflowClient(tracking_uri=self.uri)
         return self._mlflow_client
@@ -268,11 +271,11 @@ class MlflowTracker:
         return stored["run_id"]
 
     def _create_run(self, client) -> str:
-        name = os.environ.get(EXPERIMENT_VARIABLE) or self.spec["name"]
+        name = os.environ.get(EXPERIMENT_VARIABLE) or DEFAULT_EXPERIMENT
         experiment = client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else _create_experiment(client, name)
         run = client.create_run(experiment_id, run_name=self.paths.job_id,
-                                tags={"baton.job_id": self.paths.job_id,
+                                tags={"baton.job_id": self.paths.job_id, "baton.spec_name": self.spec["name"],
                                       "baton.storage": f"{self.store.url}/{self.paths.root}"})
         run_id = run.info.run_id
         record = {"tracking_uri": shown_uri(self.uri), "experiment_id": experiment_id, "run_id": run_id}
