@@ -38,7 +38,8 @@ class MlflowServer:
              "--default-artifact-root", f"{self.workdir}/artifacts", "--host", "127.0.0.1", "--port", str(self.port),
              "--workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
-            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+            # no background job runner (a second process importing the server; the tests need none)
+            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         log.close()
         _wait(self._healthy, f"mlflow server on port {self.port}", self.proc, READY_TIMEOUT_S)
         return self
