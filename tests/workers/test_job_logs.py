@@ -111,3 +111,30 @@ def test_redactor_hides_secret_variables_and_url_passwords():
                        "BATON_REDIS_URL": "rediss://user:pw-in-url@redis:6380/0", "HOME": "/home/baton", "X_TOKEN": "1"})
     line = "key abcd1234secret tok sess-tok-9 pw pw-in-url url redis://:other-pass@h:1/0 home /home/baton 1"
     assert redact(line) == "key *** tok *** pw *** url redis://:***@h:1/0 home /home/baton 1"
+
+
+def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
+    """A chunk is rewritten while it grows, left as is when full; readers see every line once, in
+    order, across chunks and attempts."""
+    from jobs.logs import follow_log, log_chunks
+    from storage.file_store import FileStore
+    from storage.layout import JobPaths
+    from workers import job_logs
+
+    monkeypatch.setattr(job_logs, "CHUNK_BYTES", 100)  # two of these lines per chunk
+    store = FileStore(tmp_path / "store")
+    written = []
+    for attempt in (1, 2):
+        chunks = job_logs._Chunks(store, JobPaths("rolled", attempt))
+        for i in range(6):
+            line = f"attempt {attempt} line {i} " + "x" * 20
+            chunks.add(line)
+            written.append(line)
+            if i % 2:
+                chunks.flush()
+    assert [(a, n) for a, n, _ in log_chunks(store, "rolled")] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert read_log(store, "rolled").splitlines() == written
+    assert read_log(store, "rolled", attempt=2).splitlines() == written[6:]
+    shown: list[str] = []
+    follow_log(store, "rolled", shown.append, done=lambda: True)
+    assert "".join(shown).splitlines() == written
