@@ -74,7 +74,8 @@ def tracking_uri(environ=os.environ) -> Optional[str]:
 
 
 def shown_uri(uri: str) -> str:
-    """The tracking URI without ``user:password@`` (it is stored with the job and logged)."""
+    """The tracking URI (or a message quoting it) without ``user:password@``: it is stored with the
+    job and logged."""
     return _CREDENTIALS.sub("", uri)
 
 
@@ -108,7 +109,8 @@ class MlflowTracker:
         for name, value in CLIENT_DEFAULTS.items():
             os.environ.setdefault(name, value)
         self.uri, self.store, self.paths, self.spec = uri, store, paths, spec
-        self.monitor, self.worker, self.log = monitor, worker, log
+        self.monitor, self.worker = monitor, worker
+        self.log = lambda message: log(shown_uri(message))  # MLflow's errors quote the URI, credentials included
         self.run_id: Optional[str] = None
         self._queue: "queue.Queue[tuple[str, Any]]" = queue.Queue(QUEUE_MAX)
         self._pending: list[dict] = []  # rows not yet covered by a commit
