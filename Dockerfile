@@ -15,7 +15,8 @@ COPY schemas ./schemas
 COPY storage ./storage
 COPY workers ./workers
 COPY jobs ./jobs
-RUN pip install ".[digits]" \
+# mlflow: the client (mlflow-skinny), so setting MLFLOW_TRACKING_URI on a worker is enough to track its jobs
+RUN pip install ".[digits,mlflow]" \
  && useradd --create-home --uid 10001 --shell /usr/sbin/nologin baton
 
 USER baton

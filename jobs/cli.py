@@ -249,6 +249,32 @@ def fetch(
 
 
 @app.command()
+def logs(
+    job_id: str,
+    attempt: Optional[int] = typer.Option(None, "--attempt", help="Only this attempt's lines."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep showing new lines until the job ends."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Read from this store without Redis (a "
+                                          "`baton run` job; default: the job's record, else BATON_STORAGE_URL)."),
+) -> None:
+    """A job's own output, every attempt in order: baton's lines and the job's stdout, stderr and
+    logging, secrets redacted. Stored every few seconds while it runs; -f follows it live."""
+    from .logs import open_job_log
+
+    try:
+        source = open_job_log(job_id, storage, _settings())
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    if follow:
+        source.follow(attempt, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    else:
+        text = source.read(attempt)
+        if not text:
+            typer.echo(f"job {job_id} has no log lines yet", err=True)
+        sys.stdout.write(text)
+
+
+@app.command()
 def worker(
     name: Optional[str] = typer.Option(None, "--name", help="Worker name (default: baton-PID@HOST)."),
     queues: str = typer.Option("default", "--queues", "-Q", help="Comma-separated queues to take jobs from."),

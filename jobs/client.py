@@ -4,6 +4,7 @@
     job = client.submit("job.yaml")      # or a JobSpec or a dict; validated before anything is queued
     job.status(); job.wait(progress=True); job.metrics(); job.cancel()
     job.download("out/", which="best")   # best | latest | final
+    job.logs(); job.follow_logs()        # the job's own output, every attempt (or attempt=N)
     client.submit("job.yaml", overrides={"optimizer.lr": 1e-3})       # or ["optimizer.lr=1e-3"]
     sweep = client.sweep("job.yaml", {"optimizer.lr": [1e-3, 3e-3], "seed": [1, 2, 3]})
     client.sweep_results(sweep.id)       # its jobs, best monitored value first
@@ -32,6 +33,7 @@ from storage.layout import JobPaths, check_job_id, new_job_id
 from storage.manifest_store import ManifestStore
 from storage.open import open_store
 
+from .logs import FOLLOW_POLL_S, follow_log, read_log
 from .records import JobRecords, spec_fields
 from .redis_conn import connect
 from .specfile import SpecSource, load_spec, read_raw
@@ -107,6 +109,17 @@ class Job:
         """One row per validation so far (the committed metrics.jsonl, found through the manifest)."""
         store = self._store()
         return read_metrics(store, self._manifest(store))
+
+    def logs(self, attempt: Optional[int] = None) -> str:
+        """The job's own log (every line its attempts printed or logged, secrets redacted), oldest
+        first; one attempt's with ``attempt``. Lines are stored every few seconds while it runs."""
+        return read_log(self._store(), self.id, attempt)
+
+    def follow_logs(self, write: Callable[[str], None] = lambda text: print(text, end="", flush=True),
+                    attempt: Optional[int] = None, poll_s: float = FOLLOW_POLL_S) -> JobStatus:
+        """Write the log as it grows until the job ends (its attempts one after another); returns its status."""
+        follow_log(self._store(), self.id, write, lambda: self.status().state.terminal, attempt, poll_s)
+        return self.status()
 
     def report(self) -> dict:
         store = self._store()

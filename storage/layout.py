@@ -31,7 +31,8 @@ PROBE_PREFIX = "baton-probe/"
 """Where a worker's start-up probe of conditional writes puts its (deleted) objects."""
 
 _ATTEMPT_KEY_RE = re.compile(r"^jobs/[^/]+/attempt-(\d+)/")
-_SIDE_OUTPUT_RE = re.compile(r"^jobs/[^/]+/attempt-\d+/tensorboard/")
+_SIDE_OUTPUT_RE = re.compile(r"^jobs/[^/]+/attempt-\d+/(tensorboard|logs)/")
+_LOG_CHUNK_RE = re.compile(r"^jobs/[^/]+/attempt-(\d+)/logs/(\d+)\.log$")
 
 
 def probe_key(token: str) -> str:
@@ -51,9 +52,16 @@ def attempt_of(key: str) -> Optional[int]:
 
 
 def is_side_output(key: str) -> bool:
-    """An attempt's output for people and their tools (TensorBoard event files), found by listing
-    its directory as those tools do, never through the manifest: garbage collection keeps it."""
+    """An attempt's output for people and their tools (TensorBoard event files, the job's own log),
+    found by listing its directory as those tools do, never through the manifest: garbage
+    collection keeps it."""
     return bool(_SIDE_OUTPUT_RE.match(key))
+
+
+def log_chunk_of(key: str) -> Optional[tuple[int, int]]:
+    """``(attempt, chunk number)`` of a job-log chunk's key (``JobPaths.log_chunk``), else None."""
+    match = _LOG_CHUNK_RE.fullmatch(key)
+    return (int(match[1]), int(match[2])) if match else None
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,13 @@ class JobPaths:
     @property
     def manifest(self) -> str:
         return f"{self.root}/manifest.json"
+
+    @property
+    def mlflow_run(self) -> str:
+        """The job's MLflow run (tracking URI without credentials, experiment and run id), created
+        once by the first attempt that reaches MLflow (a conditional create) and read by every later
+        one, so that all attempts log into one run."""
+        return f"{self.root}/mlflow.json"
 
     @property
     def attempts(self) -> str:
@@ -128,3 +143,13 @@ class JobPaths:
         if not name or "/" in name:
             raise ValueError(f"an event file's name must be a plain file name (got {name!r})")
         return f"{self.tensorboard}/{name}"
+
+    @property
+    def logs(self) -> str:
+        """The attempt's own log (every line the job printed or logged), in numbered chunks."""
+        return f"{self.attempt_root}/logs/"
+
+    def log_chunk(self, number: int) -> str:
+        """One chunk of the attempt's log: rewritten by its attempt while it grows, then left as is
+        once full (the next chunk begins). Readers list ``logs`` and read the chunks in order."""
+        return f"{self.logs}{number:06d}.log"

@@ -45,6 +45,17 @@ def redis_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def mlflow_server():
+    """A real ``mlflow server`` with a SQLite backend (skipped without ``baton[mlflow]``'s server)."""
+    pytest.importorskip("mlflow.server")
+    from tests.mlflow_server import MlflowServer
+
+    server = MlflowServer().start()
+    yield server
+    server.stop()
+
+
 class Cluster:
     """Real ``baton worker`` processes against the test Redis and S3, and a client for them."""
 

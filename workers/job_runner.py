@@ -339,7 +339,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         attempt = _catch_up(ctx, control, job_id, attempt, nonce, store)
         result = run_attempt(spec, job_id, store, attempt, control, claim=nonce,
                              allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
-                             on_commit=control.on_commit)
+                             on_commit=control.on_commit, worker=ctx.worker, job_log=True)
     except FencedOut as exc:
         metrics.FENCING_EVENTS.inc()
         _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)

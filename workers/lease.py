@@ -115,7 +115,7 @@ class Heartbeat(threading.Thread):
         self._renew = client.register_script(_RENEW)
         self._keys = [keys.lease(job_id), keys.job(job_id), keys.worker_stopping(worker)]
         self._token, self._ttl_ms, self._every_s, self._ttl_s = lease_token, int(ttl_s * 1000), every_s, ttl_s
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # not _stop: that is Thread's own method, which a fork calls
         self.fenced = threading.Event()
         self.cancel_requested = threading.Event()
         self.worker_stopping = threading.Event()
@@ -143,7 +143,7 @@ class Heartbeat(threading.Thread):
         return self._confirmed_at + self._ttl_s
 
     def run(self) -> None:
-        while not self._stop.wait(self._every_s):
+        while not self._stopping.wait(self._every_s):
             sent = time.monotonic()
             try:
                 with self._lock:
@@ -175,4 +175,4 @@ class Heartbeat(threading.Thread):
                 self.worker_stopping.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()

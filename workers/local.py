@@ -96,7 +96,8 @@ def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: 
         return EXIT_DONE
     control = LocalControl(job_id, progress_bar)
     try:
-        result = run_attempt(spec, job_id, store, manifest.attempt + 1, control, allowed_prefixes=allowed_prefixes)
+        result = run_attempt(spec, job_id, store, manifest.attempt + 1, control, allowed_prefixes=allowed_prefixes,
+                             job_log=True)
     finally:
         control.close()
     if not result.outcome.completed:

@@ -28,7 +28,7 @@ CHECKPOINT_WRITE = Histogram("baton_checkpoint_upload_seconds", "Background seri
 CHECKPOINT_BYTES = Counter("baton_checkpoint_bytes_total", "Bytes of committed checkpoints.")
 LEASE_RENEWALS = Counter("baton_lease_renewals_total", "Lease renewals by this worker's heartbeats.")
 TRACKING_FAILURES = Counter("baton_tracking_failures_total", "Failed writes or uploads of experiment tracking "
-                            "(TensorBoard event files); the job goes on without them.", ["tracker"])
+                            "(TensorBoard event files, MLflow; job log uploads), by tracker; the job goes on without them.", ["tracker"])
 FENCING_EVENTS = Counter("baton_fencing_events_total", "Attempts in this worker fenced out by a newer attempt.")
 
 

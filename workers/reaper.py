@@ -145,7 +145,7 @@ class Reaper(threading.Thread):
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
         self._worker, self._lease_ttl_s = worker, lease_ttl_s
         self._records = JobRecords(client)
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._unreachable = False  # since the last call that reached Redis
         self._run_id: Optional[str] = None  # the Redis server of the last pass (a new one: it restarted)
         self._grace_until = 0.0  # time.monotonic() until which expired leases are blamed on Redis
@@ -155,7 +155,7 @@ class Reaper(threading.Thread):
         return self._lease_ttl_s + self._period_s
 
     def run(self) -> None:
-        while not self._stop.wait(self._period_s):
+        while not self._stopping.wait(self._period_s):
             try:
                 self.make_pass()
             except TRANSIENT_REDIS_ERRORS as exc:  # Redis away: the next pass tries again, with grace
@@ -183,4 +183,4 @@ class Reaper(threading.Thread):
             self._on_action(job_id, action)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()

@@ -40,20 +40,20 @@ class StallWatchdog(threading.Thread):
         super().__init__(name=f"baton-stall-{job_id}", daemon=True)
         self.timeout_s, self._on_stall = timeout_s, on_stall
         self._last = time.monotonic()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def progress(self) -> None:
         self._last = time.monotonic()
 
     def run(self) -> None:
-        while not self._stop.wait(min(self.timeout_s / 4, CHECK_EVERY_MAX_S)):
+        while not self._stopping.wait(min(self.timeout_s / 4, CHECK_EVERY_MAX_S)):
             idle = time.monotonic() - self._last
             if idle >= self.timeout_s:
                 self._on_stall(idle, thread_stacks())
                 return
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
 
 def exit_process(why: str) -> None:

@@ -1,0 +1,92 @@
+"""MLflow tracking against a real ``mlflow server`` (SQLite): an MLflow outage mid-run leaves the job
+unaffected and its gap logged, in the job's own log too. (A job SIGKILLed and resumed on workers is
+one run, each step once: tests/workers/test_job_logs.py.)"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from schemas.spec import JobSpec
+from storage.file_store import FileStore
+from tests.helpers import committed_manifest, make_spec, metrics_rows
+from tests.netfault import FaultyProxy
+from workers.control import LoopControl
+from workers.session import run_attempt
+
+mlflow = pytest.importorskip("mlflow")
+
+def _client(url: str):
+    return mlflow.MlflowClient(tracking_uri=url)
+
+
+def _run_id(store, job_id: str):
+    try:
+        return json.loads(store.get_bytes(f"jobs/{job_id}/mlflow.json"))["run_id"]
+    except FileNotFoundError:
+        return None
+
+
+def _logged_steps(client, run_id) -> list[int]:
+    return [m.step for m in client.get_metric_history(run_id, "train_loss")] if run_id else []
+
+
+class _CutMlflowMidRun(LoopControl):
+    """Cuts the connection to MLflow at the second validation, once the first row (its metrics, then
+    its best-checkpoint tags) is in MLflow."""
+
+    def __init__(self, proxy: FaultyProxy, store, job_id: str, client):
+        self.proxy, self.store, self.job_id, self.client = proxy, store, job_id, client
+        self.lines: list[str] = []
+
+    def on_epoch(self, row: dict) -> None:
+        if row["epoch"] == 1:
+            deadline = time.monotonic() + 30
+            while not self._first_row_logged() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.proxy.set("cut")
+
+    def _first_row_logged(self) -> bool:
+        run_id = _run_id(self.store, self.job_id)
+        return bool(run_id and "baton.best_step" in self.client.get_run(run_id).data.tags)
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+        os.write(1, f"{message}\n".encode())  # into the job's own log, as `baton run` prints it (pytest swaps sys.stdout)
+
+
+def test_mlflow_down_mid_run_the_job_finishes_and_the_gap_is_logged(mlflow_server, tmp_path, monkeypatch):
+    proxy = FaultyProxy(mlflow_server.port)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", proxy.endpoint_url)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", f"outage-{tmp_path.name}")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    store = FileStore(tmp_path / "store")
+    client = _client(mlflow_server.url)
+    control = _CutMlflowMidRun(proxy, store, "outage", client)
+    spec = make_spec(loop={"epochs": 3}, checkpoint={"every_steps": 5})
+    try:
+        started = time.monotonic()
+        result = run_attempt(JobSpec.parse(spec), "outage", store, 1, control, allowed_prefixes=("tests",),
+                             job_log=True)
+        took_s = time.monotonic() - started
+    finally:
+        proxy.close()
+
+    assert result.outcome.completed and committed_manifest(store, "outage").completed
+    assert took_s < 30, f"an MLflow outage must not hold the job up ({took_s:.1f}s)"
+    rows = metrics_rows(store, "outage")
+    logged = _logged_steps(client, _run_id(store, "outage"))
+    assert logged == [rows[0]["step"]], "the rows before the outage are in MLflow, the rest are the gap"
+    text = "\n".join(control.lines)
+    assert "held back and retried in the background; training goes on" in text, text
+    gap = f"gap in run {_run_id(store, 'outage')}: steps {rows[1]['step']}..{rows[2]['step']}"
+    assert gap in text, text
+
+    # ... and in the job's own log, which `baton logs` reads from the store alone (a `baton run` job)
+    shown = CliRunner().invoke(app, ["logs", "outage", "--storage", store.url, "-f"])  # -f: ends with the attempt
+    assert shown.exit_code == 0, shown.output
+    assert gap in shown.output and shown.output.splitlines()[-1].endswith(" baton attempt 1 ended: succeeded")
