@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import torch
 import torch.distributed as dist
@@ -207,7 +207,8 @@ class GroupCheckpointer:
         self.totals = inner.totals if inner is not None else CheckpointerTotals()
         self.gather_s: list[float] = []  # per save: capturing and gathering the ranks' states
 
-    def save(self, capture: Callable[[], dict], request: CheckpointRequest, mandatory: bool) -> bool:
+    def save(self, capture: Callable[[], dict], request: CheckpointRequest, mandatory: bool,
+             stable: Optional[Collection[int]] = None) -> bool:
         started = time.perf_counter()
         mine = {"rng": rng.capture(self.parts.device.type), "data": self.parts.data.state_dict(),
                 "progress": self.progress_of().state_dict()}
@@ -215,12 +216,16 @@ class GroupCheckpointer:
         self.gather_s.append(time.perf_counter() - started)
         if self.inner is None:
             return False
-        return self.inner.save(lambda: with_ranks(capture(), ranks), request, mandatory)
+        return self.inner.save(lambda: with_ranks(capture(), ranks), request, mandatory, stable)
 
     def describe(self) -> str:
         """This rank's share of the checkpoint stall (for logs and bench/ddp.py)."""
         mean_ms = 1000 * sum(self.gather_s) / len(self.gather_s) if self.gather_s else 0.0
         return f"{len(self.gather_s)} checkpoint gathers, mean {mean_ms:.2f} ms"
+
+    def before_optimizer_step(self) -> None:
+        if self.inner is not None:
+            self.inner.before_optimizer_step()
 
     def poll(self) -> None:
         if self.inner is not None:

@@ -133,27 +133,6 @@ def test_spec_field_bounds_and_what_n_ranks_refuse():
         JobSpec.parse(make_spec(resources={"processes": 2}, loop={"nonfinite": "skip"}))
 
 
-def test_a_lost_rank_releases_the_job_as_a_worker_loss(monkeypatch, tmp_path):
-    """The job runner's side of RankLost: released as lost (counted), published again, not failed."""
-    from types import SimpleNamespace
-
-    from workers import job_runner
-    from workers.launcher import RankLost
-
-    def lose(*args, **kwargs):
-        raise RankLost("rank 1 killed by SIGKILL")
-    monkeypatch.setattr(job_runner, "run_attempt", lose)
-    calls = []
-    records = SimpleNamespace(release_lost=lambda *a: calls.append(("lost", *a)) or 3,
-                              publish_marked=lambda job_id, attempt, publish: calls.append(("publish", job_id, attempt)),
-                              finish=lambda *a: calls.append(("finish", *a)))
-    ctx = SimpleNamespace(records=records, worker="w0", publish=None, settings=SimpleNamespace(allowed_prefixes=()))
-    control = SimpleNamespace(job_id="j", token="2:w0", leased=lambda call, what: call(), fence=None, on_commit=None)
-    outcome = job_runner._train(ctx, "j", 2, make_spec(resources={"processes": 2}), f"file://{tmp_path}", control)
-    assert outcome == "lost"
-    assert calls == [("lost", "j", "2:w0", "rank 1 killed by SIGKILL on w0", ""), ("publish", "j", 3)]
-
-
 @pytest.mark.gpu
 def test_two_ranks_on_two_gpus_train_with_nccl(run_job):
     if torch.cuda.device_count() < 2:

@@ -1,7 +1,8 @@
 """A 2-rank job through real `baton worker` processes: the holder SIGKILLed (its worker process
 alone: the ranks must die with it), then the next holder SIGTERMed (all ranks stop at one step,
-one checkpoint, release). It ends on a third worker bit-identical to `baton run`, with no rank
-process left behind."""
+one checkpoint, release), then the third holder's rank 1 alone SIGKILLed (rank 0 must release the
+job as a worker loss, not fail it). It ends bit-identical to `baton run`, with no rank process
+left behind."""
 from __future__ import annotations
 
 import os
@@ -67,13 +68,24 @@ def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orp
     assert second_ranks and second_holder is not holder
     second_holder.signal(signal.SIGTERM, group=False)  # rank 0 only: the stop flag carries it to rank 1
 
-    final = job.wait(timeout=120, progress=False)
-    assert final.state.value == "succeeded", final.error
-    assert (final.attempt, final.lost) == (3, 1)
+    assert second_holder.proc.wait(timeout=60) == 0
     stopped = re.search(r"job ddp: stopped at step (\d+) after a committed checkpoint \(preempted\)", second_holder.log())
-    assert stopped and final.resumed_from == int(stopped[1])  # one stop checkpoint, nothing trained lost
-    assert second_holder.proc.wait(timeout=30) == 0
-    assert not any(alive(pid) for pid in second_ranks + rank_pids(cluster.worker(final.worker)))
+    assert stopped  # one stop checkpoint, nothing trained lost
+    assert not any(alive(pid) for pid in second_ranks)
+
+    third = wait_for(lambda: (s := job.status()).attempt == 3 and s.state.value == "running"
+                     and (s.step or 0) >= int(stopped[1]) + 1 and s, timeout=90)
+    assert third.resumed_from == int(stopped[1])
+    third_holder = cluster.worker(third.worker)
+    third_ranks = wait_for(lambda: (pids := rank_pids(third_holder)) and pids != second_ranks and pids, timeout=30)
+    os.kill(third_ranks[0], signal.SIGKILL)  # one rank lost: the group is torn down, the job given back
+
+    final = job.wait(timeout=180, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert (final.attempt, final.lost) == (4, 2)  # the holder's SIGKILL and the rank's: worker losses
+    assert re.search(r"rank 1 killed by SIGKILL.*released as a worker loss", third_holder.log())
+    assert not any(alive(pid) for pid in first_ranks + second_ranks + third_ranks
+                   + rank_pids(cluster.worker(final.worker)))
 
     assert_same_training(reference, "reference", cluster.store(), "ddp")
     assert_bit_equal(final_state(cluster.store(), "ddp")["ranks"], final_state(reference, "reference")["ranks"], "ranks")
