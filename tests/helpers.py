@@ -152,10 +152,24 @@ def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore,
 
 
 def run_reference(root: Path, spec: dict) -> ObjectStore:
-    """``spec`` run uninterrupted to the end (`baton run`, a file store under ``root``), job id ``reference``."""
+    """``spec`` run uninterrupted to the end in this process (what `baton run` does, without its signal
+    handlers and progress bar: no process start-up to pay), a file store under ``root``, job id ``reference``.
+    The job's spec sets everything its bits depend on (seed, threads, deterministic algorithms), so
+    this equals a run in a fresh process; tests/jobs/test_cli_run.py checks `baton run` itself."""
+    from schemas.spec import JobSpec
     from storage.file_store import FileStore
+    from workers.control import LoopControl
+    from workers.local import register_spec
+    from workers.session import run_attempt
 
-    done = run_baton("run", str(write_spec(root, spec)), "--id", "reference", "--storage", f"file://{root / 'store'}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return FileStore(root / "store")
+    class Quiet(LoopControl):
+        def log(self, message: str) -> None:
+            pass
+
+    store = FileStore(root / "store")
+    parsed = JobSpec.parse(spec)
+    register_spec(store, JobPaths("reference"), parsed)
+    result = run_attempt(parsed, "reference", store, 1, Quiet(), allowed_prefixes=("tests",))
+    assert result.outcome.completed, result.outcome
+    return store
 
