@@ -151,9 +151,9 @@ def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore,
     assert final_model_bytes(store_a, job_a) == final_model_bytes(store_b, job_b)
 
 
-def run_reference(root: Path, spec: dict) -> ObjectStore:
+def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectStore:
     """``spec`` run uninterrupted to the end in this process (what `baton run` does, without its signal
-    handlers and progress bar: no process start-up to pay), a file store under ``root``, job id ``reference``.
+    handlers and progress bar: no process start-up to pay), in the file store ``root/store``.
     The job's spec sets everything its bits depend on (seed, threads, deterministic algorithms), so
     this equals a run in a fresh process; tests/jobs/test_cli_run.py checks `baton run` itself."""
     from schemas.spec import JobSpec
@@ -168,8 +168,8 @@ def run_reference(root: Path, spec: dict) -> ObjectStore:
 
     store = FileStore(root / "store")
     parsed = JobSpec.parse(spec)
-    register_spec(store, JobPaths("reference"), parsed)
-    result = run_attempt(parsed, "reference", store, 1, Quiet(), allowed_prefixes=("tests",))
+    register_spec(store, JobPaths(job_id), parsed)
+    result = run_attempt(parsed, job_id, store, 1, Quiet(), allowed_prefixes=("tests",))
     assert result.outcome.completed, result.outcome
     return store
 
