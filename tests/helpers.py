@@ -151,11 +151,25 @@ def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore,
     assert final_model_bytes(store_a, job_a) == final_model_bytes(store_b, job_b)
 
 
-def run_reference(root: Path, spec: dict) -> ObjectStore:
-    """``spec`` run uninterrupted to the end (`baton run`, a file store under ``root``), job id ``reference``."""
+def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectStore:
+    """``spec`` run uninterrupted to the end in this process (what `baton run` does, without its signal
+    handlers and progress bar: no process start-up to pay), in the file store ``root/store``.
+    The job's spec sets everything its bits depend on (seed, threads, deterministic algorithms), so
+    this equals a run in a fresh process; tests/jobs/test_cli_run.py checks `baton run` itself."""
+    from schemas.spec import JobSpec
     from storage.file_store import FileStore
+    from workers.control import LoopControl
+    from workers.local import register_spec
+    from workers.session import run_attempt
 
-    done = run_baton("run", str(write_spec(root, spec)), "--id", "reference", "--storage", f"file://{root / 'store'}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return FileStore(root / "store")
+    class Quiet(LoopControl):
+        def log(self, message: str) -> None:
+            pass
+
+    store = FileStore(root / "store")
+    parsed = JobSpec.parse(spec)
+    register_spec(store, JobPaths(job_id), parsed)
+    result = run_attempt(parsed, job_id, store, 1, Quiet(), allowed_prefixes=("tests",))
+    assert result.outcome.completed, result.outcome
+    return store
 

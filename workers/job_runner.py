@@ -15,10 +15,10 @@ while the lease may still be valid (``redis_retry.while_leased``); if Redis stay
 the attempt stops as fenced out (``LeaseUnconfirmed``), committing nothing. When Redis answers
 again, the job is released *if it is still this attempt's* (its lease, or a lease that lapsed
 with the job untouched since), not counted as a loss; otherwise a reaper has re-queued it (also
-uncounted, ``reaper.py``) or another attempt owns it. Progress records are not waited for: the
-next step writes newer ones.
+uncounted, ``reaper.py``) or another attempt owns it (``claims.py``). Progress records are not
+waited for: the next step writes newer ones.
 
-Redis behind the store (``lease.py``): an attempt whose number the manifest has already passed
+Redis behind the store (``claims.py``): an attempt whose number the manifest has already passed
 catches up past it before training, instead of being fenced out and lost.
 """
 from __future__ import annotations
@@ -34,20 +34,18 @@ import redis
 from kombu.exceptions import KombuError
 
 from jobs.records import JobRecords
-from schemas.errors import FencedOut, LeaseUnconfirmed, ManifestAhead, SpecError, TransientError
+from schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
 from schemas.manifest import CheckpointManifest
 from schemas.settings import BatonSettings
 from storage.checkpointer import CheckpointStats
 from schemas.spec import JobSpec
 from schemas.status import JobState
 from schemas.targets import disallowed_targets
-from storage.base import ObjectStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
 from storage.open import open_store
 
 from . import lease
 from . import metrics
+from .claims import catch_up_with_manifest, release_if_still_mine
 from .control import LoopControl, StepReport, describe_row
 from .launcher import RankLost
 from .preemption import Preemption
@@ -60,12 +58,6 @@ T = TypeVar("T")
 
 PROGRESS_EVERY_S = 0.5
 """Least time between two progress writes to the job record."""
-CATCH_UP_TRIES = 3
-"""Times an attempt catches up past the manifest before it gives up (each needs another claim to
-have moved the manifest meanwhile)."""
-REDIS_RETURN_WAIT_S = 120.0
-"""How long an attempt stopped by a Redis outage waits for Redis, to give its job back uncounted;
-past that a reaper re-queues it (uncounted too, if it saw the outage)."""
 
 
 @dataclass
@@ -208,53 +200,6 @@ def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks
     exit_process(f"job {job_id} hung; a fresh worker process must take over")
 
 
-def _release_if_still_mine(ctx: WorkerContext, control: "WorkerControl", attempt: int) -> None:
-    """The attempt stopped because Redis could not be reached: once Redis answers again, give the job
-    back uncounted if it is still this attempt's. If Redis stays away, a reaper re-queues it later."""
-    job_id, reason = control.job_id, f"Redis was unreachable from {ctx.worker}; released, not counted as a loss"
-    wait_until = time.monotonic() + REDIS_RETURN_WAIT_S
-    try:
-        next_attempt = while_leased(
-            lambda: ctx.records.release_if_still_mine(job_id, control.token, attempt, ctx.worker, reason),
-            lambda: wait_until, f"job {job_id}: the release after a Redis outage")
-    except LeaseUnconfirmed as exc:
-        _log.warning("job %s: %s; a reaper will re-queue it", job_id, exc)
-        return
-    if next_attempt < 0:
-        _log.info("job %s: not released after the Redis outage: a reaper or another attempt has moved it on", job_id)
-        return
-    metrics.JOBS_RETRIED.labels("redis").inc()
-    _publish(ctx, job_id, next_attempt)
-    _log.warning("job %s: released after a Redis outage (not counted as a loss), queued as attempt %d",
-                 job_id, next_attempt)
-
-
-def _catch_up(ctx: WorkerContext, control: "WorkerControl", job_id: str, attempt: int, nonce: str,
-              store: ObjectStore) -> int:
-    """Claim the manifest as ``attempt``; when it is ahead (Redis came back behind the store, or lost
-    a claim so that another worker holds this very number), move this claim past it, while Redis
-    still says the job is ours. Returns the attempt to train as; FencedOut if the job is not ours."""
-    manifests = ManifestStore(store, JobPaths(job_id))
-    for _ in range(CATCH_UP_TRIES):
-        try:
-            manifests.update(attempt, lambda m: None, claim=nonce)
-            return attempt
-        except ManifestAhead as exc:
-            newer = exc.current + 1
-            new_token = lease.token(newer, ctx.worker, nonce)
-            held = control.token
-            moved = control.leased(lambda: control.heartbeat.swap_token(
-                lambda: lease.catch_up(ctx.redis, job_id, held, attempt, newer, new_token, ctx.settings.lease_ttl_s),
-                new_token), "catching up with the manifest")
-            if not moved:
-                raise FencedOut(f"job {job_id}: attempt {attempt} is behind the manifest ({exc}) and no longer "
-                                f"holds the job") from None
-            _log.warning("job %s: attempt %d was behind the manifest (%s): Redis was behind the store; "
-                         "caught up as attempt %d", job_id, attempt, exc, newer)
-            attempt = newer
-    raise FencedOut(f"job {job_id}: the manifest kept moving ahead of attempt {attempt}")
-
-
 def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str) -> None:
     """Give the job back as a worker loss (counted against retry.max_attempts), for another worker now."""
     job_id = control.job_id
@@ -317,7 +262,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
             outcome = "fenced"
         if outcome == "fenced" and heartbeat.unreachable.is_set():
             heartbeat.stop()  # the lease is not renewed any more: the release below must find it as it is
-            _release_if_still_mine(ctx, control, lease.attempt_of(control.token))
+            release_if_still_mine(control, lease.attempt_of(control.token), lambda n: _publish(ctx, job_id, n))
         return outcome
     finally:
         if control.stall is not None:
@@ -336,7 +281,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         if problems:
             raise SpecError([f"{p} (on worker {ctx.worker})" for p in problems])
         store = open_store(storage_url)
-        attempt = _catch_up(ctx, control, job_id, attempt, nonce, store)
+        attempt = catch_up_with_manifest(control, attempt, nonce, store)
         result = run_attempt(spec, job_id, store, attempt, control, claim=nonce,
                              allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
                              on_commit=control.on_commit, worker=ctx.worker, job_log=True)

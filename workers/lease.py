@@ -7,7 +7,7 @@ claims of one attempt number (Redis lost the first) are told apart. When the cla
 out to be behind the manifest (Redis came back behind the object store: AOF loss, a promoted
 replica, a restore from backup), the holder *catches up*: while its lease is still the job's, the
 record's attempt jumps past the manifest's and the lease follows, in one script, and training goes
-on under the new number. Nothing is counted as lost.
+on under the new number (``claims.py``). Nothing is counted as lost.
 The heartbeat renews the lease every ``heartbeat_s`` and brings back the job's cancel flag and
 the worker's stopping flag; when the lease is gone, or cannot be renewed for a whole TTL, the
 attempt is fenced out and must stop.

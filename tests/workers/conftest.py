@@ -9,6 +9,18 @@ from storage.file_store import FileStore
 from workers.control import LoopControl
 from workers.session import run_attempt
 from tests import probes
+from tests.helpers import make_spec, run_reference
+
+# ~0.1 s per optimizer step (slow data, as real data is): long enough to act mid-epoch
+SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
+                 loop={"epochs": 3}, checkpoint={"every_steps": 4, "keep_last": 3})
+"""The job the end-to-end worker tests (loss, shutdown, Redis faults) train and compare."""
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """SPEC run uninterrupted (in this process, file store), once for every module that compares with it."""
+    return run_reference(tmp_path_factory.mktemp("reference"), SPEC)
 
 
 class Quiet(LoopControl):

@@ -5,9 +5,8 @@ import re
 
 import pytest
 
-from storage.file_store import FileStore
 from tests.helpers import (assert_same_training, kill_when, make_spec, mid_epoch_after_two_checkpoints, run_baton,
-                           start_baton, write_spec)
+                           run_reference, start_baton, write_spec)
 
 CASES = {
     # dropout, OneCycle (per-step scheduler), gradient accumulation with a partial last group
@@ -29,11 +28,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_sigkill_mid_epoch_then_resume_is_bit_exact(case, tmp_path):
     spec_path = write_spec(tmp_path, CASES[case])
-    store = FileStore(tmp_path / "store")
+    store = run_reference(tmp_path, CASES[case])  # in this process; the cut and resumed runs are `baton run`
     url = store.url
-
-    reference = run_baton("run", str(spec_path), "--id", "reference", "--storage", url)
-    assert reference.returncode == 0, reference.stdout + reference.stderr
 
     proc = start_baton("run", str(spec_path), "--id", "cut", "--storage", url, log=tmp_path / "cut-1.log")
     at_kill = kill_when(proc, store, "cut", mid_epoch_after_two_checkpoints())

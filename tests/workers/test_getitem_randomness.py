@@ -4,18 +4,15 @@ the global RNGs. In loader worker processes baton seeds python's, numpy's and to
 result does not depend on how many loader workers there are (as long as there is one)."""
 from __future__ import annotations
 
-from storage.file_store import FileStore
 from tests.helpers import (assert_same_training, kill_when, make_spec, mid_epoch_after_two_checkpoints, run_baton,
-                           start_baton, write_spec)
+                           run_reference, start_baton, write_spec)
 
 SPEC = make_spec(data={"target": "tests.noisy_data:noisy_spiral", "kwargs": {"n_per_class": 300}, "num_workers": 2})
 
 
 def test_getitem_randomness_in_loader_workers_resumes_bit_exact(tmp_path):
     spec_path = write_spec(tmp_path, SPEC)
-    store = FileStore(tmp_path / "store")
-    reference = run_baton("run", str(spec_path), "--id", "reference", "--storage", store.url)
-    assert reference.returncode == 0, reference.stdout + reference.stderr
+    store = run_reference(tmp_path, SPEC)  # in this process; the cut and resumed runs are `baton run`
 
     proc = start_baton("run", str(spec_path), "--id", "cut", "--storage", store.url, log=tmp_path / "cut-1.log")
     latest = kill_when(proc, store, "cut", mid_epoch_after_two_checkpoints())["checkpoints"][-1]
@@ -26,7 +23,5 @@ def test_getitem_randomness_in_loader_workers_resumes_bit_exact(tmp_path):
 
     assert_same_training(store, "reference", store, "cut")
 
-    one_worker = write_spec(tmp_path, make_spec(data={**SPEC["data"], "num_workers": 1}), "one.yaml")
-    done = run_baton("run", str(one_worker), "--id", "one-worker", "--storage", store.url)
-    assert done.returncode == 0, done.stdout + done.stderr
+    run_reference(tmp_path, make_spec(data={**SPEC["data"], "num_workers": 1}), "one-worker")
     assert_same_training(store, "reference", store, "one-worker")  # the same bits with 1 loader worker as with 2

@@ -21,7 +21,7 @@ from jobs.services import _wait, die_with_parent, free_port
 from tests.conftest import Cluster
 from tests.helpers import assert_same_training, baton_env, read_manifest
 from tests.netfault import FaultyProxy
-from tests.workers.test_worker_loss import SPEC, reference, running_at_step, wait_for  # noqa: F401 (fixture)
+from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for
 
 OUTAGE_S = 3.0
 """How long Redis stays away: well past a checkpoint commit and two heartbeats, well inside the lease."""
@@ -85,7 +85,7 @@ def restartable(tmp_path, s3_server, s3_bucket, s3_env, monkeypatch):
     server.stop()
 
 
-def test_a_redis_restart_during_a_checkpoint_commit_does_not_fail_the_job(restartable, reference):  # noqa: F811
+def test_a_redis_restart_during_a_checkpoint_commit_does_not_fail_the_job(restartable, reference):
     cluster, server, proxy = restartable
     # a long lease: the outage must end inside it however loaded this machine is
     worker, = cluster.start_workers(1, AWS_ENDPOINT_URL=proxy.endpoint_url, BATON_LEASE_TTL_S="30")
@@ -105,7 +105,7 @@ def test_a_redis_restart_during_a_checkpoint_commit_does_not_fail_the_job(restar
     assert_same_training(reference, "reference", cluster.store(), "outage")
 
 
-def test_redis_restored_from_a_backup_behind_the_store_costs_no_attempt(restartable, reference):  # noqa: F811
+def test_redis_restored_from_a_backup_behind_the_store_costs_no_attempt(restartable, reference):
     """Defect 3: attempt numbers (the fencing tokens) lived only in Redis. Redis comes back from a
     backup taken at attempt 1 while attempt 2 trains: the claim of "attempt 2" again (a second holder
     of that number) finds the manifest held by the lost claim of 2, catches up past it as attempt 3
@@ -134,7 +134,7 @@ def test_redis_restored_from_a_backup_behind_the_store_costs_no_attempt(restarta
     assert_same_training(reference, "reference", cluster.store(), "rewound")
 
 
-def test_redis_paused_past_the_lease_costs_no_retry_attempt(restartable, reference):  # noqa: F811
+def test_redis_paused_past_the_lease_costs_no_retry_attempt(restartable, reference):
     """redis-server SIGSTOPped (by PID) for twice the lease TTL: the lease lapses by Redis's own
     clock while nobody can renew it. With retry.max_attempts 1 one counted loss would fail the job:
     it must end succeeded, bit-exact, with no loss counted."""

@@ -9,12 +9,19 @@ import pytest
 
 from storage.open import open_store
 from tests.helpers import (assert_same_training, baton_env, kill_when, make_spec, mid_epoch_after_two_checkpoints,
-                           read_manifest, run_baton, start_baton, write_spec)
+                           read_manifest, run_baton, run_reference, start_baton, write_spec)
 from tests.netfault import FaultyProxy
 
 # ~20 ms per optimizer step, so checkpoints (a few ms to upload) are taken as often as asked
 SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 200, "delay_s": 0.0003}},
                  loop={"epochs": 3, "grad_accum_steps": 2}, checkpoint={"every_steps": 2})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """SPEC run uninterrupted, once for the module (in this process, file store): the runs compared
+    with it are `baton run` processes over S3."""
+    return run_reference(tmp_path_factory.mktemp("reference"), SPEC)
 
 
 @pytest.fixture
@@ -38,9 +45,8 @@ def _resumed_from(stdout: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(setup, proxy, tmp_path):
+def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(setup, reference, proxy, tmp_path):
     spec, url, store, env = setup
-    assert run_baton("run", str(spec), "--id", "reference", "--storage", url, env=env).returncode == 0
 
     proc = start_baton("run", str(spec), "--id", "cut", "--storage", url, env=env, log=tmp_path / "cut.log")
     ready = mid_epoch_after_two_checkpoints()
@@ -64,12 +70,11 @@ def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(setup, proxy, tmp_pa
     resumed = run_baton("run", str(spec), "--id", "cut", "--storage", url, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert _resumed_from(resumed.stdout)[0] == committed["checkpoints"][-1]["step"]
-    assert_same_training(store, "reference", store, "cut")
+    assert_same_training(reference, "reference", store, "cut")
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(setup, tmp_path):
+def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(setup, reference, tmp_path):
     spec, url, store, env = setup
-    assert run_baton("run", str(spec), "--id", "reference", "--storage", url, env=env).returncode == 0
     proc = start_baton("run", str(spec), "--id", "cut", "--storage", url, env=env, log=tmp_path / "cut.log")
 
     def two_committed_mid_epoch(manifest: dict) -> bool:
@@ -86,12 +91,11 @@ def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(setup, tmp_pat
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"step-{latest['step']}.pt: sha256 does not match" in resumed.stdout and "falling back" in resumed.stdout
     assert _resumed_from(resumed.stdout)[0] == previous["step"]
-    assert_same_training(store, "reference", store, "cut")
+    assert_same_training(reference, "reference", store, "cut")
 
 
-def test_endpoint_unreachable_for_seconds_mid_run(setup, proxy, tmp_path):
+def test_endpoint_unreachable_for_seconds_mid_run(setup, reference, proxy, tmp_path):
     spec, url, store, env = setup
-    assert run_baton("run", str(spec), "--id", "reference", "--storage", url, env=env).returncode == 0
     proc = start_baton("run", str(spec), "--id", "flaky", "--storage", url, env=env, log=tmp_path / "flaky.log")
     deadline = time.monotonic() + 120
     while not (read_manifest(store, "flaky") or {}).get("checkpoints"):
@@ -110,4 +114,4 @@ def test_endpoint_unreachable_for_seconds_mid_run(setup, proxy, tmp_path):
     assert manifest["completed"] and len(keys) == len(set(keys))  # nothing committed twice
     for entry in manifest["checkpoints"]:  # nothing committed is lost or torn
         assert store.size(entry["key"]) == entry["size"]
-    assert_same_training(store, "reference", store, "flaky")
+    assert_same_training(reference, "reference", store, "flaky")

@@ -8,12 +8,12 @@ import time
 from schemas.settings import BatonSettings
 from tests.helpers import assert_same_training
 from tests.netfault import FaultyProxy
-from tests.workers.test_worker_loss import SPEC, reference, running_at_step, wait_for  # noqa: F401 (fixture)
+from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for
 
 EXIT_RELEASED = 75
 
 
-def test_a_second_sigterm_releases_the_job_and_exits_at_once(cluster, reference):  # noqa: F811
+def test_a_second_sigterm_releases_the_job_and_exits_at_once(cluster, reference):
     cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "twice")
     holder = cluster.worker(wait_for(running_at_step(job, 6)).worker)
@@ -25,7 +25,7 @@ def test_a_second_sigterm_releases_the_job_and_exits_at_once(cluster, reference)
     assert_same_training(reference, "reference", cluster.store(), "twice")
 
 
-def test_an_upload_that_cannot_finish_is_cut_off_by_the_grace_period(cluster, reference, s3_server):  # noqa: F811
+def test_an_upload_that_cannot_finish_is_cut_off_by_the_grace_period(cluster, reference, s3_server):
     proxy = FaultyProxy(s3_server.port)
     try:
         held, = cluster.start_workers(1, AWS_ENDPOINT_URL=proxy.endpoint_url, BATON_PREEMPT_GRACE_S="3")

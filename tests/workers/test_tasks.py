@@ -11,7 +11,7 @@ from storage.file_store import FileStore
 from tests import tasks
 from tests.workers.conftest import read_rows
 from tests.helpers import (assert_same_training, kill_when, make_spec, metrics_rows, read_manifest, run_baton,
-                           start_baton, write_spec)
+                           run_reference, start_baton, write_spec)
 from workers.task_api import TaskError
 
 DICT_TASK = {"target": "tests.tasks:dict_task", "kwargs": {}}
@@ -74,9 +74,7 @@ def _newer_mid_run_checkpoint(after: int):
 @pytest.mark.parametrize("case", list(CASES))
 def test_killed_twice_mid_run_then_resumed_is_bit_exact(case, tmp_path):
     spec_path = write_spec(tmp_path, CASES[case])
-    store = FileStore(tmp_path / "store")
-    reference = run_baton("run", str(spec_path), "--id", "reference", "--storage", store.url)
-    assert reference.returncode == 0, reference.stdout + reference.stderr
+    store = run_reference(tmp_path, CASES[case])  # in this process; the cut runs are `baton run` processes
 
     killed_at = 0
     for attempt in (1, 2):

@@ -6,21 +6,14 @@ import re
 import signal
 import time
 
-import pytest
 
 from schemas.settings import BatonSettings
-from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest, run_reference
+from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest
 from workers.celery_app import make_app, publish_run
 
-# ~0.1 s per optimizer step (slow data, as real data is): long enough to act mid-epoch
-SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
-                 loop={"epochs": 3}, checkpoint={"every_steps": 4, "keep_last": 3})
+from tests.workers.conftest import SPEC  # noqa: F401 (tests in other modules import it from here)
 
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The same spec run uninterrupted, in-process (`baton run`, file store)."""
-    return run_reference(tmp_path_factory.mktemp("reference"), SPEC)
+# `reference`: SPEC run uninterrupted, once per session (tests/workers/conftest.py)
 
 
 def wait_for(predicate, timeout: float = 90, every: float = 0.05):
