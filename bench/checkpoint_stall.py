@@ -270,7 +270,7 @@ def print_tables(args, rows: list[dict], throughput: dict, baton_run: dict) -> N
               f"{r['write_s'] * 1e3:>9.0f} {r['stall_over_dcp']:>9.2f} {r['stall_over_sync']:>10.3f}")
     if throughput:
         print(f"\n25M training, {args.steps} steps, a checkpoint every {args.every}: steps/s against none "
-              f"(median of {args.repeats}; per repeat against that repeat's none run)")
+              f"(median of {args.throughput_repeats or args.repeats}; per repeat against that repeat's none run)")
         print(f"{'method/store':>13} {'steps/s':>8} {'vs none':>8}  per repeat")
         for label, t in throughput.items():
             per = " ".join(f"{x:.2f}" for x in t["vs_none_same_repeat"])
@@ -290,6 +290,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60, help="training steps per throughput run (25M)")
     parser.add_argument("--every", type=int, default=20, help="checkpoint interval of the throughput runs")
+    parser.add_argument("--throughput-repeats", type=int, help="repeats of the throughput runs (default: --repeats)")
     parser.add_argument("--baton-run-pairs", type=int, default=0, help="interleaved pairs of real `baton run`s")
     parser.add_argument("--smoke", action="store_true", help="every path once on a tiny model; writes nothing")
     parser.add_argument("--out", default="bench/results/checkpoint_stall.json")
@@ -313,7 +314,8 @@ def main() -> None:
                 print(f"  {size} {name}: stall baton {row['baton_s'] * 1e3:.1f} ms, dcp {row['dcp_s'] * 1e3:.1f} ms, "
                       f"sync {row['sync_s'] * 1e3:.0f} ms", flush=True)
             if size == throughput_size:
-                throughput = measure_throughput(parts, stores, args.steps, args.every, args.repeats)
+                throughput = measure_throughput(parts, stores, args.steps, args.every,
+                                                args.throughput_repeats or args.repeats)
             del parts
     finally:
         server.stop()
@@ -326,7 +328,8 @@ def main() -> None:
     out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                                            "torch": torch.__version__, "python": platform.python_version(),
                                            "load_avg": os.getloadavg()},
-                               "repeats": args.repeats, "steps": args.steps, "every": args.every,
+                               "repeats": args.repeats, "throughput_repeats": args.throughput_repeats or args.repeats,
+                               "steps": args.steps, "every": args.every,
                                "pause": rows, "throughput_25M": throughput, "baton_run_25M": baton_run}, indent=2))
     print(f"\nwrote {out}")
 

@@ -1,8 +1,7 @@
 """The asynchronous checkpointer: the loop waits only for the host snapshot.
 
 Serialization, sha256, upload, verification and the manifest commit run on one background
-thread, at a lower scheduling priority than training (``priority.py``): on busy cores it takes
-what training leaves. At most one checkpoint is in flight. The policy when the next one is due while the
+thread, which can run at a lower scheduling priority than training (``priority.py``, opt-in). At most one checkpoint is in flight. The policy when the next one is due while the
 previous is still in flight:
 
 - a periodic (``every_steps``) checkpoint is *skipped* and counted: training goes on, and the
@@ -38,7 +37,7 @@ from .base import ObjectStore
 from .checkpoint_io import save_to_file, sha256_of
 from .layout import JobPaths
 from .manifest_store import ManifestStore
-from .priority import BACKGROUND_NICE_INCREMENT, lower_this_thread
+from .priority import background_nice as nice_setting, lower_this_thread
 from .retry import retry_transient
 from .rotation import collect_garbage, rotate
 from .snapshot import Copies, HostSnapshot
@@ -92,8 +91,9 @@ class AsyncCheckpointer:
         pin_memory: bool = False,
         upload_retry_s: float = UPLOAD_RETRY_S,
         log: Callable[[str], None] = print,
-        background_nice: int = BACKGROUND_NICE_INCREMENT,
+        background_nice: Optional[int] = None,  # None: BATON_BACKGROUND_NICE (priority.py)
     ):
+        nice = background_nice if background_nice is not None else nice_setting()  # a bad setting fails here
         self.store = store
         self.paths = paths.for_attempt(attempt)
         self.attempt = attempt
@@ -106,9 +106,9 @@ class AsyncCheckpointer:
         self.totals = CheckpointerTotals()
         self._snapshot = HostSnapshot(pin_memory=pin_memory)
         self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-", dir=store.scratch_dir()))
-        # the thread serializes, hashes and uploads at a lower priority than training (priority.py)
+        # the thread serializes, hashes and uploads, niced when BATON_BACKGROUND_NICE says so (priority.py)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint",
-                                        initializer=lower_this_thread, initargs=(background_nice,))
+                                        initializer=lower_this_thread, initargs=(nice,))
         self._inflight: Optional[_InFlight] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()  # held while a manifest write may be under way

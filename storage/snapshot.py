@@ -14,10 +14,12 @@ pinned and the copies non-blocking. Two ways to take it:
   call ``wait_for_side_copies()`` before it modifies a stable tensor (before ``optimizer.step``),
   and whoever reads the buffers must call ``copies.wait_all()`` first (the background thread does).
 
-On the CPU both are plain synchronous copies, made with one intra-op thread (``COPY_THREADS``).
+On the CPU both are plain synchronous copies; on busy cores they use one intra-op thread
+(``copy_threads``).
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,11 +27,21 @@ from typing import Any, Collection, Iterator, Optional
 
 import torch
 
-COPY_THREADS = 1
-"""torch intra-op threads for the snapshot's host copies (the training's count is restored after).
-A copy is memory-bound: a second thread gains little on an idle machine, and on busy cores torch's
-thread team waits for its slowest, descheduled member. Measured on 2 busy cores (load 10), 301 MB
-into reused buffers: 72-119 ms with 1 thread, 191-270 ms with 2."""
+BUSY_COPY_THREADS = 1
+"""torch intra-op threads for the snapshot's host copies when the cores are busy (the training's
+count is restored after). A thread team is as fast as its slowest member, and on busy cores one
+is often descheduled. Measured on 2 cores, 301 MB into reused buffers: at load 10, 72-119 ms with
+1 thread against 191-270 ms with 2; on a quiet machine 2 threads take ~26 ms and 1 thread ~50."""
+
+
+def copy_threads() -> int:
+    """One thread when runnable tasks (the 1-minute load average) outnumber the cores, else the
+    training's own count."""
+    try:
+        busy = os.getloadavg()[0] >= (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        busy = False
+    return BUSY_COPY_THREADS if busy else torch.get_num_threads()
 
 
 @contextmanager
@@ -93,7 +105,7 @@ class HostSnapshot:
             if self._side_stream is None:
                 self._side_stream = torch.cuda.Stream()
             self._side_stream.wait_stream(current)  # copy the values after everything queued so far
-        with _intra_op_threads(COPY_THREADS):
+        with _intra_op_threads(copy_threads()):
             copy = self._walk(state, "")
         self.copies = Copies()
         if self._copied_from_cuda and not overlap:

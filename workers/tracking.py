@@ -80,7 +80,10 @@ class TensorBoardTracker:
 
     # --- the background thread --------------------------------------------------------------------
     def _run(self) -> None:
-        lower_this_thread()  # event files are written at a lower priority than training
+        try:
+            lower_this_thread()  # niced like the checkpoint thread when BATON_BACKGROUND_NICE says so
+        except ValueError:  # a bad setting: the checkpointer refuses it when the attempt starts
+            pass
         state = _WriterState(self.paths)
         try:
             while True:

@@ -11,7 +11,7 @@ import torch
 from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 from storage.file_store import FileStore
 from storage.layout import JobPaths
-from storage.priority import BACKGROUND_NICE_INCREMENT, lower_this_thread
+from storage.priority import NICE_ENV, background_nice, lower_this_thread
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 
@@ -20,16 +20,35 @@ def _nice() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-@linux
-def test_checkpoint_thread_runs_below_the_training_thread(tmp_path):
-    before = _nice()
+def _commit_nice(tmp_path, **options) -> list[int]:
     seen = []
     ckpt = AsyncCheckpointer(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None,
-                             on_commit=lambda manifest, stats: seen.append(_nice()))
+                             on_commit=lambda manifest, stats: seen.append(_nice()), **options)
     ckpt.save(lambda: {"format": 1, "w": torch.ones(3)}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
     ckpt.close()
-    assert seen == [min(19, before + BACKGROUND_NICE_INCREMENT)]
+    return seen
+
+
+@linux
+def test_checkpoint_thread_runs_below_the_training_thread_when_asked(tmp_path, monkeypatch):
+    before = _nice()
+    monkeypatch.setenv(NICE_ENV, "10")
+    assert _commit_nice(tmp_path / "a") == [min(19, before + 10)]
+    assert _commit_nice(tmp_path / "b", background_nice=4) == [min(19, before + 4)]
     assert _nice() == before  # only the background thread was lowered
+
+
+@linux
+def test_by_default_the_checkpoint_thread_keeps_the_training_priority(tmp_path, monkeypatch):
+    monkeypatch.delenv(NICE_ENV, raising=False)
+    assert _commit_nice(tmp_path) == [_nice()]
+
+
+def test_a_bad_nice_setting_is_refused_naming_the_variable(monkeypatch):
+    for bad in ("x", "-1", "20"):
+        monkeypatch.setenv(NICE_ENV, bad)
+        with pytest.raises(ValueError, match=NICE_ENV):
+            background_nice()
 
 
 @linux
@@ -41,3 +60,9 @@ def test_lowering_changes_only_the_calling_thread():
     thread.join()
     assert result == [(min(19, before + 3), min(19, before + 3))] and _nice() == before
     assert lower_this_thread(0) is None and _nice() == before
+
+
+def test_a_bad_nice_setting_fails_the_checkpointer_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(NICE_ENV, "high")
+    with pytest.raises(ValueError, match=NICE_ENV):
+        AsyncCheckpointer(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None)

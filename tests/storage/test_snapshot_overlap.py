@@ -120,9 +120,11 @@ def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
     assert_same_training(store, "none", store, "each")
 
 
-def test_host_copy_uses_one_thread_and_restores_the_training_thread_count(monkeypatch):
+@pytest.mark.parametrize("load, threads", [(50.0, 1), (0.0, 2)])
+def test_host_copy_uses_one_thread_on_busy_cores_and_restores_the_training_count(monkeypatch, load, threads):
     import storage.snapshot as snapshot_module
 
+    monkeypatch.setattr(snapshot_module.os, "getloadavg", lambda: (load, load, load))
     seen = []
     original = snapshot_module.HostSnapshot._copy_tensor
     monkeypatch.setattr(snapshot_module.HostSnapshot, "_copy_tensor",
@@ -131,7 +133,7 @@ def test_host_copy_uses_one_thread_and_restores_the_training_thread_count(monkey
     torch.set_num_threads(2)
     try:
         HostSnapshot().take({"w": torch.ones(4), "b": [torch.zeros(2)]})
-        assert seen == [snapshot_module.COPY_THREADS] * 2
+        assert seen == [threads] * 2
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -1,0 +1,164 @@
+"""What ``baton run`` costs per epoch against a bare PyTorch loop doing the same work.
+
+The job is examples/spiral.yaml's shape (2-128-3 MLP with dropout, 3,000 spiral points split
+80/20, batch 64, AdamW, OneCycle, clipping at 1.0, deterministic kernels), with no mid-epoch
+checkpoints. The bare loop is what a careful user would write by hand for it: the same model,
+data, optimizer, schedule and clipping, ``loss.item()`` logged per batch, validation in eval mode
+with loss and accuracy averaged per sample, and ``torch.save`` of the weights when the validation
+loss improves. baton does more per epoch by contract (a full-state checkpoint committed to the
+store with its metrics, TensorBoard rows), and that is part of what is measured.
+
+Both run as separate processes (``python -m jobs run`` and this file's ``--bare``) for a short
+and a long number of epochs, interleaved; the per-epoch time is the slope between the two, so
+start-up (imports, the report, the final artifacts) cancels.
+
+    python bench/loop_overhead.py [--short 5] [--long 125] [--repeats 3] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SPEC = ROOT / "examples" / "spiral.yaml"
+
+
+def bare_loop(epochs: int, threads: int, out_dir: Path) -> float:
+    """The hand-written loop; returns the best validation loss."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Subset
+
+    from workers.builtins.data import spiral
+
+    torch.manual_seed(1234)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(threads)
+    data = spiral(seed=1234, n_per_class=1000)
+    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(1234)).tolist()
+    n_val = int(0.2 * len(data))
+    train, val = Subset(data, perm[n_val:]), Subset(data, perm[:n_val])
+    train_loader = DataLoader(train, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1))
+    val_loader = DataLoader(val, batch_size=64)
+    model = nn.Sequential(nn.Linear(2, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Dropout(0.1), nn.Linear(128, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=epochs * len(train_loader),
+                                                    pct_start=0.1)
+    best = float("inf")
+    for epoch in range(epochs):
+        model.train()
+        loss_sum, seen = 0.0, 0
+        for x, y in train_loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.item() * len(y)
+            seen += len(y)
+        model.eval()
+        val_sum, correct, n = 0.0, 0, 0
+        with torch.no_grad():
+            for x, y in val_loader:
+                logits = model(x)
+                val_sum += nn.functional.cross_entropy(logits, y, reduction="sum").item()
+                correct += (logits.argmax(1) == y).sum().item()
+                n += len(y)
+        val_loss = val_sum / n
+        if val_loss < best:
+            best = val_loss
+            torch.save(model.state_dict(), out_dir / "best.pt")
+        print(f"epoch {epoch}: train_loss {loss_sum / seen:.4f} val_loss {val_loss:.4f} val_accuracy {correct / n:.4f}",
+              flush=True)
+    return best
+
+
+def run_timed(cmd: list[str], env: dict) -> float:
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    return time.perf_counter() - started
+
+
+def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> list[str]:
+    if kind == "bare":
+        return [sys.executable, str(Path(__file__).resolve()), "--bare", str(epochs), "--threads", str(threads),
+                "--work", str(work / run_id)]
+    return [sys.executable, "-m", "jobs", "run", str(SPEC), "--id", run_id, "--storage", f"file://{work / 'store'}",
+            "--no-progress", "--set", f"loop.epochs={epochs}", "--set", "checkpoint.every_steps=null",
+            "--set", f"resources.cpu_threads={threads}"]
+
+
+def measure(short: int, long: int, repeats: int, threads: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    times: dict[tuple[str, int], list[float]] = {(k, e): [] for k in ("baton", "bare") for e in (short, long)}
+    with tempfile.TemporaryDirectory(prefix="baton-loop-bench-") as tmp:
+        work = Path(tmp)
+        for r in range(repeats):
+            order = [(k, e) for e in (short, long) for k in ("baton", "bare")]
+            if r % 2:
+                order.reverse()  # alternate, so a drift in the machine's load hits both sides alike
+            for kind, epochs in order:
+                run_id = f"{kind}-{epochs}-{r}"
+                (work / run_id).mkdir()
+                elapsed = run_timed(command(kind, epochs, threads, work, run_id), env)
+                times[(kind, epochs)].append(elapsed)
+                print(f"  repeat {r}: {kind:>5} {epochs:>3} epochs {elapsed:6.2f} s", flush=True)
+    per_epoch = {}
+    for kind in ("baton", "bare"):
+        slopes = [(lt - st) / (long - short) for st, lt in zip(times[(kind, short)], times[(kind, long)])]
+        per_epoch[kind] = {"slopes_s": slopes, "per_epoch_s": statistics.median(slopes),
+                           "short_s": times[(kind, short)], "long_s": times[(kind, long)]}
+    pair_ratios = [b / a for b, a in zip(per_epoch["baton"]["slopes_s"], per_epoch["bare"]["slopes_s"])]
+    return {"short_epochs": short, "long_epochs": long, "repeats": repeats, "threads": threads,
+            "per_epoch": per_epoch, "ratio": per_epoch["baton"]["per_epoch_s"] / per_epoch["bare"]["per_epoch_s"],
+            "pair_ratios": pair_ratios}
+
+
+def print_table(result: dict) -> None:
+    print(f"\nper-epoch time from the slope between {result['short_epochs']} and {result['long_epochs']} epochs, "
+          f"median of {result['repeats']} interleaved repeats, {result['threads']} torch thread(s)")
+    print(f"{'loop':>6} {'per epoch ms':>13} {'slopes ms':>24}")
+    for kind in ("bare", "baton"):
+        r = result["per_epoch"][kind]
+        slopes = " ".join(f"{s * 1e3:.0f}" for s in r["slopes_s"])
+        print(f"{kind:>6} {r['per_epoch_s'] * 1e3:>13.1f} {slopes:>24}")
+    pairs = " ".join(f"{x:.2f}" for x in result["pair_ratios"])
+    print(f"baton / bare: {result['ratio']:.2f}x (per repeat: {pairs})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--short", type=int, default=5)
+    parser.add_argument("--long", type=int, default=125)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both loops")
+    parser.add_argument("--out", default="bench/results/loop_overhead.json")
+    parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # internal: run the bare loop for N epochs
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare is not None:
+        bare_loop(args.bare, args.threads, Path(args.work))
+        return
+    result = measure(args.short, args.long, args.repeats, args.threads)
+    print_table(result)
+    result["machine"] = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()}
+    out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

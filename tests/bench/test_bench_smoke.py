@@ -1,0 +1,39 @@
+"""The benchmarks' code paths, once each on tiny inputs (seconds; nothing is timed or asserted
+about speed: the figures come from running the benches themselves)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import checkpoint_stall, loop_overhead
+from storage.file_store import FileStore
+
+
+def test_bare_loop_trains_validates_and_saves_the_best(tmp_path):
+    best = loop_overhead.bare_loop(epochs=2, threads=1, out_dir=tmp_path)
+    assert math.isfinite(best) and (tmp_path / "best.pt").is_file()
+
+
+def test_loop_overhead_runs_baton_with_the_same_shape():
+    cmd = loop_overhead.command("baton", 7, 1, tmp := __import__("pathlib").Path("/x"), "r")
+    assert "loop.epochs=7" in cmd and "checkpoint.every_steps=null" in cmd and "resources.cpu_threads=1" in cmd
+    assert str(tmp / "store") in cmd[cmd.index("--storage") + 1]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return checkpoint_stall.build("tiny")
+
+
+def test_stall_of_each_method_on_a_tiny_state(tiny, tmp_path):
+    row = checkpoint_stall.measure_pause(tiny, FileStore(tmp_path), repeats=1)
+    assert row["bytes"] > 0
+    assert all(row[f"{m}_s"] > 0 for m in ("baton", "dcp", "sync", "clone"))
+
+
+@pytest.mark.parametrize("method", ["none", "baton", "dcp", "sync"])
+def test_throughput_run_of_each_method(tiny, tmp_path, method):
+    store = FileStore(tmp_path)
+    assert checkpoint_stall.run_steps(tiny, steps=2, every=1, method=method, store=store) > 0
+    assert store.list("jobs/bench-tput/") == []  # cleaned up
