@@ -9,7 +9,8 @@ CUDA generators belong to the job's device, not to the node: they are saved only
 from __future__ import annotations
 
 import random
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -52,3 +53,18 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@contextmanager
+def kept_through_imports() -> Iterator[None]:
+    """Python's, numpy's and torch's CPU generators as they were before the block. Wraps imports of
+    user and optional modules: an import's side effects (importing ``sklearn.datasets`` reseeds
+    Python's ``random``) must not make a job's random stream depend on whether the module was
+    already imported in this process (a worker that ran another job first, a test process)."""
+    python, numpy_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(torch_state)

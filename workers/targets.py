@@ -13,7 +13,7 @@ from schemas.errors import PermanentError
 from schemas.spec import ModelSpec, TargetSpec, TaskSpec
 from schemas.targets import disallowed_message, module_allowed, parse_target
 
-from . import builtins
+from . import builtins, rng
 from .task_api import BoundTask
 
 
@@ -23,7 +23,8 @@ def resolve(target: str, builtin_registry: dict[str, Callable], allowed_prefixes
         return builtin_registry[parsed.attr]
     if not module_allowed(parsed.module, allowed_prefixes):
         raise PermanentError(f"{target}: {disallowed_message(parsed.module)}")
-    module = importlib.import_module(parsed.module)
+    with rng.kept_through_imports():
+        module = importlib.import_module(parsed.module)
     fn = getattr(module, parsed.attr, None)
     if not callable(fn):
         raise PermanentError(f"{target}: module {parsed.module!r} has no callable {parsed.attr!r}")

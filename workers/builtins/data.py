@@ -15,6 +15,8 @@ from torch.utils.data import Dataset
 from schemas.builtins import DiabetesKwargs, DigitsKwargs, SpiralKwargs
 from schemas.errors import PermanentError
 
+from .. import rng
+
 
 class TensorPairs(Dataset):
     """Inputs and integer labels held in two tensors, with optional Gaussian jitter."""
@@ -53,7 +55,8 @@ def digits(seed: int = 0, **kwargs) -> Dataset:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes), scaled to [0, 1]."""
     k = DigitsKwargs.model_validate(kwargs)
     try:
-        from sklearn.datasets import load_digits
+        with rng.kept_through_imports():
+            from sklearn.datasets import load_digits
     except ImportError:
         raise PermanentError(
             "builtin:digits needs scikit-learn, which is not installed: pip install 'baton[digits]'"
@@ -73,7 +76,8 @@ def diabetes(seed: int = 0, **kwargs) -> Dataset:
     part's mean and standard deviation (``DiabetesKwargs``), so a model starts near the scale."""
     k = DiabetesKwargs.model_validate(kwargs)
     try:
-        from sklearn.datasets import load_diabetes
+        with rng.kept_through_imports():
+            from sklearn.datasets import load_diabetes
     except ImportError:
         raise PermanentError(
             "builtin:diabetes needs scikit-learn, which is not installed: pip install 'baton[digits]'"
