@@ -128,6 +128,23 @@ class _Chunks:
             raise
 
 
+EXIT_WAIT_S = 1.0
+"""How long a process leaving at once (grace period over, a hung job) waits for its log's last upload."""
+
+_capturing: set["JobLogCapture"] = set()  # started and not yet closed (a worker process runs one job at a time)
+_capturing_lock = threading.Lock()
+
+
+def close_all_before_exit(why: str) -> None:
+    """Called just before ``os._exit``: whatever is still in a capture's pipes (the exit's own log
+    lines among them) reaches the console and the stored log, and fds 1 and 2 are the console
+    again, instead of dying in a pipe nobody reads any more."""
+    with _capturing_lock:
+        active = list(_capturing)
+    for capture in active:
+        capture.close(f"the process exited: {why}", wait_s=EXIT_WAIT_S)
+
+
 class JobLogCapture:
     """Tees fds 1 and 2 into the attempt's log while it runs. ``start()``, then ``close(ending)``."""
 
@@ -166,6 +183,8 @@ class JobLogCapture:
                                          daemon=True)
         self._reader.start()
         self._flusher.start()
+        with _capturing_lock:
+            _capturing.add(self)
         return self
 
     def line(self, stream: str, text: str) -> None:
@@ -173,7 +192,11 @@ class JobLogCapture:
         self.chunks.add(f"{stamp()} {stream} {self.redact(text)}")
 
     def close(self, ending: str, wait_s: float = CLOSE_WAIT_S) -> None:
-        """Stop capturing, write the end marker, flush once more (at most ``wait_s``)."""
+        """Stop capturing, write the end marker, flush once more (at most ``wait_s``). Once only."""
+        with _capturing_lock:
+            if self not in _capturing:
+                return
+            _capturing.discard(self)
         _flush_python_streams()
         _line_buffered(self._line_buffering)
         for fd, saved in self._saved.items():

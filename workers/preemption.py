@@ -16,6 +16,8 @@ from typing import Callable
 
 from schemas.errors import FencedOut
 
+from . import job_logs
+
 _log = logging.getLogger("baton.worker")
 
 EXIT_RELEASED = 75
@@ -66,6 +68,7 @@ class Preemption:
             except (Exception, FencedOut) as exc:  # noqa: BLE001 - the lease will expire and the reaper requeue it
                 _log.error("job %s: could not release (%s); its lease will expire instead", job_id, exc)
         _log.warning("exiting now: %s", why)
+        job_logs.close_all_before_exit(why)
         logging.shutdown()
         os._exit(EXIT_RELEASED)
 

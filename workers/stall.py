@@ -17,6 +17,8 @@ import time
 import traceback
 from typing import Callable
 
+from . import job_logs
+
 _log = logging.getLogger("baton.worker")
 
 EXIT_STALLED = 70
@@ -59,5 +61,6 @@ class StallWatchdog(threading.Thread):
 def exit_process(why: str) -> None:
     """Leave now, whatever the hung thread is doing."""
     _log.error("exiting: %s", why)
+    job_logs.close_all_before_exit(why)
     logging.shutdown()
     os._exit(EXIT_STALLED)
