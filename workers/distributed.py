@@ -55,9 +55,6 @@ COLLECTIVE_TIMEOUT_S = float(os.environ.get("BATON_COLLECTIVE_TIMEOUT_S", "1800"
 peers' sockets close); this bounds a rank that hangs alive. It must exceed the longest wait rank 0
 can impose on the others: an epoch-end checkpoint waiting for the upload in flight."""
 
-RENDEZVOUS_TIMEOUT_S = 120.0
-"""How long the ranks may take to start and find each other."""
-
 STOP_CODES = {"interrupted": 1, "preempted": 2, "cancelled": 3}
 """The stop flag's values; MAX across ranks wins (a cancel outranks a preemption)."""
 _REASONS = {code: reason for reason, code in STOP_CODES.items()}
@@ -143,7 +140,7 @@ class RankGroup:
         return its own progress (the position is every rank's; the running loss sums are its own)."""
         mine = state["ranks"][self.rank]
         parts.data.load_state_dict(mine["data"])
-        rng.restore(mine["rng"], parts.device.type)
+        rng.restore(mine["rng"], parts.device)
         return Progress.from_state(mine["progress"])
 
     # --- collectives ------------------------------------------------------------------------
@@ -210,7 +207,7 @@ class GroupCheckpointer:
     def save(self, capture: Callable[[], dict], request: CheckpointRequest, mandatory: bool,
              stable: Optional[Collection[int]] = None) -> bool:
         started = time.perf_counter()
-        mine = {"rng": rng.capture(self.parts.device.type), "data": self.parts.data.state_dict(),
+        mine = {"rng": rng.capture(self.parts.device), "data": self.parts.data.state_dict(),
                 "progress": self.progress_of().state_dict()}
         ranks = self.group.gather_to_first(mine)
         self.gather_s.append(time.perf_counter() - started)

@@ -45,7 +45,12 @@ return {'ok', redis.call('HGET', KEYS[1], 'spec'), redis.call('HGET', KEYS[1], '
 
 # KEYS: job, lease. ARGV: token, attempt, new attempt, new token, ttl ms, now. 1 when caught up.
 _CATCH_UP = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local held = redis.call('GET', KEYS[2])
+if held == ARGV[4] and tonumber(redis.call('HGET', KEYS[1], 'attempt')) == tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  return 1
+end
+if held ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'attempt')) ~= tonumber(ARGV[2]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5])

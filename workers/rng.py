@@ -3,8 +3,10 @@
 Stored in forms ``torch.load(weights_only=True)`` accepts: numpy's MT19937 state becomes an
 int64 tensor of its keys plus plain numbers (np.random.get_state() as is would be refused).
 
-CUDA generators belong to the job's device, not to the node: they are saved only for a job on
-``cuda`` and restored only into one, so a CPU job's checkpoint resumes on any node, GPUs or not.
+CUDA generators belong to the job's device, not to the node: only the generator of the device the
+job (or the rank) trains on is saved, and only for a job on ``cuda``, so a CPU job's checkpoint
+resumes on any node, GPUs or not, and a CUDA job's on any node that gives it a device of its class
+(a worker pinned to one GPU by ``--gpus`` included).
 """
 from __future__ import annotations
 
@@ -16,36 +18,40 @@ import numpy as np
 import torch
 
 
-def capture(device_type: str) -> dict[str, Any]:
-    """Every generator a step of a job on ``device_type`` ("cpu", "cuda") can draw from."""
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def capture(device: torch.device) -> dict[str, Any]:
+    """Every generator a step of a job on ``device`` can draw from."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if device_type == "cuda" else [],
+        "cuda": [torch.cuda.get_rng_state(_cuda_index(device))] if device.type == "cuda" else [],
     }
     return state
 
 
-def restore(state: dict[str, Any], device_type: str) -> None:
-    """Put back what ``capture`` saved; a job not on ``cuda`` ignores CUDA states (older
-    checkpoints saved them whenever CUDA was visible)."""
+def restore(state: dict[str, Any], device: torch.device) -> None:
+    """Put back what ``capture`` saved; a job not on ``cuda`` ignores CUDA states. Older checkpoints
+    saved one state per visible device (and whenever CUDA was visible): the job's device's is used."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = state["numpy"]
     np.random.set_state((np_state["name"], np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
                          np_state["has_gauss"], np_state["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    cuda_states = state["cuda"] if device_type == "cuda" else []
+    cuda_states = state["cuda"] if device.type == "cuda" else []
     if cuda_states:
-        if not torch.cuda.is_available() or torch.cuda.device_count() < len(cuda_states):
-            raise RuntimeError(
-                f"checkpoint holds RNG state for {len(cuda_states)} CUDA device(s); this worker has "
-                f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}: resume on the same device class"
-            )
-        torch.cuda.set_rng_state_all(cuda_states)
+        index = _cuda_index(device)
+        mine = cuda_states[0] if len(cuda_states) == 1 else (cuda_states[index] if index < len(cuda_states) else None)
+        if mine is None:
+            raise RuntimeError(f"checkpoint holds RNG states for {len(cuda_states)} CUDA devices, none for "
+                               f"this job's device cuda:{index}")
+        torch.cuda.set_rng_state(mine, index)
 
 
 def seed_all(seed: int) -> None:

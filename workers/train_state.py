@@ -27,7 +27,7 @@ def capture(parts: Components, progress: Progress, best: BestTracker, metrics: l
         "optimizer": parts.optimizer.state_dict(),
         "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
         "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
-        "rng": rng.capture(parts.device.type),
+        "rng": rng.capture(parts.device),
         "progress": progress.state_dict(),
         "data": parts.data.state_dict(),
         "best": best.state_dict(),
@@ -54,5 +54,5 @@ def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTra
     if parts.scaler.is_enabled():
         parts.scaler.load_state_dict(state["scaler"])
     parts.data.load_state_dict(state.get("data"))
-    rng.restore(state["rng"], parts.device.type)
+    rng.restore(state["rng"], parts.device)
     return Progress.from_state(state["progress"]), BestTracker.from_state(state["best"]), list(state["metrics"])

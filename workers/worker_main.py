@@ -69,17 +69,21 @@ def supervise(name: str, queues: str, loglevel: str, children_env: Sequence[dict
     restarts: list[deque] = [deque() for _ in procs]
     codes: list[Optional[int]] = [None] * len(procs)
     stopping = False
+    received: list[int] = []  # signals to pass on, by the loop: a child started meanwhile gets them too
 
     def forward(signum: int, frame) -> None:
         nonlocal stopping
         stopping = True
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
+        received.append(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     while any(code is None for code in codes):
+        while received:
+            signum = received.pop(0)
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signum)
         for index, proc in enumerate(procs):
             if codes[index] is not None or proc.poll() is None:
                 continue
@@ -107,17 +111,30 @@ def _may_restart(history: deque) -> bool:
     return True
 
 
-def check_storage(storage_url: str) -> Optional[str]:
+STORAGE_START_WAIT_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+"""Waits between tries of the start-up probe while the store is unreachable (about a minute in all)."""
+
+
+def check_storage(storage_url: str, waits: tuple[float, ...] = STORAGE_START_WAIT_S) -> Optional[str]:
     """None when the store can hold jobs; else why not (it ignores conditional writes, or cannot
-    be reached or used at all). A worker that cannot commit safely must not take jobs."""
-    from schemas.errors import BatonError
+    be used at all, or stayed unreachable through ``waits``). A worker that cannot commit safely
+    must not take jobs; a store that is briefly away (a blip while a node or a restarted slot
+    starts) is waited for."""
+    from schemas.errors import BatonError, TransientError
     from storage.conditional_probe import check_conditional_writes
     from storage.open import open_store
 
-    try:
-        check_conditional_writes(open_store(storage_url))
-    except BatonError as exc:
-        return f"baton worker: refusing to start: {exc}"
+    for wait in (*waits, None):
+        try:
+            check_conditional_writes(open_store(storage_url))
+            return None
+        except TransientError as exc:
+            if wait is None:
+                return f"baton worker: refusing to start: storage unreachable: {exc}"
+            print(f"baton worker: storage unreachable ({exc}); trying again in {wait:.0f}s", file=sys.stderr, flush=True)
+            time.sleep(wait)
+        except BatonError as exc:
+            return f"baton worker: refusing to start: {exc}"
     return None
 
 

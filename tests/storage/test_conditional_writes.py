@@ -50,3 +50,24 @@ def test_a_worker_refuses_to_start_on_such_a_store(s3_bucket, s3_env, careless_g
         pytest.fail("the worker started on a store that ignores conditional writes")
     assert result.returncode != 0
     assert url in result.stderr and "conditional" in result.stderr
+
+
+def test_a_store_briefly_unreachable_at_start_is_waited_for_not_refused(s3_bucket, s3_env, s3_server, monkeypatch):
+    """A blip while a worker (or a slot restarted after a stall) starts must not leave it refusing
+    to run (exit 2) for good; an outage that outlasts the waits is refused, naming why."""
+    import threading
+
+    from tests.netfault import FaultyProxy
+    from workers.worker_main import check_storage
+
+    proxy = FaultyProxy(s3_server.port)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
+        url = f"s3://{s3_bucket}/runs"
+        proxy.set("cut")
+        refusal = check_storage(url, waits=(0.2,))
+        assert refusal is not None and "storage unreachable" in refusal
+        threading.Timer(1.0, proxy.set, args=("pass",)).start()
+        assert check_storage(url, waits=(0.5, 0.5, 1.0, 2.0, 4.0)) is None
+    finally:
+        proxy.close()

@@ -16,13 +16,22 @@ from workers.session import run_attempt
 pytestmark = pytest.mark.gpu
 
 
-def test_cuda_rng_state_round_trips():
+def test_cuda_rng_state_round_trips_and_holds_only_the_jobs_device():
     torch.cuda.manual_seed_all(5)
-    state = rng.capture("cuda")
+    state = rng.capture(torch.device("cuda"))
     first = torch.rand(4, device="cuda")
-    rng.restore(state, "cuda")
+    rng.restore(state, torch.device("cuda"))
     assert torch.equal(torch.rand(4, device="cuda"), first)
-    assert len(state["cuda"]) == torch.cuda.device_count()
+    assert len(state["cuda"]) == 1  # a worker pinned to one GPU (--gpus) can resume it
+
+
+def test_an_older_checkpoint_with_every_visible_devices_state_restores_the_jobs_own():
+    torch.cuda.manual_seed_all(6)
+    state = rng.capture(torch.device("cuda:0"))
+    first = torch.rand(4, device="cuda:0")
+    state["cuda"] = state["cuda"] + [torch.cuda.get_rng_state(0)] * 7  # as if saved on an 8-GPU node
+    rng.restore(state, torch.device("cuda:0"))
+    assert torch.equal(torch.rand(4, device="cuda:0"), first)
 
 
 def test_pinned_snapshot_is_complete_when_take_returns_and_reuses_its_buffers():
