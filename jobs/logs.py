@@ -54,14 +54,17 @@ def follow_log(store: ObjectStore, job_id: str, write: Callable[[str], None], do
     """Write the log as it grows, whole lines only, until ``done()`` (then once more, so the last
     flush is shown). ``done`` is asked before each read, so what it sees is covered by that read."""
     shown: dict[str, int] = {}  # key -> bytes written
+    sealed: set[str] = set()  # chunks read whole after the next one appeared: they change no more
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         finished = done()
         chunks = log_chunks(store, job_id, attempt)
         last_of_attempt = {a: key for a, _, key in chunks}
         for a, _, key in chunks:
-            if key in shown and key != last_of_attempt[a]:
-                continue  # a full chunk does not change once the next one exists
+            if key in sealed:
+                continue
+            if key != last_of_attempt[a]:
+                sealed.add(key)  # its last upload came before the next chunk's first: read it once more
             try:
                 data = store.get_bytes(key)
             except FileNotFoundError:

@@ -39,6 +39,7 @@ class MetricsRow(BaseModel):
     nonfinite_steps: int = Field(0, description="Optimizer steps skipped for a non-finite loss, so far.")
     samples_per_s: float = Field(description="Training throughput over the epoch (machine-dependent).")
     epoch_s: float = Field(0.0, description="Wall time of the epoch (machine-dependent; resumed epochs count from the resume).")
+    time: float = Field(0.0, description="Unix time at which the row was recorded (trackers stamp the row's metrics with it).")
     checkpoint: Optional[str] = Field(None, description="Object key of the checkpoint taken after this validation.")
     is_best: bool = Field(False, description="Whether this validation improved the monitored metric.")
     ckpt_count: int = Field(0, description="Checkpoints committed since the previous row (this attempt).")

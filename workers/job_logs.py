@@ -155,6 +155,7 @@ class JobLogCapture:
         self._saved: dict[int, int] = {}
         self._pipes: dict[int, tuple[int, int]] = {}  # fd -> (read end, write end)
         self._partial: dict[int, bytes] = {1: b"", 2: b""}
+        self._console_partial: dict[int, bytes] = {1: b"", 2: b""}  # the console copy, cut at line ends too
         self._decoders = {fd: codecs.getincrementaldecoder("utf-8")(errors="replace") for fd in (1, 2)}
         self._stop = threading.Event()  # the reader's: the attempt is over
         self._final = threading.Event()  # the flusher's: the end marker is written, flush a last time
@@ -209,6 +210,9 @@ class JobLogCapture:
         for fd, rest in self._partial.items():
             if rest:
                 self.line("stdout" if fd == 1 else "stderr", _shown(rest))
+        for fd, rest in self._console_partial.items():
+            if rest and (self._reader is None or not self._reader.is_alive()):
+                self._to_console(fd, rest)
         self.line(BATON_STREAM, END_MARKER.format(attempt=self.paths.attempt) + ending)
         self._final.set()
         if self._flusher is not None:
@@ -242,17 +246,28 @@ class JobLogCapture:
                 os.close(read_end)
 
     def _take(self, fd: int, data: bytes) -> None:
+        # the console copy is redacted by whole lines (or \r-ended progress lines): a secret split
+        # between two reads is still found; a very long unended line goes out as it is
+        console = self._console_partial[fd] + data
+        cut = max(console.rfind(b"\n"), console.rfind(b"\r")) + 1
+        if cut == 0 and len(console) > PARTIAL_MAX_BYTES:
+            cut = len(console)
+        self._console_partial[fd] = console[cut:]
+        if cut:
+            self._to_console(fd, console[:cut])
+        *lines, rest = (self._partial[fd] + data).split(b"\n")
+        self._partial[fd] = rest if len(rest) <= PARTIAL_MAX_BYTES else rest[rest.rfind(b"\r") + 1:][-PARTIAL_MAX_BYTES:]
+        stream = "stdout" if fd == 1 else "stderr"
+        for raw in lines:
+            self.line(stream, _shown(raw))
+
+    def _to_console(self, fd: int, data: bytes) -> None:
         shown = self.redact(self._decoders[fd].decode(data)).encode()  # a character split between reads stays whole
         try:
             while shown:
                 shown = shown[os.write(self._saved[fd], shown):]
         except OSError:
             pass  # the console is gone (a closed terminal): the stored log still gets the line
-        *lines, rest = (self._partial[fd] + data).split(b"\n")
-        self._partial[fd] = rest if len(rest) <= PARTIAL_MAX_BYTES else rest[rest.rfind(b"\r") + 1:][-PARTIAL_MAX_BYTES:]
-        stream = "stdout" if fd == 1 else "stderr"
-        for raw in lines:
-            self.line(stream, _shown(raw))
 
     # --- the flusher thread: log -> object storage ------------------------------------------------------
     def _flush_loop(self) -> None:

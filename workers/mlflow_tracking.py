@@ -61,8 +61,9 @@ LINGER_S = 120.0
 METRICS_PER_BATCH = 1000  # log_batch's limits (MLflow REST API)
 PARAMS_PER_BATCH = 100
 PARAM_VALUE_MAX = 6000
-SKIPPED_FIELDS = ("step", "is_best", "checkpoint")
-"""Row fields that are not metrics: the step is MLflow's step; the best checkpoint is a tag."""
+SKIPPED_FIELDS = ("step", "time", "is_best", "checkpoint")
+"""Row fields that are not metrics: the step is MLflow's step, the time its timestamp; the best
+checkpoint is a tag. Fields starting with ``_`` are bookkeeping, never metrics."""
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 """Retries are this module's own (no jitter from the global ``random``); a request never hangs long."""
@@ -93,7 +94,15 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 def row_metrics(row: dict) -> dict[str, float]:
     """The metrics a row becomes at its step: every numeric field but the step."""
     return {k: float(v) for k, v in row.items()
-            if k not in SKIPPED_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if k not in SKIPPED_FIELDS and not k.startswith("_") and isinstance(v, (int, float))
+            and not isinstance(v, bool)}
+
+
+def row_timestamp_ms(row: dict) -> Optional[int]:
+    """The row's own time as MLflow's timestamp: whichever attempt sends a row (the one that made
+    it, or a later one reading it from metrics.jsonl), it sends the same metric, which MLflow's
+    store keeps once. None for rows written before rows carried their time."""
+    return int(row["time"] * 1000) if row.get("time") else None
 
 
 class Unusable(Exception):
@@ -129,7 +138,7 @@ class MlflowTracker:
         self._put("resume", step)
 
     def row(self, row: dict) -> None:
-        self._put("row", {**row, "_timestamp_ms": int(time.time() * 1000)})
+        self._put("row", dict(row))
 
     def committed(self, step: int) -> None:
         self._put("commit", step)
@@ -250,6 +259,7 @@ class MlflowTracker:
         run_id = self._stored_run_id()
         if run_id is None:
             run_id = self._create_run(client)
+        self._log_missing_params(client, run_id)
         attempt = str(self.paths.attempt)
         self._set_tags(client, {"baton.attempts": attempt, "baton.worker": self.worker,
                                 f"baton.worker.attempt-{attempt}": self.worker}, run_id)
@@ -286,12 +296,17 @@ class MlflowTracker:
         except PreconditionFailed:  # another attempt created the job's run first: use that one
             client.delete_run(run_id)
             return self._stored_run_id()
+        return run_id
+
+    def _log_missing_params(self, client, run_id: str) -> None:
+        """The spec's params the run does not hold yet: all of them for a new run, and whatever a
+        failed try (or a killed attempt) left out after the run id was stored."""
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in flatten(self.spec).items()]
+        held = client.get_run(run_id).data.params
+        params = [Param(k, v) for k, v in flatten(self.spec).items() if k not in held]
         for i in range(0, len(params), PARAMS_PER_BATCH):
             client.log_batch(run_id, params=params[i:i + PARAMS_PER_BATCH])
-        return run_id
 
     def _send_rows(self, client) -> None:
         from mlflow.entities import Metric
@@ -302,8 +317,8 @@ class MlflowTracker:
                 self._ready = []
                 return
             row = rows[0]
-            stamp = row.get("_timestamp_ms") or int(time.time() * 1000)
-            row.setdefault("_timestamp_ms", stamp)  # a retry sends the same metrics: the server keeps one
+            stamp = row_timestamp_ms(row) or row.setdefault("_timestamp_ms", int(time.time() * 1000))
+            # a retry (and another attempt sending the same committed row) sends the same metrics: the server keeps one
             batch = [Metric(k, v, stamp, row["step"]) for k, v in row_metrics(row).items()]
             for i in range(0, len(batch), METRICS_PER_BATCH):
                 client.log_batch(self.run_id, metrics=batch[i:i + METRICS_PER_BATCH])

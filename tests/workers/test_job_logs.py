@@ -94,6 +94,7 @@ def test_logs_of_a_killed_and_resumed_job_in_order_followed_live_secrets_redacte
     assert len(rows) == 3
     keys = set().union(*(row_metrics(row) for row in rows))
     assert {"train_loss", "val_loss", "val_accuracy", "lr", "grad_norm", "epoch"} <= keys
+    assert set(run.data.metrics) == keys  # nothing else (no bookkeeping field logged as a metric)
     for key in keys:
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
         assert history == [(row["step"], float(row[key])) for row in rows if key in row], key
@@ -111,6 +112,26 @@ def test_redactor_hides_secret_variables_and_url_passwords():
                        "BATON_REDIS_URL": "rediss://user:pw-in-url@redis:6380/0", "HOME": "/home/baton", "X_TOKEN": "1"})
     line = "key abcd1234secret tok sess-tok-9 pw pw-in-url url redis://:other-pass@h:1/0 home /home/baton 1"
     assert redact(line) == "key *** tok *** pw *** url redis://:***@h:1/0 home /home/baton 1"
+
+
+def test_the_console_copy_is_redacted_when_a_secret_is_split_between_two_reads(tmp_path):
+    """The tee passes what user code writes to the worker's console as well: a secret arriving in
+    two reads of the pipe must be hidden there as in the stored log."""
+    import os
+
+    from storage.file_store import FileStore
+    from storage.layout import JobPaths
+    from workers.job_logs import JobLogCapture
+
+    capture = JobLogCapture(FileStore(tmp_path / "store"), JobPaths("split", 1), {"MY_API_TOKEN": "abcd1234secret"})
+    read_end, write_end = os.pipe()
+    capture._saved = {1: write_end, 2: write_end}
+    for part in (b"token abcd12", b"34secret here\nprogress 50%\r", b"tail abcd1234", b"secret\n"):
+        capture._take(1, part)
+    os.close(write_end)
+    console = os.read(read_end, 4096).decode()
+    os.close(read_end)
+    assert console == "token *** here\nprogress 50%\rtail ***\n"
 
 
 def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
@@ -138,3 +159,34 @@ def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
     shown: list[str] = []
     follow_log(store, "rolled", shown.append, done=lambda: True)
     assert "".join(shown).splitlines() == written
+
+
+def test_follow_keeps_the_lines_a_chunk_gained_as_it_was_sealed(tmp_path, monkeypatch):
+    """A follower that read a chunk while it grew must read it once more after the next chunk
+    appears: the lines added before it was sealed are not lost."""
+    from jobs.logs import follow_log
+    from storage.file_store import FileStore
+    from storage.layout import JobPaths
+    from workers import job_logs
+
+    monkeypatch.setattr(job_logs, "CHUNK_BYTES", 100)  # two of these lines per chunk
+    store = FileStore(tmp_path / "store")
+    chunks = job_logs._Chunks(store, JobPaths("sealed", 1))
+    lines = [f"line {i} " + "x" * 30 for i in range(5)]
+
+    def write(*numbers: int):
+        for i in numbers:
+            chunks.add(lines[i])
+        chunks.flush()
+
+    script = [lambda: write(0), lambda: write(1, 2), lambda: write(3, 4)]  # line 2 seals chunk 0 (lines 0, 1)
+
+    def done() -> bool:  # asked before each read: the job writes between the follower's reads
+        if script:
+            script.pop(0)()
+            return False
+        return True
+
+    shown: list[str] = []
+    follow_log(store, "sealed", shown.append, done=done, poll_s=0)
+    assert "".join(shown).splitlines() == lines

@@ -16,6 +16,7 @@ from storage.file_store import FileStore
 from tests.helpers import committed_manifest, make_spec, metrics_rows
 from tests.netfault import FaultyProxy
 from workers.control import LoopControl
+from workers.mlflow_tracking import flatten, row_metrics
 from workers.session import run_attempt
 
 mlflow = pytest.importorskip("mlflow")
@@ -59,8 +60,14 @@ class _CutMlflowMidRun(LoopControl):
         os.write(1, f"{message}\n".encode())  # into the job's own log, as `baton run` prints it (pytest swaps sys.stdout)
 
 
-def test_mlflow_down_mid_run_the_job_finishes_and_the_gap_is_logged(mlflow_server, tmp_path, monkeypatch):
-    proxy = FaultyProxy(mlflow_server.port)
+@pytest.fixture
+def proxy(mlflow_server):
+    p = FaultyProxy(mlflow_server.port)
+    yield p
+    p.close()
+
+
+def test_mlflow_down_mid_run_the_job_finishes_and_the_gap_is_logged(mlflow_server, proxy, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", proxy.endpoint_url)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", f"outage-{tmp_path.name}")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -68,13 +75,11 @@ def test_mlflow_down_mid_run_the_job_finishes_and_the_gap_is_logged(mlflow_serve
     client = _client(mlflow_server.url)
     control = _CutMlflowMidRun(proxy, store, "outage", client)
     spec = make_spec(loop={"epochs": 3}, checkpoint={"every_steps": 5})
-    try:
-        started = time.monotonic()
-        result = run_attempt(JobSpec.parse(spec), "outage", store, 1, control, allowed_prefixes=("tests",),
-                             job_log=True)
-        took_s = time.monotonic() - started
-    finally:
-        proxy.close()
+    spec_json = JobSpec.parse(spec).model_dump(mode="json")
+    started = time.monotonic()
+    result = run_attempt(JobSpec.parse(spec), "outage", store, 1, control, allowed_prefixes=("tests",), job_log=True)
+    took_s = time.monotonic() - started
+    proxy.set("pass")  # MLflow is back (the job's run id was stored with the proxy's address)
 
     assert result.outcome.completed and committed_manifest(store, "outage").completed
     assert took_s < 30, f"an MLflow outage must not hold the job up ({took_s:.1f}s)"
@@ -90,3 +95,40 @@ def test_mlflow_down_mid_run_the_job_finishes_and_the_gap_is_logged(mlflow_serve
     shown = CliRunner().invoke(app, ["logs", "outage", "--storage", store.url, "-f"])  # -f: ends with the attempt
     assert shown.exit_code == 0, shown.output
     assert gap in shown.output and shown.output.splitlines()[-1].endswith(" baton attempt 1 ended: succeeded")
+
+    # the next attempt of the job sends what MLflow lacks, each metric stamped with its row's own time
+    tracker = _tracker(proxy.endpoint_url, store, "outage", 2, spec_json)
+    tracker.close()
+    run_id = _run_id(store, "outage")
+    history = client.get_metric_history(run_id, "train_loss")
+    assert [(m.step, m.value, m.timestamp) for m in history] == [
+        (row["step"], row["train_loss"], int(row["time"] * 1000)) for row in rows]
+    # an attempt whose view of MLflow is stale (fenced out while MLflow was away, still retrying)
+    # sends the same committed rows again: the same metrics, which MLflow keeps once
+    tracker._logged_through, tracker._ready = -1, [dict(row) for row in rows]
+    tracker._send_rows(tracker._client())
+    assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [row["step"] for row in rows]
+    assert set(client.get_run(run_id).data.metrics) == set().union(*(row_metrics(row) for row in rows))
+
+
+def _tracker(url: str, store, job_id: str, attempt: int, spec: dict):
+    from storage.layout import JobPaths
+    from workers.mlflow_tracking import MlflowTracker
+
+    return MlflowTracker(url, store, JobPaths(job_id, attempt), spec, "val_loss", "test-worker", lambda message: None)
+
+
+def test_params_a_killed_attempt_left_out_are_logged_when_the_run_is_opened_again(mlflow_server, tmp_path, monkeypatch):
+    """The run id is stored before the params are logged: an attempt killed (or a network failure)
+    in between must not leave the run without its params for good."""
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", f"params-{tmp_path.name}")
+    store = FileStore(tmp_path / "store")
+    client = _client(mlflow_server.url)
+    experiment_id = client.create_experiment(f"params-{tmp_path.name}")
+    run_id = client.create_run(experiment_id, run_name="half").info.run_id
+    store.put_bytes("jobs/half/mlflow.json", json.dumps(
+        {"tracking_uri": mlflow_server.url, "experiment_id": experiment_id, "run_id": run_id}).encode())
+    spec = JobSpec.parse(make_spec(loop={"epochs": 2})).model_dump(mode="json")
+    tracker = _tracker(mlflow_server.url, store, "half", 2, spec)
+    tracker.close()
+    assert client.get_run(run_id).data.params == flatten(spec)
