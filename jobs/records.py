@@ -51,6 +51,17 @@ end
 return 1
 """
 
+# KEYS: job. ARGV: the message's attempt, now, event. A worker that cannot host the job passes its
+# message on unclaimed: the record says why, and the reaper counts the wait for a claim from now.
+_PASS_ON = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'queued' and state ~= 'retrying' then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1 ~= tonumber(ARGV[1]) then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'publish_pending') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'published_at', ARGV[2], 'updated_at', ARGV[2], 'last_event', ARGV[3])
+return 1
+"""
+
 # KEYS: job, lease. ARGV: lease token, attempt, field/value pairs...
 _FENCED_SET = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
@@ -159,6 +170,7 @@ class JobRecords:
         self._restore = client.register_script(_RESTORE)
         self._clear_pending = client.register_script(_CLEAR_PENDING)
         self._fenced_set = client.register_script(_FENCED_SET)
+        self._pass_on = client.register_script(_PASS_ON)
         self._finish = client.register_script(_FINISH)
         self._release = client.register_script(_RELEASE)
         self._release_lost = client.register_script(_RELEASE_LOST)
@@ -239,6 +251,12 @@ class JobRecords:
         return int(self._resume(keys=[keys.job(job_id), keys.ACTIVE], args=[job_id, now()]))
 
     # --- worker side (fenced by the lease token) ---------------------------------------------
+    def pass_on(self, job_id: str, attempt: int, event: str) -> bool:
+        """Record that the message for ``attempt`` was handed back unclaimed by a worker that cannot
+        host the job (``event`` says why); False if the message is stale (the job moved on), in
+        which case it is dropped, not published again."""
+        return bool(self._pass_on(keys=[keys.job(job_id)], args=[attempt, now(), event]))
+
     def fenced_set(self, job_id: str, token: str, fields: dict[str, object]) -> bool:
         """Set ``fields`` while ``token`` still holds the lease; False when fenced out."""
         flat = [str(item) for pair in fields.items() for item in pair]

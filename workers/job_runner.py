@@ -33,6 +33,7 @@ from typing import Callable, Optional, TypeVar
 import redis
 from kombu.exceptions import KombuError
 
+from jobs import keys
 from jobs.records import JobRecords
 from schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
 from schemas.manifest import CheckpointManifest
@@ -47,7 +48,7 @@ from . import lease
 from . import metrics
 from .claims import catch_up_with_manifest, release_if_still_mine
 from .control import LoopControl, StepReport, describe_row
-from .launcher import RankLost
+from .launcher import RankLost, devices_missing, offered_gpus
 from .preemption import Preemption
 from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
 from .session import run_attempt
@@ -70,6 +71,7 @@ class WorkerContext:
     publish: Callable[[str, int, str], None]  # (job id, attempt, queue)
     preemption: Preemption
     worker: str
+    offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
 
 
 class WorkerControl(LoopControl):
@@ -225,8 +227,45 @@ def _finish(control: "WorkerControl", state: JobState, fields: Optional[dict] = 
                    f"recording the job {state.value}")
 
 
+PASS_ON_WAIT_S = 10.0
+"""How long a worker that cannot host a job holds its message before handing it back to the queue
+(so that the queue's other workers, not this one at once, take it next)."""
+
+
+def _cannot_host(ctx: WorkerContext, job_id: str) -> Optional[str]:
+    """Why this worker cannot give the job what it needs (GPUs for each of its ranks); None if it can,
+    or if the record cannot tell (the claim then decides, as for any job)."""
+    try:
+        raw = ctx.redis.hget(keys.job(job_id), "spec")
+        resources = json.loads(raw)["resources"] if raw else None
+    except (redis.RedisError, ValueError, KeyError, TypeError):
+        return None
+    if not resources:
+        return None
+    return devices_missing(str(resources.get("device", "auto")), int(resources.get("processes", 1)), ctx.offered_gpus())
+
+
+def _pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str) -> str:
+    """Hand the message back unclaimed (no attempt used, nothing counted), the record saying why."""
+    event = f"waiting for a worker that can host it: {ctx.worker} passed it on: {why}"
+    _log.warning("job %s attempt %d: not claimed: %s; passed on in %.0fs", job_id, attempt, why, PASS_ON_WAIT_S)
+    time.sleep(PASS_ON_WAIT_S)
+    try:
+        if not ctx.records.pass_on(job_id, attempt, event):
+            return "dropped"
+        queue = ctx.redis.hget(keys.job(job_id), "queue") or "default"
+        ctx.publish(job_id, attempt, queue)
+    except (redis.RedisError, KombuError, OSError) as exc:  # not published: the reaper publishes it again later
+        _log.warning("job %s attempt %d: not passed on yet (%s: %s); a reaper will publish it", job_id, attempt,
+                     type(exc).__name__, exc)
+    return "passed on"
+
+
 def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     """Run one delivered attempt; returns a word saying how it ended (for logs and tests)."""
+    cannot = _cannot_host(ctx, job_id)
+    if cannot is not None:
+        return _pass_on(ctx, job_id, attempt, cannot)
     nonce = lease.new_nonce()
     try:  # no lease yet: wait for Redis one lease TTL, then leave the message to the reaper's re-publish
         wait_until = time.monotonic() + ctx.settings.lease_ttl_s

@@ -38,6 +38,8 @@ EXIT_USER_CODE = 65
 EXIT_HUNG = 70
 RANK_LOSS_GRACE_S = 30.0
 """How long rank 0 may take to leave the attempt after another rank died, before the watchdog ends it."""
+RENDEZVOUS_TIMEOUT_S = float(os.environ.get("BATON_RENDEZVOUS_TIMEOUT_S", "300"))
+"""How long ranks 1..N-1 may take to start, read the checkpoint and reach the group."""
 FINISH_WAIT_S = 60.0
 """How long a finished attempt waits for the other ranks to exit on their own."""
 HOST = "127.0.0.1"
@@ -59,7 +61,7 @@ class Ranks:
                  on_hang: Optional[Callable[[str], None]] = None):
         self.world_size, self.log = world_size, log
         self.store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=120))
+                                   timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
         self.procs: list[subprocess.Popen] = []
         self._ending = threading.Event()
         self._lost: Optional[str] = None
@@ -90,6 +92,28 @@ class Ranks:
                     self.kill()
                     self._on_hang(f"{self._lost}, and rank 0 did not leave its collective in {RANK_LOSS_GRACE_S:.0f}s")
                     return
+
+    def wait_until_ready(self, timeout_s: float = RENDEZVOUS_TIMEOUT_S, poll_s: float = 0.05) -> None:
+        """Wait until ranks 1..N-1 have reached the rendezvous (each says so in the store just before
+        it joins the group), watching them meanwhile: a rank that exits first is RankFailed (the
+        job's code or spec failed there) or RankLost at once, one that has not come in ``timeout_s``
+        RankLost. Rank 0 joins the group only then: joining waits for every rank, and cannot tell a
+        dead one from a slow one."""
+        keys = [ready_key(rank) for rank in range(1, self.world_size)]
+        deadline = time.monotonic() + timeout_s
+        while not self.store.check(keys):
+            for rank, proc in enumerate(self.procs, start=1):
+                code = proc.poll()
+                if code == EXIT_USER_CODE:
+                    raise RankFailed(f"rank {rank} of {self.world_size}: the job's code or spec failed there before it "
+                                     "joined the group (its traceback is in the log)")
+                if code is not None:
+                    raise RankLost(f"{describe_exit(rank, code)} before it joined the group")
+            if time.monotonic() >= deadline:
+                missing = [rank for rank, key in enumerate(keys, start=1) if not self.store.check([key])]
+                raise RankLost(f"rank(s) {', '.join(map(str, missing))} did not reach the group within "
+                               f"{timeout_s:.0f}s (BATON_RENDEZVOUS_TIMEOUT_S)")
+            time.sleep(poll_s)
 
     def explain(self, exc: BaseException) -> BaseException:
         """What rank 0's failure means: another rank's death (RankLost), its user-code failure
@@ -139,6 +163,11 @@ class Ranks:
             proc.wait()
 
 
+def ready_key(rank: int) -> str:
+    """The store key a rank sets just before it joins the group."""
+    return f"baton/ready/{rank}"
+
+
 def describe_exit(rank: int, code: int) -> str:
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
     return f"rank {rank} {how}"
@@ -162,17 +191,30 @@ def _exit_hung(why: str) -> None:
     os._exit(EXIT_HUNG)
 
 
-def check_devices(device_type: str, processes: int) -> None:
-    """A CUDA job of N ranks needs N GPUs visible to this worker (``--gpus-per-job``)."""
-    if device_type != "cuda":
-        return
+def devices_missing(requested: str, processes: int, have: int) -> Optional[str]:
+    """Why a worker offering ``have`` GPUs cannot give a job of ``processes`` ranks on ``requested``
+    (cpu, cuda, auto) one GPU per rank; None if it can. A worker with no GPU at all is not asked:
+    ``auto`` trains on its CPU, ``cuda`` is refused by ``resolve_device``."""
+    if processes <= 1 or requested == "cpu" or have == 0 or have >= processes:
+        return None
+    return (f"resources.processes: {processes} ranks need {processes} GPUs, one each; this worker offers {have} "
+            f"(route the job to a queue served by workers started with --gpus-per-job {processes})")
+
+
+def offered_gpus() -> int:
     import torch
 
-    have = torch.cuda.device_count()
-    if have < processes:
-        raise PermanentError(f"resources.processes: {processes} ranks need {processes} GPUs, one each; this worker offers "
-                             f"{have}. Route the job to a queue served by workers started with --gpus-per-job "
-                             f"{processes}")
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_devices(device_type: str, processes: int) -> None:
+    """A CUDA job of N ranks needs N GPUs visible to this worker (``--gpus-per-job``). Workers pass
+    such a job on before claiming it (``job_runner``); this refuses what reaches a claim anyway."""
+    if device_type != "cuda":
+        return
+    missing = devices_missing("cuda", processes, offered_gpus())
+    if missing:
+        raise PermanentError(missing)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Optional
 
-from .launcher import ARGS_ENV, EXIT_USER_CODE, die_with_parent
+from .launcher import ARGS_ENV, EXIT_USER_CODE, die_with_parent, ready_key
 
 
 class RankControl:
@@ -71,6 +71,7 @@ def run_rank(args: dict) -> None:
         state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
     configure(spec.loop.deterministic, args["cpu_threads"])
     store_client = dist.TCPStore(args["host"], args["port"], world_size, is_master=False)
+    store_client.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
     group = RankGroup.join(store_client, rank, world_size, args["device_type"], spec.seed)
     try:
         rng.seed_all(spec.seed)

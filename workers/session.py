@@ -236,6 +236,7 @@ def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, en
             "cpu_threads": threads, "device_type": device_type, "allowed_prefixes": list(allowed_prefixes)}
     ranks = Ranks(spec.resources.processes, args, log)
     try:
+        ranks.wait_until_ready()
         return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed)
     except BaseException as exc:
         explained = ranks.explain(exc)

@@ -143,3 +143,25 @@ def test_two_ranks_on_two_gpus_train_with_nccl(run_job):
     state = final_state(FileStore(root), job_id)
     assert result.outcome.completed and len(state["ranks"]) == 2 and state["config"]["device_type"] == "cuda"
     assert state["ranks"][1]["rng"]["cuda"]  # each rank's CUDA generators travel with the checkpoint
+
+
+def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_the_watchdog():
+    """Rank 0 joins the group only once every rank has reached it: a rank whose spec (or the job's
+    code) fails before then is RankFailed at once (the job fails), one that does not come in time
+    RankLost (a worker loss); neither waits for the watchdog, which would end the worker process."""
+    from workers.launcher import RankFailed, RankLost, Ranks
+
+    hung, lines = [], []
+    failing = Ranks(2, {"spec": {"name": "broken"}}, lines.append, on_hang=hung.append)  # rank 1: a SpecError
+    try:
+        with pytest.raises(RankFailed, match="rank 1 of 2: the job's code or spec failed there"):
+            failing.wait_until_ready(timeout_s=120)
+    finally:
+        failing.kill()
+    lagging = Ranks(2, {"spec": {"name": "broken"}}, lines.append, on_hang=hung.append)
+    try:  # no rank starts Python and imports torch within 10 ms
+        with pytest.raises(RankLost, match=r"rank\(s\) 1 did not reach the group within 0s"):
+            lagging.wait_until_ready(timeout_s=0.01)
+    finally:
+        lagging.kill()
+    assert hung == [] and [p.poll() for p in failing.procs + lagging.procs] == [65, -signal.SIGKILL]

@@ -134,6 +134,9 @@ def test_a_claim_behind_the_manifest_catches_up_while_its_lease_holds(env):
     assert (records.status("c").attempt, records.status("c").lost) == (4, 0)
     assert client.get(keys.lease("c")) == ahead and records.fenced_set("c", ahead, {})
     assert "caught up as attempt 4" in records.status("c").last_event
+    # the same call again (its reply was lost, while_leased retries): it is already done, not refused
+    assert lease.catch_up(client, "c", held.token, 1, 4, ahead, ttl_s=5)
+    assert (records.status("c").attempt, client.get(keys.lease("c"))) == (4, ahead)
     assert not lease.catch_up(client, "c", held.token, 1, 6, lease.token(6, "w1", held.nonce), ttl_s=5)  # moved on
 
     stale = lease.claim(client, "d", 1, "w1", ttl_s=5)  # no record: nothing to claim
@@ -217,3 +220,37 @@ def test_a_reaper_that_lived_through_a_redis_pause_does_not_count_the_lapsed_lea
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
         server.stop()
+
+
+def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env, monkeypatch):
+    """A job of N ranks on cuda is claimed only by a worker that can give it N GPUs: another
+    hands the message back to its queue, uses no attempt, counts nothing, and says why."""
+    from schemas.spec import JobSpec
+    from tests.helpers import make_spec
+    from workers import job_runner
+    from workers.job_runner import WorkerContext, run_job
+    from workers.launcher import devices_missing
+    from workers.preemption import PREEMPTION
+
+    client, records, publish = env
+    spec = JobSpec.parse(make_spec(resources={"device": "cuda", "processes": 4}))
+    records.create("big", {"name": "big", "spec": json.dumps(spec.model_dump(mode="json")), "queue": "gpu4",
+                           "max_attempts": "2"})
+    records.published("big", records.pending_mark("big"))
+    monkeypatch.setattr(job_runner, "PASS_ON_WAIT_S", 0.0)
+    ctx = WorkerContext(BatonSettings(), client, records, publish, PREEMPTION, "one-gpu@test", offered_gpus=lambda: 1)
+    assert run_job(ctx, "big", 1) == "passed on"
+    status = records.status("big")
+    assert (status.state.value, status.attempt, status.lost) == ("queued", 0, 0)
+    assert "one-gpu@test passed it on: resources.processes: 4 ranks need 4 GPUs" in status.last_event
+    assert "offers 1" in status.last_event and client.get(keys.lease("big")) is None
+    assert queued_messages(client, "gpu4") == [["big", 1]]  # back on its own queue, the same attempt
+    assert reaper.reap_once(client, publish, records) == []  # its wait for a claim starts again
+    assert run_job(ctx, "big", 3) == "dropped"  # a stale message is not passed on
+    assert queued_messages(client, "gpu4") == [["big", 1]]
+
+    # who can host what: a GPU per rank, on a worker with GPUs; CPU jobs and CPU-only workers are not asked
+    assert devices_missing("cuda", 4, 4) is None and devices_missing("auto", 2, 8) is None
+    assert devices_missing("auto", 2, 1) and devices_missing("cuda", 8, 4)
+    assert devices_missing("cpu", 4, 1) is None and devices_missing("auto", 2, 0) is None
+    assert devices_missing("cuda", 1, 1) is None
