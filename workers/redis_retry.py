@@ -19,9 +19,11 @@ from schemas.errors import LeaseUnconfirmed
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")
 
-TRANSIENT_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
+TRANSIENT_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError) + tuple(
+    getattr(redis.exceptions, name) for name in ("MasterDownError", "TryAgainError") if hasattr(redis.exceptions, name))
 """Errors that pass when Redis comes back (ConnectionError includes BusyLoadingError: a restarted
-Redis loading its append-only file). Anything else from Redis is a bug and is raised."""
+Redis loading its append-only file; READONLY, MASTERDOWN and TRYAGAIN come during a failover, from
+a replica that is not, or not yet, the primary). Anything else from Redis is a bug and is raised."""
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 

@@ -153,3 +153,28 @@ def test_redis_paused_past_the_lease_costs_no_retry_attempt(restartable, referen
     assert final.state.value == "succeeded", f"{final.error}\n{final.traceback}"
     assert final.attempt >= 2 and final.lost == 0  # the attempt stopped by the outage was not a loss
     assert_same_training(reference, "reference", cluster.store(), "paused-redis")
+
+
+def test_a_replica_answering_masterdown_during_a_failover_is_waited_out_not_a_job_failure():
+    """During a failover a replica answers MASTERDOWN (and READONLY, TRYAGAIN) until it is promoted:
+    a ResponseError, but one that passes when Redis comes back, like a dropped connection."""
+    import threading
+
+    import redis as redis_lib
+
+    from jobs.services import RedisServer
+    from workers.redis_retry import while_leased
+
+    server = RedisServer().start()
+    try:
+        client = redis_lib.Redis.from_url(server.url, decode_responses=True)
+        client.set("k", "v")
+        client.config_set("replica-serve-stale-data", "no")
+        client.replicaof("127.0.0.1", free_port())  # its primary is gone: reads answer MASTERDOWN
+        with pytest.raises(redis_lib.exceptions.ResponseError, match="MASTER is down"):
+            client.get("k")
+        threading.Timer(0.5, lambda: redis_lib.Redis.from_url(server.url).replicaof("NO", "ONE")).start()  # promoted
+        assert while_leased(lambda: client.exists("k") >= 0 and "promoted",
+                            lambda: time.monotonic() + 30, "a read during a failover") == "promoted"
+    finally:
+        server.stop()
