@@ -35,13 +35,19 @@ is often descheduled. Measured on 2 cores, 301 MB into reused buffers: at load 1
 
 
 def copy_threads() -> int:
-    """One thread when runnable tasks (the 1-minute load average) outnumber the cores, else the
-    training's own count."""
+    """One thread when runnable tasks (the 1-minute load average) outnumber the cores by a whole
+    task or more, else the training's own count. The load counts the training's own threads: a
+    job using every core of an otherwise idle machine keeps a load near the core count, and must
+    not be taken for a busy machine."""
+    return BUSY_COPY_THREADS if machine_busy() else torch.get_num_threads()
+
+
+def machine_busy(load: Optional[float] = None, cores: Optional[int] = None) -> bool:
     try:
-        busy = os.getloadavg()[0] >= (os.cpu_count() or 1)
+        load = os.getloadavg()[0] if load is None else load
     except OSError:  # no load average on this platform
-        busy = False
-    return BUSY_COPY_THREADS if busy else torch.get_num_threads()
+        return False
+    return load >= (cores or os.cpu_count() or 1) + 1
 
 
 @contextmanager

@@ -3,6 +3,7 @@ the next forward/backward on a side stream; everything else is copied in stream 
 paths run everywhere; the CUDA ones are marked ``gpu``."""
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -120,7 +121,7 @@ def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
     assert_same_training(store, "none", store, "each")
 
 
-@pytest.mark.parametrize("load, threads", [(50.0, 1), (0.0, 2)])
+@pytest.mark.parametrize("load, threads", [(50.0, 1), (0.0, 2), (float(os.cpu_count() or 1), 2)])
 def test_host_copy_uses_one_thread_on_busy_cores_and_restores_the_training_count(monkeypatch, load, threads):
     import storage.snapshot as snapshot_module
 
@@ -137,3 +138,13 @@ def test_host_copy_uses_one_thread_on_busy_cores_and_restores_the_training_count
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_job_using_every_core_of_an_idle_machine_is_not_taken_for_a_busy_one():
+    """The load average counts the training's own threads: 2 threads on 2 idle cores keep the load
+    near 2, which must leave the copy its 2 threads; a whole runnable task more means contention."""
+    from storage.snapshot import machine_busy
+
+    assert not machine_busy(load=2.0, cores=2) and not machine_busy(load=2.6, cores=2)
+    assert machine_busy(load=3.0, cores=2) and machine_busy(load=7.0, cores=2)
+    assert not machine_busy(load=0.3, cores=2)
