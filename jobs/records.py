@@ -51,14 +51,16 @@ end
 return 1
 """
 
-# KEYS: job. ARGV: the message's attempt, now, event. A worker that cannot host the job passes its
-# message on unclaimed: the record says why, and the reaper counts the wait for a claim from now.
+# KEYS: job. ARGV: the message's attempt, when it will be published again, now, event. A worker that
+# cannot host the job passes its message on unclaimed: the record says why, and the reaper counts the
+# wait for a claim from the coming publish (it must not publish a second copy meanwhile).
 _PASS_ON = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'queued' and state ~= 'retrying' then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1 ~= tonumber(ARGV[1]) then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'publish_pending') == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'published_at', ARGV[2], 'updated_at', ARGV[2], 'last_event', ARGV[3])
+redis.call('HSET', KEYS[1], 'published_at', ARGV[2], 'updated_at', ARGV[3], 'last_event', ARGV[4])
+redis.call('HDEL', KEYS[1], 'republished')
 return 1
 """
 
@@ -251,11 +253,12 @@ class JobRecords:
         return int(self._resume(keys=[keys.job(job_id), keys.ACTIVE], args=[job_id, now()]))
 
     # --- worker side (fenced by the lease token) ---------------------------------------------
-    def pass_on(self, job_id: str, attempt: int, event: str) -> bool:
-        """Record that the message for ``attempt`` was handed back unclaimed by a worker that cannot
-        host the job (``event`` says why); False if the message is stale (the job moved on), in
-        which case it is dropped, not published again."""
-        return bool(self._pass_on(keys=[keys.job(job_id)], args=[attempt, now(), event]))
+    def pass_on(self, job_id: str, attempt: int, event: str, publish_in_s: float) -> bool:
+        """Record that the message for ``attempt`` is handed back unclaimed, ``publish_in_s`` from
+        now, by a worker that cannot host the job (``event`` says why); False if the message is
+        stale (the job moved on), in which case it is dropped, not published again."""
+        return bool(self._pass_on(keys=[keys.job(job_id)],
+                                  args=[attempt, repr(time.time() + publish_in_s), now(), event]))
 
     def fenced_set(self, job_id: str, token: str, fields: dict[str, object]) -> bool:
         """Set ``fields`` while ``token`` still holds the lease; False when fenced out."""

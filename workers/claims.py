@@ -56,9 +56,12 @@ def catch_up_with_manifest(control: "WorkerControl", attempt: int, nonce: str, s
             newer = exc.current + 1
             new_token = lease.token(newer, ctx.worker, nonce)
             held = control.token
-            moved = control.leased(lambda: control.heartbeat.swap_token(
+            # retried *inside* the swap: between a try whose reply was lost (it may have moved the
+            # lease) and its retry, a renewal with the old token would find the lease gone and
+            # fence this attempt out; the script is idempotent for this claim, so retrying is safe
+            moved = control.heartbeat.swap_token(lambda: control.leased(
                 lambda: lease.catch_up(ctx.redis, job_id, held, attempt, newer, new_token, ctx.settings.lease_ttl_s),
-                new_token), "catching up with the manifest")
+                "catching up with the manifest"), new_token)
             if not moved:
                 raise FencedOut(f"job {job_id}: attempt {attempt} is behind the manifest ({exc}) and no longer "
                                 f"holds the job") from None

@@ -249,11 +249,11 @@ def _pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str) -> str:
     """Hand the message back unclaimed (no attempt used, nothing counted), the record saying why."""
     event = f"waiting for a worker that can host it: {ctx.worker} passed it on: {why}"
     _log.warning("job %s attempt %d: not claimed: %s; passed on in %.0fs", job_id, attempt, why, PASS_ON_WAIT_S)
-    time.sleep(PASS_ON_WAIT_S)
-    try:
-        if not ctx.records.pass_on(job_id, attempt, event):
+    try:  # the record first: the reaper then waits for this publish instead of adding a copy meanwhile
+        if not ctx.records.pass_on(job_id, attempt, event, PASS_ON_WAIT_S):
             return "dropped"
         queue = ctx.redis.hget(keys.job(job_id), "queue") or "default"
+        time.sleep(PASS_ON_WAIT_S)
         ctx.publish(job_id, attempt, queue)
     except (redis.RedisError, KombuError, OSError) as exc:  # not published: the reaper publishes it again later
         _log.warning("job %s attempt %d: not passed on yet (%s: %s); a reaper will publish it", job_id, attempt,

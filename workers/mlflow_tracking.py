@@ -100,8 +100,8 @@ def row_metrics(row: dict) -> dict[str, float]:
 
 def row_timestamp_ms(row: dict) -> Optional[int]:
     """The row's own time as MLflow's timestamp: whichever attempt sends a row (the one that made
-    it, or a later one reading it from metrics.jsonl), it sends the same metric, which MLflow's
-    store keeps once. None for rows written before rows carried their time."""
+    it, or a later one reading it from metrics.jsonl), it sends the same metric, which an
+    SQL-backed tracking server keeps once (MLflow's file store, ``./mlruns``, would append it). None for rows written before rows carried their time."""
     return int(row["time"] * 1000) if row.get("time") else None
 
 

@@ -59,8 +59,9 @@ def preload() -> None:
     try:
         with rng.kept_through_imports():
             import torch.utils.tensorboard  # noqa: F401  optional: baton[tensorboard]
-    except ImportError:
-        pass  # the tracker says so at its first write
+    except Exception as exc:  # not installed, or a broken install (protobuf, numpy): tracking never fails a job
+        _log.debug("TensorBoard not preloaded (%s: %s); the tracker's thread says why at its first write",
+                   type(exc).__name__, exc)
 
 
 class TensorBoardTracker:

@@ -5,6 +5,7 @@ import base64
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -237,15 +238,22 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     records.create("big", {"name": "big", "spec": json.dumps(spec.model_dump(mode="json")), "queue": "gpu4",
                            "max_attempts": "2"})
     records.published("big", records.pending_mark("big"))
-    monkeypatch.setattr(job_runner, "PASS_ON_WAIT_S", 0.0)
+    monkeypatch.setattr(job_runner, "PASS_ON_WAIT_S", 1.5)
     ctx = WorkerContext(BatonSettings(), client, records, publish, PREEMPTION, "one-gpu@test", offered_gpus=lambda: 1)
+    during: list = []  # a reaper pass while the worker holds the message: it must not publish a copy
+    reaping = threading.Timer(0.8, lambda: during.extend(reaper.reap_once(client, publish, records,
+                                                                          unclaimed_after_s=0.2)))
+    reaping.start()
     assert run_job(ctx, "big", 1) == "passed on"
+    reaping.join()
+    assert during == [] and client.hget(keys.job("big"), "republished") is None
     status = records.status("big")
     assert (status.state.value, status.attempt, status.lost) == ("queued", 0, 0)
     assert "one-gpu@test passed it on: resources.processes: 4 ranks need 4 GPUs" in status.last_event
     assert "offers 1" in status.last_event and client.get(keys.lease("big")) is None
     assert queued_messages(client, "gpu4") == [["big", 1]]  # back on its own queue, the same attempt
     assert reaper.reap_once(client, publish, records) == []  # its wait for a claim starts again
+    monkeypatch.setattr(job_runner, "PASS_ON_WAIT_S", 0.0)
     assert run_job(ctx, "big", 3) == "dropped"  # a stale message is not passed on
     assert queued_messages(client, "gpu4") == [["big", 1]]
 
