@@ -44,6 +44,7 @@ from storage.checkpointer import AsyncCheckpointer, CheckpointRequest  # noqa: E
 from storage.file_store import FileStore  # noqa: E402
 from storage.layout import JobPaths  # noqa: E402
 from storage.open import open_store  # noqa: E402
+from storage.snapshot import unwrap  # noqa: E402
 from workers import train_state  # noqa: E402
 from workers.components import build_components  # noqa: E402
 from workers.progress import BestTracker, Progress  # noqa: E402
@@ -77,7 +78,8 @@ def train_step(parts) -> None:
 
 
 def capture(parts):
-    return train_state.capture(parts, Progress(), BestTracker("val_loss", "min"), [], torch.get_num_threads())
+    """The state baton checkpoints, as plain containers (torch.save and DCP take it as it is)."""
+    return unwrap(train_state.capture(parts, Progress(), BestTracker("val_loss", "min"), [], torch.get_num_threads()))
 
 
 def clone_state(state):

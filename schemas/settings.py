@@ -12,6 +12,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEPLOYMENT_VARIABLES = frozenset({"BATON_BUCKET", "BATON_WORKER_REPLICAS", "BATON_QUEUES", "BATON_VENV"})
 """BATON_* variables read by the deployment files and scripts, not by baton itself."""
+TUNING_VARIABLES = frozenset({"BATON_BACKGROUND_NICE", "BATON_CHECKPOINT_WRITER", "BATON_RENDEZVOUS_TIMEOUT_S",
+                              "BATON_COLLECTIVE_TIMEOUT_S"})
+"""BATON_* variables read where they act, by the training process (storage.priority,
+storage.checkpointer, workers.launcher, workers.distributed; the README's tuning table)."""
 DEFAULT_STORAGE_URL = "file://./baton-data"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -63,5 +67,5 @@ class BatonSettings(BaseSettings):
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """BATON_* variables that are no setting (a misspelling is otherwise silently ignored)."""
-    known = {f"BATON_{name.upper()}" for name in BatonSettings.model_fields} | DEPLOYMENT_VARIABLES
+    known = {f"BATON_{name.upper()}" for name in BatonSettings.model_fields} | DEPLOYMENT_VARIABLES | TUNING_VARIABLES
     return sorted(name for name in environ if name.startswith("BATON_") and name not in known)

@@ -61,6 +61,12 @@ class ObjectStore(ABC):
         filesystem for a local store (a rename instead of a copy), None for a remote one."""
         return None
 
+    def reopen_url(self) -> Optional[str]:
+        """A URL ``open_store`` turns into an equivalent store in another process (the checkpoint
+        writer's), or None when this object cannot be reproduced from one (a subclass, a client
+        configured in code): its work then stays in this process."""
+        return None
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)

@@ -1,8 +1,13 @@
 """The asynchronous checkpointer: the loop waits only for the host snapshot.
 
-Serialization, sha256, upload, verification and the manifest commit run on one background
-thread, which can run at a lower scheduling priority than training (``priority.py``, opt-in). At most one checkpoint is in flight. The policy when the next one is due while the
-previous is still in flight:
+Serialization, sha256, upload, verification and the manifest commit (``commit_work.py``) run in
+the *writer*: by default a process of its own (``writer_process.py``), reading the snapshot from
+buffer files both processes map, so the commit's Python work never holds the training loop's GIL.
+A thread of the training process writes instead while that process is starting, where the
+snapshot cannot be shared (CUDA's pinned buffers), where the store object cannot be reopened by
+its URL in another process (a test's wrapped store), or with ``BATON_CHECKPOINT_WRITER=thread``. Either can run at a lower
+scheduling priority than training (``priority.py``, opt-in). At most one checkpoint is in
+flight. The policy when the next one is due while the previous is still in flight:
 
 - a periodic (``every_steps``) checkpoint is *skipped* and counted: training goes on, and the
   next periodic checkpoint is taken when due;
@@ -20,7 +25,7 @@ finishing it: nothing is committed once it has returned.
 """
 from __future__ import annotations
 
-import json
+import os
 import shutil
 import tempfile
 import threading
@@ -30,30 +35,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Optional
 
-from schemas.errors import CheckpointCancelled, TransientError
-from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
+from schemas.errors import CheckpointCancelled
+from schemas.manifest import CheckpointManifest
 
 from .base import ObjectStore
-from .checkpoint_io import save_to_file, sha256_of
+from .commit_work import CheckpointRequest, Committed, CommitWork
 from .layout import JobPaths
-from .manifest_store import ManifestStore
 from .priority import background_nice as nice_setting, lower_this_thread
-from .retry import retry_transient
-from .rotation import collect_garbage, rotate
+from .shared_buffers import SharedBuffers
 from .snapshot import Copies, HostSnapshot
 
 UPLOAD_RETRY_S = 600.0
 """How long one checkpoint's upload and commit are retried through transient storage errors."""
+WRITER_ENV = "BATON_CHECKPOINT_WRITER"
+"""``process`` (the default where it can be), or ``thread``: where a checkpoint's commit runs."""
 
 
-@dataclass(frozen=True)
-class CheckpointRequest:
-    step: int
-    epoch: int
-    batch_in_epoch: int
-    kind: str  # "step" | "epoch" | "stop"
-    best: Optional[tuple[str, float]] = None  # (metric, value) when this checkpoint is the new best
-    metrics_rows: Optional[list[dict]] = None  # every row so far: written with the checkpoint, referenced by its commit
+def writer_kind(store: ObjectStore, pin_memory: bool, setting: Optional[str] = None) -> str:
+    """``process`` or ``thread`` for this store and device (see the module's docstring)."""
+    value = (setting if setting is not None else os.environ.get(WRITER_ENV, "process")).strip() or "process"
+    if value not in ("process", "thread"):
+        raise ValueError(f"{WRITER_ENV}={value!r}: expected process or thread")
+    if value == "thread" or pin_memory or store.reopen_url() is None:
+        return "thread"
+    return "process"
 
 
 @dataclass
@@ -92,26 +97,36 @@ class AsyncCheckpointer:
         upload_retry_s: float = UPLOAD_RETRY_S,
         log: Callable[[str], None] = print,
         background_nice: Optional[int] = None,  # None: BATON_BACKGROUND_NICE (priority.py)
+        writer: Optional[str] = None,  # None: BATON_CHECKPOINT_WRITER (writer_kind)
     ):
         nice = background_nice if background_nice is not None else nice_setting()  # a bad setting fails here
+        self.writer = writer_kind(store, pin_memory, writer)
         self.store = store
         self.paths = paths.for_attempt(attempt)
         self.attempt = attempt
-        self.keep_last = keep_last
         self.fence = fence
         self.on_commit = on_commit
-        self.upload_retry_s = upload_retry_s
         self.log = log
-        self.manifests = ManifestStore(store, paths)
         self.totals = CheckpointerTotals()
-        self._snapshot = HostSnapshot(pin_memory=pin_memory)
         self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-", dir=store.scratch_dir()))
-        # the thread serializes, hashes and uploads, niced when BATON_BACKGROUND_NICE says so (priority.py)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint",
-                                        initializer=lower_this_thread, initargs=(nice,))
         self._inflight: Optional[_InFlight] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()  # held while a manifest write may be under way
+        self._work = CommitWork(store, paths, attempt, keep_last, self._spool, upload_retry_s, log,
+                                self._gate, self._cancelled.is_set)
+        # the thread writer: niced when BATON_BACKGROUND_NICE says so (priority.py)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint",
+                                        initializer=lower_this_thread, initargs=(nice,))
+        self._shared: Optional[SharedBuffers] = None
+        self._process = None
+        if self.writer == "process":
+            from .writer_process import ProcessWriter
+
+            self._shared = SharedBuffers(self._spool, log)
+            config = {"store_url": store.reopen_url(), "job_id": paths.job_id, "attempt": attempt,
+                      "keep_last": keep_last, "spool": str(self._spool), "upload_retry_s": upload_retry_s, "nice": nice}
+            self._process = ProcessWriter(config, fence, self._commit_lock, self._cancelled, log)
+        self._snapshot = HostSnapshot(pin_memory=pin_memory, shared=self._shared)
 
     # --- called by the training loop -------------------------------------------------------
     def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool,
@@ -132,9 +147,18 @@ class AsyncCheckpointer:
         snapshot = self._snapshot.take(capture(), stable)
         stats = CheckpointStats(self.paths.checkpoint(request.step), request.kind, time.perf_counter() - started)
         self.totals.taken += 1
-        future = self._pool.submit(self._write_and_commit, snapshot, self._snapshot.copies, request, stats)
+        finish = lambda committed: self._finish(committed, stats)  # noqa: E731
+        if self._process is not None and self._process.ready.is_set():
+            future = self._process.submit(self._shared.to_slots(snapshot), request, stats.key, finish)
+        else:  # the thread writer (also while the writer process is still starting)
+            future = self._pool.submit(self._write_in_thread, snapshot, self._snapshot.copies, request, stats.key, finish)
         self._inflight = _InFlight(future, stats)
         return True
+
+    def wait_for_writer(self, timeout_s: float = 60.0) -> bool:
+        """Block until the writer process has started (True at once for the thread writer); until
+        then checkpoints are written by the thread. For benchmarks and tests that measure it."""
+        return self._process is None or self._process.ready.wait(timeout_s)
 
     def before_optimizer_step(self) -> None:
         """Called by the loop before it modifies the parameters or the optimizer state: waits for a
@@ -157,11 +181,14 @@ class AsyncCheckpointer:
             self.totals.done.append(inflight.stats)
 
     def close(self) -> None:
-        """Finish the checkpoint in flight (raising its error), then release the thread and spool."""
+        """Finish the checkpoint in flight (raising its error), then release the writer and spool."""
         try:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+            if self._process is not None:
+                self._process.shutdown()
+                self._shared.close()
             shutil.rmtree(self._spool, ignore_errors=True)
 
     def abandon(self) -> None:
@@ -180,82 +207,31 @@ class AsyncCheckpointer:
             exc = inflight.future.exception()
             self.log(f"checkpoint in flight failed while stopping: {type(exc).__name__}: {exc}")
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._process is not None:
+            self._process.cancel()  # the writer exits by itself, removing nothing a reader can reach
+            self._shared.close()
         if inflight is None or inflight.future.done():
             shutil.rmtree(self._spool, ignore_errors=True)
         else:
             inflight.future.add_done_callback(lambda _: shutil.rmtree(self._spool, ignore_errors=True))
 
-    # --- the background thread -------------------------------------------------------------
-    def _retry(self, fn: Callable[[], Any], what: str) -> Any:
-        def unless_cancelled() -> Any:
-            self._check_cancelled()
-            return fn()
-        return retry_transient(unless_cancelled, self.upload_retry_s, what, self.log)
+    # --- the writer ----------------------------------------------------------------------------
+    def _write_in_thread(self, snapshot: Any, copies: Copies, request: CheckpointRequest, key: str,
+                         finish: Callable[[Committed], None]) -> Committed:
+        copies.wait_all()  # CUDA copies still landing in the host buffers (none on the CPU)
+        committed = self._work.run(snapshot, request, key)
+        finish(committed)
+        return committed
 
-    def _check_cancelled(self) -> None:
-        if self._cancelled.is_set():
-            raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
-
-    def _write_and_commit(self, snapshot: Any, copies: Copies, request: CheckpointRequest,
-                          stats: CheckpointStats) -> None:
-        started = time.perf_counter()
-        tmp = self._spool / f"step-{request.step}.pt"
-        try:
-            copies.wait_all()  # CUDA copies still landing in the host buffers (none on the CPU)
-            size, sha256 = save_to_file(snapshot, tmp)
-            del snapshot  # the buffers may be reused from here on
-            self._retry(lambda: self._upload_verified(stats.key, tmp, size), f"upload {stats.key}")
-        finally:
-            tmp.unlink(missing_ok=True)
-        metrics = self._write_metrics(request) if request.metrics_rows is not None else None
-        entry = CheckpointEntry(
-            key=stats.key, step=request.step, epoch=request.epoch, batch_in_epoch=request.batch_in_epoch,
-            kind=request.kind, attempt=self.attempt, size=size, sha256=sha256, created_at=time.time(),
-        )
-        manifest, dropped = self._commit(entry, request, metrics)
-        self._delete(dropped)
-        collect_garbage(self.store, self.paths, manifest, self.attempt, self.log)
-        stats.write_s = time.perf_counter() - started
-        stats.bytes = size
-        self.on_commit(manifest, stats)
-
-    def _write_metrics(self, request: CheckpointRequest) -> MetricsRef:
-        """The rows as of this checkpoint, under this attempt's key (referenced by its commit)."""
-        key = self.paths.metrics(request.step)
-        body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
-        self._retry(lambda: self.store.put_bytes(key, body), f"write {key}")
-        return MetricsRef(key=key, size=len(body), sha256=sha256_of(body), step=request.step, attempt=self.attempt)
-
-    def _commit(self, entry: CheckpointEntry, request: CheckpointRequest,
-                metrics: Optional[MetricsRef]) -> tuple[CheckpointManifest, list[CheckpointEntry]]:
-        """The fenced compare-and-swap that makes the checkpoint (and its metrics, and best) visible."""
-        dropped: list[CheckpointEntry] = []
-
-        def commit(manifest: CheckpointManifest) -> None:
-            self._check_cancelled()
-            manifest.checkpoints = [e for e in manifest.checkpoints if e.key != entry.key] + [entry]
-            if request.best is not None:
-                metric, value = request.best
-                manifest.best = BestEntry(**entry.model_dump(), metric=metric, value=value)
-            if metrics is not None:
-                manifest.metrics = metrics
-            dropped[:] = rotate(manifest, self.keep_last)
-
+    def _gate(self, swap: Callable[[], Any]) -> Any:
+        """The thread writer's fence: the swap runs under the commit lock, after the fence passed."""
         with self._commit_lock:
-            self._check_cancelled()
+            if self._cancelled.is_set():
+                raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
             self.fence()
-            manifest = self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest")
-        return manifest, dropped
+            return swap()
 
-    def _upload_verified(self, key: str, path: Path, size: int) -> None:
-        self.store.put_file(key, path, consume=True)
-        stored = self.store.size(key)
-        if stored != size:
-            raise TransientError(f"{key}: stored {stored} bytes, wrote {size}")
-
-    def _delete(self, entries: list[CheckpointEntry]) -> None:
-        for entry in entries:
-            try:  # after the commit: done even if cancelled meanwhile
-                retry_transient(lambda: self.store.delete(entry.key), self.upload_retry_s, f"delete {entry.key}", self.log)
-            except TransientError as exc:  # a leftover object costs space, not correctness
-                self.log(f"rotation: could not delete {entry.key}: {exc}")
+    def _finish(self, committed: Committed, stats: CheckpointStats) -> None:
+        stats.write_s = committed.write_s
+        stats.bytes = committed.size
+        self.on_commit(committed.manifest, stats)

@@ -87,12 +87,16 @@ class S3Store(ObjectStore):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._own_client = client is None  # configured from the environment alone: reopenable by URL
         self.client = client or boto3.client("s3", config=Config(
             retries={"mode": "standard", "total_max_attempts": 1},  # one try: we retry (see above)
             connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
         ))
         self.transfer = TransferConfig(multipart_threshold=MULTIPART_CHUNK_BYTES, multipart_chunksize=MULTIPART_CHUNK_BYTES,
                                        max_concurrency=TRANSFER_THREADS)
+
+    def reopen_url(self) -> Optional[str]:
+        return self.url if self._own_client and type(self) is S3Store else None
 
     @classmethod
     def from_url(cls, url: str) -> "S3Store":

@@ -23,9 +23,12 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Collection, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from .shared_buffers import SharedBuffers
 
 BUSY_COPY_THREADS = 1
 """torch intra-op threads for the snapshot's host copies when the cores are busy (the training's
@@ -63,6 +66,21 @@ def _intra_op_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@dataclass(frozen=True)
+class Plain:
+    """A top-level value of a state that the snapshot keeps by reference instead of walking it:
+    it holds no tensors and nothing modifies it after the capture (the metrics rows: walked,
+    their thousands of numbers cost the loop more with every epoch). The writer unwraps it
+    (``unwrap``) just before serializing, so a checkpoint never holds a Plain."""
+
+    value: Any
+
+
+def unwrap(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its top-level Plain values replaced by what they hold."""
+    return {k: v.value if isinstance(v, Plain) else v for k, v in state.items()}
+
+
 @dataclass
 class Copies:
     """The CUDA events after a snapshot's copies (None: nothing of that kind is pending)."""
@@ -84,8 +102,12 @@ def storage_key(tensor: torch.Tensor) -> int:
 
 
 class HostSnapshot:
-    def __init__(self, pin_memory: bool = False):
-        self.pin_memory = pin_memory and torch.cuda.is_available()
+    """``shared``: allocate the buffers there (files another process maps: shared_buffers.py);
+    None: private host memory, pinned when ``pin_memory`` and CUDA is available."""
+
+    def __init__(self, pin_memory: bool = False, shared: Optional["SharedBuffers"] = None):
+        self.pin_memory = pin_memory and torch.cuda.is_available() and shared is None
+        self.shared = shared
         self._buffers: dict[str, torch.Tensor] = {}
         self._copied_from_cuda = False
         self._stable: Collection[int] = ()
@@ -136,6 +158,8 @@ class HostSnapshot:
         return time.perf_counter() - started
 
     def _walk(self, obj: Any, path: str) -> Any:
+        if isinstance(obj, Plain):
+            return obj
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj, path)
         if isinstance(obj, dict):
@@ -148,8 +172,13 @@ class HostSnapshot:
     def _copy_tensor(self, tensor: torch.Tensor, path: str) -> torch.Tensor:
         buf = self._buffers.get(path)
         if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
-            pin = self.pin_memory and tensor.is_cuda
-            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+            if self.shared is not None:
+                if buf is not None:
+                    self.shared.release(buf)
+                buf = self.shared.allocate(tensor.shape, tensor.dtype)
+            else:
+                pin = self.pin_memory and tensor.is_cuda
+                buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
             self._buffers[path] = buf
         non_blocking = tensor.is_cuda and buf.is_pinned()
         source = tensor.detach()

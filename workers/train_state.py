@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from storage.checkpoint_io import FORMAT_VERSION
-from storage.snapshot import storage_key
+from storage.snapshot import Plain, storage_key
 
 from . import rng
 from .components import Components
@@ -20,7 +20,8 @@ from .progress import BestTracker, Progress
 
 
 def capture(parts: Components, progress: Progress, best: BestTracker, metrics: list[dict], cpu_threads: int) -> dict[str, Any]:
-    """The live state (tensors are references: snapshot it before the loop moves on)."""
+    """The live state (tensors are references: snapshot it before the loop moves on). The metrics
+    rows are wrapped in ``Plain``: the snapshot does not walk them (``storage.snapshot.unwrap``)."""
     return {
         "format": FORMAT_VERSION,
         "model": parts.model.state_dict(),
@@ -31,7 +32,7 @@ def capture(parts: Components, progress: Progress, best: BestTracker, metrics: l
         "progress": progress.state_dict(),
         "data": parts.data.state_dict(),
         "best": best.state_dict(),
-        "metrics": list(metrics),
+        "metrics": Plain(list(metrics)),  # rows are never modified once appended
         "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type},
     }
 

@@ -132,6 +132,19 @@ def test_misspelled_settings_are_named():
     assert unknown_variables(env) == ["BATON_LEASE_TTL"]
 
 
+def test_tuning_variables_the_deploy_files_set_are_not_called_misspelled():
+    """deploy/ sets BATON_BACKGROUND_NICE: the CLI said it was 'ignored' while it was in effect."""
+    from schemas.settings import unknown_variables
+
+    tuning = ("BATON_BACKGROUND_NICE", "BATON_CHECKPOINT_WRITER", "BATON_RENDEZVOUS_TIMEOUT_S",
+              "BATON_COLLECTIVE_TIMEOUT_S")
+    assert unknown_variables({name: "1" for name in tuning}) == []
+    for path in ("deploy/.env.example",):
+        text = (Path(__file__).resolve().parents[2] / path).read_text()
+        set_there = {line.split("=")[0].strip() for line in text.splitlines() if line.startswith("BATON_")}
+        assert unknown_variables({name: "1" for name in set_there}) == []
+
+
 def test_settings_refuse_a_heartbeat_that_cannot_keep_the_lease(monkeypatch):
     import pydantic
 

@@ -3,9 +3,12 @@ after another attempt took the job over) must not change a byte any manifest ref
 reader (resume, JobClient) finds objects through manifest.json only.
 
 The stale attempt talks to the real S3 endpoint through a gateway that can freeze it at an exact
-request (tests/s3_gateway.py); the attempt that takes over talks to the endpoint directly."""
+request (tests/s3_gateway.py); the attempt that takes over talks to the endpoint directly. Both
+checkpoint writers are tested: the writer process (whose store reaches the gateway through
+AWS_ENDPOINT_URL, as a worker's would) and the thread writer (given a client configured in code)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -40,6 +43,28 @@ def _request(step: int, kind: str = "epoch", **extra) -> CheckpointRequest:
 
 def _checkpointer(store, paths, attempt: int) -> AsyncCheckpointer:
     return AsyncCheckpointer(store, paths, attempt, keep_last=3, log=lambda m: None)
+
+
+def _stale_checkpointer(writer: str, gateway, bucket: str, paths, attempt: int, monkeypatch) -> AsyncCheckpointer:
+    """A checkpointer whose every request passes through ``gateway``, with the given writer."""
+    if writer == "thread":
+        ckpt = _checkpointer(store_through(gateway, bucket), paths, attempt)
+    else:
+        direct = os.environ["AWS_ENDPOINT_URL"]
+        monkeypatch.setenv("AWS_ENDPOINT_URL", gateway.endpoint_url)  # what the writer process starts with
+        ckpt = _checkpointer(open_store(f"s3://{bucket}/runs"), paths, attempt)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", direct)
+        assert ckpt.wait_for_writer(60)  # from here on the process writes (before, the thread did)
+    assert ckpt.writer == writer
+    return ckpt
+
+
+def _wait_for_writers(*checkpointers: AsyncCheckpointer, timeout_s: float = 30) -> None:
+    """Wait for every writer, abandoned ones included, to end: threads, then processes."""
+    _join_checkpoint_threads(timeout_s)
+    for ckpt in checkpointers:
+        if ckpt._process is not None:
+            ckpt._process.proc.wait(timeout_s)
 
 
 def _wait_held(gateway, timeout_s: float = 30) -> None:
@@ -77,10 +102,11 @@ def stores(s3_bucket, gateway):
     return store_through(gateway, s3_bucket), open_store(f"s3://{s3_bucket}/runs")
 
 
-def test_a_stale_attempt_woken_after_a_takeover_overwrites_nothing(stores, gateway):
-    stale_store, store = stores
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_stale_attempt_woken_after_a_takeover_overwrites_nothing(writer, s3_bucket, gateway, monkeypatch):
+    store = open_store(f"s3://{s3_bucket}/runs")
     paths = JobPaths("takeover")
-    old = _checkpointer(stale_store, paths, 1)
+    old = _stale_checkpointer(writer, gateway, s3_bucket, paths, 1, monkeypatch)
     old.save(lambda: _state(10, 1), _request(10, best=("val_loss", 0.5)), mandatory=True)
     old.wait()
     gateway.hold(lambda method, path: method == "PUT")  # attempt 1 freezes as its next write leaves
@@ -102,6 +128,7 @@ def test_a_stale_attempt_woken_after_a_takeover_overwrites_nothing(stores, gatew
 
     # the stale attempt's unreferenced object is garbage-collected by the next commit; what the
     # manifest refers to (attempt 1's step 10, the resume point) stays
+    _wait_for_writers(old)
     new.save(lambda: _state(30, 2), _request(30), mandatory=True)
     new.close()
     manifest = ManifestStore(store, paths).read()
@@ -110,10 +137,11 @@ def test_a_stale_attempt_woken_after_a_takeover_overwrites_nothing(stores, gatew
     _assert_references_hold_their_committed_bytes(store, paths)
 
 
-def test_abandon_cancels_the_upload_in_flight_and_nothing_is_committed_after(stores, gateway):
-    stale_store, store = stores
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_abandon_cancels_the_upload_in_flight_and_nothing_is_committed_after(writer, s3_bucket, gateway, monkeypatch):
+    store = open_store(f"s3://{s3_bucket}/runs")
     paths = JobPaths("abandoned")
-    ckpt = _checkpointer(stale_store, paths, 1)
+    ckpt = _stale_checkpointer(writer, gateway, s3_bucket, paths, 1, monkeypatch)
     ckpt.save(lambda: _state(10, 1), _request(10), mandatory=True)
     ckpt.wait()
     gateway.hold(lambda method, path: method == "PUT")
@@ -126,7 +154,7 @@ def test_abandon_cancels_the_upload_in_flight_and_nothing_is_committed_after(sto
     returned_while_held = not abandoning.is_alive()
     gateway.release()
     abandoning.join(timeout=60)
-    _join_checkpoint_threads()
+    _wait_for_writers(ckpt)
     assert returned_while_held, "abandon() waited for the upload in flight"
     assert [e.step for e in ManifestStore(store, paths).read().checkpoints] == [10]
 

@@ -1,4 +1,5 @@
-"""The checkpointer's background thread yields to training: it runs niced, the caller does not."""
+"""The checkpointer's writer yields to training when asked: its thread or its process runs niced,
+the training thread does not."""
 from __future__ import annotations
 
 import os
@@ -21,9 +22,10 @@ def _nice() -> int:
 
 
 def _commit_nice(tmp_path, **options) -> list[int]:
+    """The nice value of the thread writer's thread, seen from its on_commit."""
     seen = []
     ckpt = AsyncCheckpointer(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None,
-                             on_commit=lambda manifest, stats: seen.append(_nice()), **options)
+                             on_commit=lambda manifest, stats: seen.append(_nice()), writer="thread", **options)
     ckpt.save(lambda: {"format": 1, "w": torch.ones(3)}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
     ckpt.close()
     return seen
@@ -36,6 +38,27 @@ def test_checkpoint_thread_runs_below_the_training_thread_when_asked(tmp_path, m
     assert _commit_nice(tmp_path / "a") == [min(19, before + 10)]
     assert _commit_nice(tmp_path / "b", background_nice=4) == [min(19, before + 4)]
     assert _nice() == before  # only the background thread was lowered
+
+
+def _writer_process_nice(tmp_path, **options) -> int:
+    ckpt = AsyncCheckpointer(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None,
+                             writer="process", **options)
+    try:
+        assert ckpt.wait_for_writer(60)
+        ckpt.save(lambda: {"format": 1, "w": torch.ones(3)}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
+        ckpt.wait()  # the writer has set its priority before it committed
+        return os.getpriority(os.PRIO_PROCESS, ckpt._process.proc.pid)
+    finally:
+        ckpt.close()
+
+
+@linux
+def test_the_writer_process_runs_below_the_training_thread_when_asked(tmp_path, monkeypatch):
+    before = _nice()
+    monkeypatch.setenv(NICE_ENV, "10")
+    assert _writer_process_nice(tmp_path / "a") == min(19, before + 10)
+    assert _writer_process_nice(tmp_path / "b", background_nice=0) == before
+    assert _nice() == before
 
 
 @linux

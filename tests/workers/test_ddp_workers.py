@@ -64,7 +64,7 @@ def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orp
     second = wait_for(lambda: (s := job.status()).attempt == 2 and s.state.value == "running"
                       and (s.step or 0) >= resumed_at + 2 and s, timeout=90)
     second_holder = cluster.worker(second.worker)
-    second_ranks = rank_pids(second_holder)
+    second_ranks = wait_for(lambda: rank_pids(second_holder), timeout=30)
     assert second_ranks and second_holder is not holder
     second_holder.signal(signal.SIGTERM, group=False)  # rank 0 only: the stop flag carries it to rank 1
 

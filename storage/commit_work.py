@@ -1,0 +1,132 @@
+"""A checkpoint's storage half: serialize and hash in one pass, upload, verify the size, write the
+metrics rows, the fenced manifest commit, rotation and garbage collection.
+
+It runs in the checkpointer's writer: a thread of the training process, or the writer process
+(``writer_process.py``), which gives it a core and an interpreter of its own. The only step that
+needs the training process is the fence just before the manifest's compare-and-swap: ``gate``
+runs the swap after it (in a thread: under the checkpointer's commit lock; in the writer process:
+after the training process answered "go"). ``cancelled`` says when the attempt is over: checked
+before every storage call (and every retry of one), it stops the work uncommitted.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+from schemas.errors import CheckpointCancelled, TransientError
+from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
+
+from .base import ObjectStore
+from .checkpoint_io import save_to_file, sha256_of
+from .layout import JobPaths
+from .manifest_store import ManifestStore
+from .retry import retry_transient
+from .rotation import collect_garbage, rotate
+from .snapshot import unwrap
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    kind: str  # "step" | "epoch" | "stop"
+    best: Optional[tuple[str, float]] = None  # (metric, value) when this checkpoint is the new best
+    metrics_rows: Optional[list[dict]] = None  # every row so far: written with the checkpoint, referenced by its commit
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What a finished commit reports back to the training process."""
+
+    manifest: CheckpointManifest
+    size: int
+    write_s: float  # from the start of serialization to the end of garbage collection
+
+
+class CommitWork:
+    def __init__(self, store: ObjectStore, paths: JobPaths, attempt: int, keep_last: int, spool: Path,
+                 upload_retry_s: float, log: Callable[[str], None],
+                 gate: Callable[[Callable[[], T]], T], cancelled: Callable[[], bool]):
+        self.store = store
+        self.paths = paths.for_attempt(attempt)
+        self.attempt = attempt
+        self.keep_last = keep_last
+        self.spool = spool
+        self.upload_retry_s = upload_retry_s
+        self.log = log
+        self.gate = gate
+        self.cancelled = cancelled
+        self.manifests = ManifestStore(store, paths)
+
+    def run(self, snapshot: dict[str, Any], request: CheckpointRequest, key: str) -> Committed:
+        started = time.perf_counter()
+        tmp = self.spool / f"step-{request.step}.pt"
+        try:
+            size, sha256 = save_to_file(unwrap(snapshot), tmp)
+            del snapshot  # the buffers may be reused from here on
+            self._retry(lambda: self._upload_verified(key, tmp, size), f"upload {key}")
+        finally:
+            tmp.unlink(missing_ok=True)
+        metrics = self._write_metrics(request) if request.metrics_rows is not None else None
+        entry = CheckpointEntry(
+            key=key, step=request.step, epoch=request.epoch, batch_in_epoch=request.batch_in_epoch,
+            kind=request.kind, attempt=self.attempt, size=size, sha256=sha256, created_at=time.time(),
+        )
+        manifest, dropped = self._commit(entry, request, metrics)
+        self._delete(dropped)
+        collect_garbage(self.store, self.paths, manifest, self.attempt, self.log)
+        return Committed(manifest, size, time.perf_counter() - started)
+
+    def check_cancelled(self) -> None:
+        if self.cancelled():
+            raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
+
+    def _retry(self, fn: Callable[[], Any], what: str) -> Any:
+        def unless_cancelled() -> Any:
+            self.check_cancelled()
+            return fn()
+        return retry_transient(unless_cancelled, self.upload_retry_s, what, self.log)
+
+    def _write_metrics(self, request: CheckpointRequest) -> MetricsRef:
+        """The rows as of this checkpoint, under this attempt's key (referenced by its commit)."""
+        key = self.paths.metrics(request.step)
+        body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
+        self._retry(lambda: self.store.put_bytes(key, body), f"write {key}")
+        return MetricsRef(key=key, size=len(body), sha256=sha256_of(body), step=request.step, attempt=self.attempt)
+
+    def _commit(self, entry: CheckpointEntry, request: CheckpointRequest,
+                metrics: Optional[MetricsRef]) -> tuple[CheckpointManifest, list[CheckpointEntry]]:
+        """The fenced compare-and-swap that makes the checkpoint (and its metrics, and best) visible."""
+        dropped: list[CheckpointEntry] = []
+
+        def commit(manifest: CheckpointManifest) -> None:
+            self.check_cancelled()
+            manifest.checkpoints = [e for e in manifest.checkpoints if e.key != entry.key] + [entry]
+            if request.best is not None:
+                metric, value = request.best
+                manifest.best = BestEntry(**entry.model_dump(), metric=metric, value=value)
+            if metrics is not None:
+                manifest.metrics = metrics
+            dropped[:] = rotate(manifest, self.keep_last)
+
+        manifest = self.gate(lambda: self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest"))
+        return manifest, dropped
+
+    def _upload_verified(self, key: str, path: Path, size: int) -> None:
+        self.store.put_file(key, path, consume=True)
+        stored = self.store.size(key)
+        if stored != size:
+            raise TransientError(f"{key}: stored {stored} bytes, wrote {size}")
+
+    def _delete(self, entries: list[CheckpointEntry]) -> None:
+        for entry in entries:
+            try:  # after the commit: done even if cancelled meanwhile
+                retry_transient(lambda: self.store.delete(entry.key), self.upload_retry_s, f"delete {entry.key}", self.log)
+            except TransientError as exc:  # a leftover object costs space, not correctness
+                self.log(f"rotation: could not delete {entry.key}: {exc}")

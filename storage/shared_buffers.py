@@ -1,0 +1,150 @@
+"""Snapshot buffers that another process can read: one file per tensor, mapped by both.
+
+The training process copies its state into these buffers (``HostSnapshot`` with ``allocate``);
+the writer process maps the same files by name and serializes straight from them, so no tensor
+byte crosses a pipe and nothing is copied a second time. Each file is a whole tensor's storage,
+so ``torch.save`` in the writer writes that tensor alone (a view into one shared arena would
+write the whole arena for each tensor).
+
+The files live on tmpfs (``/dev/shm``) while it has room for them, else in the checkpoint spool
+(on disk: the page cache holds them, written back only under memory pressure). Space is reserved
+with ``posix_fallocate`` before a file is mapped, so a full tmpfs (a container's default 64 MB
+/dev/shm) is found out at allocation, and the buffers move to the spool, instead of killing the
+training process with SIGBUS at its first write.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from .snapshot import Plain
+
+SHM = Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A tensor in a shared buffer file: what the writer process receives instead of its bytes."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class SharedBuffers:
+    """The training process's side: allocates buffers as files, and turns a snapshot into slots."""
+
+    def __init__(self, spool: Path, log: Callable[[str], None] = print, tmpfs: Path = SHM):
+        self.dirs = [Path(tempfile.mkdtemp(prefix="baton-snapshot-", dir=base))
+                     for base in ([tmpfs] if _writable(tmpfs) else []) + [spool]]
+        self._made = list(self.dirs)  # a full one leaves ``dirs`` but keeps its earlier buffers
+        self.log = log
+        self._paths: dict[int, Path] = {}  # a buffer's storage address -> its file
+        self._counter = itertools.count()
+
+    @property
+    def dir(self) -> Path:
+        """Where new buffers go."""
+        return self.dirs[0]
+
+    def allocate(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        numel = shape.numel()
+        if numel == 0:  # nothing to map: travels in the message
+            return torch.empty(shape, dtype=dtype)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        while True:
+            path = self.dir / f"t{next(self._counter)}"
+            try:
+                _reserve(path, nbytes)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or len(self.dirs) == 1:
+                    raise OSError(exc.errno, f"no room for a {nbytes}-byte snapshot buffer in {self.dir}: "
+                                             f"{exc.strerror}") from exc
+                full = self.dirs.pop(0)
+                self.log(f"{full.parent} has no room for the checkpoint's snapshot buffers; they go to "
+                         f"{self.dir.parent} instead (page cache; give the container a larger /dev/shm)")
+        buffer = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+        self._paths[buffer.untyped_storage().data_ptr()] = path
+        return buffer
+
+    def release(self, buffer: torch.Tensor) -> None:
+        """A buffer replaced by another (its tensor changed shape): its file goes."""
+        path = self._paths.pop(buffer.untyped_storage().data_ptr(), None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def to_slots(self, obj: Any) -> Any:
+        """``obj`` with every tensor held in a buffer file replaced by its Slot."""
+        if isinstance(obj, torch.Tensor):
+            path = self._paths.get(obj.untyped_storage().data_ptr())
+            return obj if path is None else Slot(str(path), tuple(obj.shape), obj.dtype)
+        if isinstance(obj, Plain):
+            return obj  # no tensors inside (snapshot.py)
+        if isinstance(obj, dict):
+            return {k: self.to_slots(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.to_slots(v) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(self.to_slots(v) for v in obj)
+        return obj
+
+    def close(self) -> None:
+        for directory in self._made:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _writable(directory: Path) -> bool:
+    return directory.is_dir() and os.access(directory, os.W_OK)
+
+
+def _reserve(path: Path, nbytes: int) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+class MappedBuffers:
+    """The writer process's side: maps the files a message names, and turns slots back into tensors."""
+
+    def __init__(self):
+        self._mapped: dict[str, torch.Tensor] = {}
+
+    def from_slots(self, obj: Any, used: Optional[set[str]] = None) -> Any:
+        used = set() if used is None else used
+        result = self._resolve(obj, used)
+        for name in set(self._mapped) - used:  # buffers the training process replaced: unmap them
+            del self._mapped[name]
+        return result
+
+    def _resolve(self, obj: Any, used: set[str]) -> Any:
+        if isinstance(obj, Slot):
+            used.add(obj.path)
+            tensor = self._mapped.get(obj.path)
+            numel = torch.Size(obj.shape).numel()
+            if tensor is None or tensor.dtype != obj.dtype or tensor.numel() != numel:
+                tensor = torch.from_file(obj.path, shared=True, size=numel, dtype=obj.dtype)
+                self._mapped[obj.path] = tensor
+            return tensor.view(obj.shape)
+        if isinstance(obj, Plain):
+            return obj
+        if isinstance(obj, dict):
+            return {k: self._resolve(v, used) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self._resolve(v, used) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(self._resolve(v, used) for v in obj)
+        return obj

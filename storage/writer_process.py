@@ -1,0 +1,279 @@
+"""The writer process: a checkpoint's storage half (``commit_work.py``) in a process of its own.
+
+Why a process: serialization, hashing, the metrics rows, the manifest's JSON and the store's
+client are Python work, and a thread doing it holds the GIL against the training loop. On the
+spiral example a background thread cost as much per epoch as doing the commit synchronously
+(bench/loop_overhead.py); in its own process the commit takes the other core instead.
+
+How it works (DCP's process-based async save works alike):
+- The training process copies its state into buffer files both processes map
+  (``shared_buffers.py``); the writer serializes straight from them. What crosses the pipe is
+  the state's structure with each tensor replaced by the name of its buffer, and the request.
+- The fence stays in the training process, which holds the lease: just before the manifest's
+  compare-and-swap the writer asks, and the training process answers "go" only if the attempt
+  is not cancelled and its fence passes, holding its commit lock until the swap has landed.
+- ``cancel`` (the attempt is over) sets a flag in a shared byte, checked before every storage call
+  of the writer; then the training process asks it to exit and does not wait (an upload in
+  flight finishes as an unreferenced object, like the thread writer's).
+- The writer ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group; the training
+  process decides when to stop) and is killed by the kernel if the training process dies.
+
+Started when the checkpointer is created, it imports torch (1.3-1.5 s of the other core's time
+here) while training starts; the checkpointer's thread writes the checkpoints that fall due
+before it is ``ready``. Checkpoints of CUDA tensors keep the thread writer: their pinned host
+buffers cannot be shared files.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from schemas.errors import CheckpointCancelled, TransientError
+
+from .commit_work import CheckpointRequest, Committed
+
+CANCEL_FILE = "cancelled"
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+class ProcessWriter:
+    """The training process's side: one checkpoint at a time, each a Future of ``Committed``."""
+
+    def __init__(self, config: dict[str, Any], fence: Callable[[], None], commit_lock: threading.Lock,
+                 cancelled: threading.Event, log: Callable[[str], None]):
+        self.fence, self.commit_lock, self.cancelled, self.log = fence, commit_lock, cancelled, log
+        self.ready = threading.Event()  # set once the process has imported what it needs
+        cancel_path = Path(config["spool"]) / CANCEL_FILE
+        cancel_path.write_bytes(b"\0")
+        with open(cancel_path, "r+b") as fh:
+            self._cancel_flag = mmap.mmap(fh.fileno(), 1)
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT),
+                                                                           os.environ.get("PYTHONPATH")]))}
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "storage.writer_process", str(to_child_r),
+                                          str(from_child_w), str(os.getpid())],
+                                         pass_fds=(to_child_r, from_child_w), env=env)
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self._to_child = Connection(to_child_w, readable=False)
+        self._from_child = Connection(from_child_r, writable=False)
+        self._send_lock = threading.Lock()
+        self._pending: Optional[tuple[Future, Callable[[Committed], None]]] = None
+        self._fence_error: Optional[BaseException] = None
+        self._holding_lock = False
+        self._gone: Optional[str] = None
+        self._send(("init", {**config, "cancel_file": str(cancel_path)}))
+        self._reader = threading.Thread(target=self._read, name="baton-writer-reader", daemon=True)
+        self._reader.start()
+
+    # --- called by the checkpointer ------------------------------------------------------------
+    def submit(self, skeleton: Any, request: CheckpointRequest, key: str,
+               finish: Callable[[Committed], None]) -> Future:
+        """Have the writer commit ``skeleton`` (the snapshot, its tensors as Slots); ``finish`` runs
+        on the reader thread after the commit, before the Future resolves (the on_commit hooks)."""
+        future: Future = Future()
+        if self._gone is not None:
+            future.set_exception(TransientError(self._gone))
+            return future
+        self._pending = (future, finish)
+        try:
+            self._send(("save", skeleton, request, key))
+        except OSError:  # it died: the reader thread sees the pipe end and says how
+            self._pending = None
+            self._reader.join(10)
+            if not future.done():  # (the reader thread may have failed it already)
+                future.set_exception(TransientError(self._gone or "the checkpoint writer process is gone"))
+        return future
+
+    def cancel(self) -> None:
+        """The attempt is over: the writer stops before its next storage call and exits."""
+        self._cancel_flag[0] = 1
+        try:
+            self._send(("exit",))
+        except OSError:
+            pass
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Ask the writer to exit (after its checkpoint in flight) and wait for it."""
+        try:
+            self._send(("exit",))
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout_s)
+        self._to_child.close()
+
+    # --- the reader thread --------------------------------------------------------------------
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            self._to_child.send(message)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self._from_child.recv()
+                kind = message[0]
+                if kind == "log":
+                    self.log(message[1])
+                elif kind == "ready":
+                    self.ready.set()
+                elif kind == "fence":
+                    self._answer_fence()
+                elif kind in ("done", "error"):
+                    self._resolve(message)
+        except (EOFError, OSError):
+            pass
+        finally:
+            self._release_lock()
+            code = self.proc.wait()
+            self._gone = f"the checkpoint writer process (pid {self.proc.pid}) exited with code {code}"
+            pending, self._pending = self._pending, None
+            if pending is not None and not pending[0].done():
+                cause = (CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
+                         if self.cancelled.is_set() else TransientError(f"{self._gone} before its checkpoint was committed"))
+                pending[0].set_exception(cause)
+
+    def _answer_fence(self) -> None:
+        """Go only if the attempt is still on and its fence passes; the commit lock is held until
+        the writer reports the swap's outcome (``abandon`` waits for it)."""
+        self.commit_lock.acquire()
+        self._holding_lock = True
+        self._fence_error = None
+        if self.cancelled.is_set():
+            self._send(("abort",))
+            return
+        try:
+            self.fence()
+        except BaseException as exc:  # FencedOut, LeaseUnconfirmed: the checkpoint fails with it
+            self._fence_error = exc
+            self._send(("abort",))
+            return
+        self._send(("go",))
+
+    def _release_lock(self) -> None:
+        if self._holding_lock:
+            self._holding_lock = False
+            self.commit_lock.release()
+
+    def _resolve(self, message: tuple) -> None:
+        self._release_lock()
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        future, finish = pending
+        if message[0] == "error":
+            future.set_exception(self._fence_error or _exception(message[1], message[2]))
+            return
+        from schemas.manifest import CheckpointManifest
+
+        _, manifest_json, size, write_s = message
+        committed = Committed(CheckpointManifest.model_validate_json(manifest_json), size, write_s)
+        try:
+            finish(committed)
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(committed)
+
+
+def _exception(pickled: Optional[bytes], described: str) -> BaseException:
+    if pickled is not None:
+        try:
+            exc = pickle.loads(pickled)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:  # an exception type that does not unpickle: its description is kept
+            pass
+    return TransientError(f"checkpoint writer: {described}")
+
+
+def _pickled(exc: BaseException) -> Optional[bytes]:
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return data
+    except Exception:
+        return None
+
+
+# --- the writer process ----------------------------------------------------------------------
+def _die_with(parent_pid: int) -> None:
+    """Be killed when the training process dies (Linux), and not by its terminal's signals."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    _die_with(int(argv[3]))
+    inbox, outbox = Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False)
+    _, config = inbox.recv()
+    nice = config.get("nice", 0)
+    if nice > 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+        except OSError:
+            pass
+
+    import torch
+
+    from .commit_work import CommitWork
+    from .layout import JobPaths
+    from .open import open_store
+    from .shared_buffers import MappedBuffers
+
+    torch.set_num_threads(1)
+    with open(config["cancel_file"], "r+b") as fh:
+        flag = mmap.mmap(fh.fileno(), 1)
+    buffers = MappedBuffers()
+
+    def gate(swap: Callable[[], Any]) -> Any:
+        outbox.send(("fence",))
+        answer = inbox.recv()
+        if answer[0] != "go":
+            raise CheckpointCancelled("the training process did not let this checkpoint commit")
+        return swap()
+
+    work = CommitWork(open_store(config["store_url"]), JobPaths(config["job_id"]), config["attempt"],
+                      config["keep_last"], Path(config["spool"]), config["upload_retry_s"],
+                      lambda message: outbox.send(("log", message)), gate, lambda: flag[0] == 1)
+    outbox.send(("ready",))
+    while True:
+        try:
+            message = inbox.recv()
+        except EOFError:
+            return
+        if message[0] != "save":
+            return  # "exit"
+        _, skeleton, request, key = message
+        try:
+            committed = work.run(buffers.from_slots(skeleton), request, key)
+        except BaseException as exc:  # reported to the training process, which decides
+            outbox.send(("error", _pickled(exc), f"{type(exc).__name__}: {exc}"))
+        else:
+            outbox.send(("done", committed.manifest.model_dump_json(), committed.size, committed.write_s))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
