@@ -150,6 +150,7 @@ def measure_pause(parts, store, repeats: int) -> dict:
     """Median stall of each method, interleaved: one of each per repeat, order rotating."""
     paths = JobPaths("bench")
     ckpt = AsyncCheckpointer(store, paths, attempt=1, keep_last=2, log=lambda m: None)
+    ckpt.wait_for_writer()  # its writer process starts during a real attempt's start-up
     dcp = Dcp()
     first = timed(lambda: ckpt.save(lambda: capture(parts), CheckpointRequest(0, 0, 0, "step"), mandatory=True))
     ckpt.wait()  # the first save allocates the reused buffers: reported apart
@@ -185,6 +186,8 @@ def run_steps(parts, steps: int, every: int, method: str, store) -> float:
     including the wait for the last one (a run is over when its checkpoint is)."""
     ckpt = AsyncCheckpointer(store, JobPaths("bench-tput"), attempt=1, keep_last=2, log=lambda m: None) \
         if method == "baton" else None
+    if ckpt is not None:
+        ckpt.wait_for_writer()  # its writer process starts during a real attempt's start-up
     dcp = Dcp() if method == "dcp" else None
     train_step(parts)  # warm
     started = time.perf_counter()

@@ -3,6 +3,12 @@
 Loading always uses ``weights_only=True``: a checkpoint can carry tensors, numbers, strings and
 containers of them, never code.
 
+The metrics rows (top-level ``metrics``) are stored as JSON lines, the text of ``metrics.jsonl``
+(``RowLines``): pickled as a list of dicts, their thousands of small objects went one by one
+through torch.save's Python-level pickler, a cost that grew with every validation. A float's
+JSON form is its shortest exact repr, so the rows read back equal bit for bit; checkpoints that
+hold a list load as before (``rows_of``).
+
 torch is imported where a checkpoint is written or read, not with this module: the client
 (``baton status``, ``submit``, ``fetch``...) needs only ``sha256_of`` and starts 2-3 s sooner.
 """
@@ -10,12 +16,38 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from schemas.errors import CheckpointCorrupt, CheckpointUnloadable
 
 FORMAT_VERSION = 1
+ROWS_KEY = "metrics"
+
+
+class RowLines:
+    """The JSON lines of a growing list of metrics rows, each row encoded once: a list that only
+    grows (one attempt's rows) costs the new rows only; any other list is encoded anew."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._last: Any = None  # the last row encoded: the check that a list continues the previous one
+
+    def encode(self, rows: list[dict]) -> str:
+        known = len(self._lines)
+        if not (known <= len(rows) and (known == 0 or rows[known - 1] is self._last or rows[known - 1] == self._last)):
+            self._lines, known = [], 0
+        self._lines.extend(json.dumps(row) + "\n" for row in rows[known:])
+        self._last = rows[-1] if rows else None
+        return "".join(self._lines)
+
+
+def rows_of(stored: Any) -> list[dict]:
+    """The metrics rows a checkpoint holds: JSON lines (this format) or a list (earlier checkpoints)."""
+    if isinstance(stored, str):
+        return [json.loads(line) for line in stored.splitlines() if line]
+    return list(stored)
 
 
 class _HashingWriter(io.RawIOBase):

@@ -10,7 +10,6 @@ before every storage call (and every retry of one), it stops the work uncommitte
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from schemas.errors import CheckpointCancelled, TransientError
 from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
 
 from .base import ObjectStore
-from .checkpoint_io import save_to_file, sha256_of
+from .checkpoint_io import ROWS_KEY, RowLines, save_to_file, sha256_of
 from .layout import JobPaths
 from .manifest_store import ManifestStore
 from .retry import retry_transient
@@ -63,13 +62,18 @@ class CommitWork:
         self.gate = gate
         self.cancelled = cancelled
         self.manifests = ManifestStore(store, paths)
+        self._lines = RowLines()
 
     def run(self, snapshot: dict[str, Any], request: CheckpointRequest, key: str) -> Committed:
         started = time.perf_counter()
         tmp = self.spool / f"step-{request.step}.pt"
+        state = unwrap(snapshot)
+        del snapshot
+        if isinstance(state.get(ROWS_KEY), list):
+            state[ROWS_KEY] = self._lines.encode(state[ROWS_KEY])  # stored as JSON lines (checkpoint_io)
         try:
-            size, sha256 = save_to_file(unwrap(snapshot), tmp)
-            del snapshot  # the buffers may be reused from here on
+            size, sha256 = save_to_file(state, tmp)
+            del state  # the buffers may be reused from here on
             self._retry(lambda: self._upload_verified(key, tmp, size), f"upload {key}")
         finally:
             tmp.unlink(missing_ok=True)
@@ -96,7 +100,7 @@ class CommitWork:
     def _write_metrics(self, request: CheckpointRequest) -> MetricsRef:
         """The rows as of this checkpoint, under this attempt's key (referenced by its commit)."""
         key = self.paths.metrics(request.step)
-        body = "".join(json.dumps(row) + "\n" for row in request.metrics_rows).encode()
+        body = self._lines.encode(request.metrics_rows).encode()  # each row was encoded once, for its checkpoint
         self._retry(lambda: self.store.put_bytes(key, body), f"write {key}")
         return MetricsRef(key=key, size=len(body), sha256=sha256_of(body), step=request.step, attempt=self.attempt)
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .snapshot import Plain
+from .snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
 
@@ -91,6 +91,8 @@ class SharedBuffers:
             return obj  # no tensors inside (snapshot.py)
         if isinstance(obj, dict):
             return {k: self.to_slots(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)) and only_scalars(obj):
+            return obj
         if isinstance(obj, list):
             return [self.to_slots(v) for v in obj]
         if isinstance(obj, tuple):

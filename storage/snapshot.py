@@ -76,6 +76,14 @@ class Plain:
     value: Any
 
 
+SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def only_scalars(items: Any) -> bool:
+    """Whether a list or tuple holds immutable scalars only (checked without a Python loop)."""
+    return set(map(type, items)) <= SCALARS
+
+
 def unwrap(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` with its top-level Plain values replaced by what they hold."""
     return {k: v.value if isinstance(v, Plain) else v for k, v in state.items()}
@@ -165,6 +173,8 @@ class HostSnapshot:
         if isinstance(obj, dict):
             return {k: self._walk(v, f"{path}/{k}") for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
+            if only_scalars(obj):  # Python's RNG state: 625 ints, not walked one by one
+                return list(obj) if isinstance(obj, list) else obj
             items = [self._walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
             return items if isinstance(obj, list) else tuple(items)
         return obj  # ints, floats, strings, None: immutable

@@ -26,7 +26,9 @@ buffers cannot be shared files.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import mmap
+import operator
 import os
 import pickle
 import signal
@@ -40,7 +42,9 @@ from typing import Any, Callable, Optional
 
 from schemas.errors import CheckpointCancelled, TransientError
 
+from .checkpoint_io import ROWS_KEY
 from .commit_work import CheckpointRequest, Committed
+from .snapshot import Plain
 
 CANCEL_FILE = "cancelled"
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +76,7 @@ class ProcessWriter:
         self._from_child = Connection(from_child_r, writable=False)
         self._send_lock = threading.Lock()
         self._pending: Optional[tuple[Future, Callable[[Committed], None]]] = None
+        self._rows_sent = 0
         self._fence_error: Optional[BaseException] = None
         self._holding_lock = False
         self._gone: Optional[str] = None
@@ -89,14 +94,30 @@ class ProcessWriter:
             future.set_exception(TransientError(self._gone))
             return future
         self._pending = (future, finish)
+        skeleton, request, rows = self._rows_apart(skeleton, request)
         try:
-            self._send(("save", skeleton, request, key))
+            self._send(("save", skeleton, request, key, rows))
         except OSError:  # it died: the reader thread sees the pipe end and says how
             self._pending = None
             self._reader.join(10)
             if not future.done():  # (the reader thread may have failed it already)
                 future.set_exception(TransientError(self._gone or "the checkpoint writer process is gone"))
         return future
+
+    def _rows_apart(self, skeleton: Any, request: CheckpointRequest) -> tuple[Any, CheckpointRequest, Optional[tuple]]:
+        """The metrics rows travel once: the writer keeps those it was sent (an attempt's rows only
+        grow) and gets the new ones, ``(start, new rows, whether the request carries them)``."""
+        held = skeleton.get(ROWS_KEY) if isinstance(skeleton, dict) else None
+        if not isinstance(held, Plain) or not isinstance(held.value, list):
+            return skeleton, request, None
+        rows = held.value
+        carried = request.metrics_rows
+        if carried is not None and not (len(carried) == len(rows) and all(map(operator.is_, carried, rows))):
+            return skeleton, request, None  # the request's rows are other rows: both go whole
+        start = self._rows_sent if self._rows_sent <= len(rows) else 0
+        self._rows_sent = len(rows)
+        return ({**skeleton, ROWS_KEY: None}, dataclasses.replace(request, metrics_rows=None),
+                (start, rows[start:], carried is not None))
 
     def cancel(self) -> None:
         """The attempt is over: the writer stops before its next storage call and exits."""
@@ -259,6 +280,7 @@ def main(argv: list[str]) -> None:
                       config["keep_last"], Path(config["spool"]), config["upload_retry_s"],
                       lambda message: outbox.send(("log", message)), gate, lambda: flag[0] == 1)
     outbox.send(("ready",))
+    rows: list[dict] = []
     while True:
         try:
             message = inbox.recv()
@@ -266,9 +288,17 @@ def main(argv: list[str]) -> None:
             return
         if message[0] != "save":
             return  # "exit"
-        _, skeleton, request, key = message
+        _, skeleton, request, key, new_rows = message
         try:
-            committed = work.run(buffers.from_slots(skeleton), request, key)
+            state = buffers.from_slots(skeleton)
+            if new_rows is not None:  # the rows it holds, and the new ones (ProcessWriter._rows_apart)
+                start, added, carried = new_rows
+                del rows[start:]
+                rows.extend(added)
+                state[ROWS_KEY] = Plain(list(rows))
+                if carried:
+                    request = dataclasses.replace(request, metrics_rows=list(rows))
+            committed = work.run(state, request, key)
         except BaseException as exc:  # reported to the training process, which decides
             outbox.send(("error", _pickled(exc), f"{type(exc).__name__}: {exc}"))
         else:

@@ -12,8 +12,8 @@ from typing import Optional
 from schemas.metrics import val_metrics
 
 
-@dataclass(frozen=True)
-class StepReport:
+@dataclass(slots=True)
+class StepReport:  # made after every step: a frozen dataclass's __init__ costs twice as much
     epoch: int
     epochs: Optional[int]  # None for a step-based run
     step: int

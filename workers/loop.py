@@ -121,7 +121,8 @@ class TrainingLoop:
         self._pending.add_loss(loss, batch_size(batch), p.epoch, p.batch_in_epoch, p.global_step)
         p.batch_in_epoch += 1
         p.micro_step += 1
-        parts.scaler.scale(loss / group_size).backward()
+        # dividing by 1 changes no bit of the loss or its gradients: skipped (an op and its backward a step)
+        parts.scaler.scale(loss / group_size if group_size != 1 else loss).backward()
 
     def _absorb_readings(self) -> None:
         """Read what is pending (one transfer) into the running sums, applying the non-finite

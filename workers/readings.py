@@ -36,11 +36,11 @@ class PendingReadings:
     _norms: list[torch.Tensor] = field(default_factory=list)
 
     def add_loss(self, loss: torch.Tensor, samples: int, epoch: int, batch_in_epoch: int, step: int) -> None:
-        self._losses.append(loss.detach().reshape(()))
+        self._losses.append(_scalar(loss.detach()))
         self._where.append((samples, epoch, batch_in_epoch, step))
 
     def add_norm(self, norm: torch.Tensor) -> None:
-        self._norms.append(norm.detach().reshape(()))
+        self._norms.append(_scalar(norm.detach()))
 
     def read(self) -> tuple[list[LossReading], list[float]]:
         """Everything pending, as Python floats, in the order it was added; then empty."""
@@ -53,6 +53,10 @@ class PendingReadings:
         norms = values[n:]
         self._losses, self._where, self._norms = [], [], []
         return losses, norms
+
+
+def _scalar(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dim() == 0 else tensor.reshape(())  # the task's loss is 0-d already
 
 
 def _to_floats(tensors: list[torch.Tensor]) -> list[float]:

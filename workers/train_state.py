@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from storage.checkpoint_io import FORMAT_VERSION
+from storage.checkpoint_io import FORMAT_VERSION, rows_of
 from storage.snapshot import Plain, storage_key
 
 from . import rng
@@ -56,4 +56,4 @@ def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTra
         parts.scaler.load_state_dict(state["scaler"])
     parts.data.load_state_dict(state.get("data"))
     rng.restore(state["rng"], parts.device)
-    return Progress.from_state(state["progress"]), BestTracker.from_state(state["best"]), list(state["metrics"])
+    return Progress.from_state(state["progress"]), BestTracker.from_state(state["best"]), rows_of(state["metrics"])

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from jobs.client import Job, JobClient
 from schemas.errors import FencedOut
 from schemas.spec import JobSpec
-from storage.checkpoint_io import load_bytes
+from storage.checkpoint_io import load_bytes, rows_of
 from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 from storage.layout import JobPaths
 from storage.manifest_store import ManifestStore
@@ -218,7 +218,7 @@ def test_final_artifacts_of_a_stale_attempt_never_replace_the_committed_ones(cli
     manifest = ManifestStore(store, JobPaths("final-race")).read()
     last = load_bytes(store.get_bytes(manifest.latest.key))
     with pytest.raises(FencedOut):
-        finalize(store, JobPaths("final-race"), 1, spec.model_dump(mode="json"), stale_model, last["metrics"],
+        finalize(store, JobPaths("final-race"), 1, spec.model_dump(mode="json"), stale_model, rows_of(last["metrics"]),
                  last["best"], fence=lambda: None, log=lambda m: None)
 
     out = client("final-race").download(tmp_path, which="final")

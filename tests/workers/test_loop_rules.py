@@ -10,7 +10,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from schemas.errors import NonFiniteLossError
 from schemas.spec import JobSpec, TaskSpec
-from storage.checkpoint_io import load_bytes
+from storage.checkpoint_io import load_bytes, rows_of
 from workers.amp import Precision, optimizer_step
 from workers.components import build_components
 from workers.data import split_indices
@@ -175,7 +175,7 @@ def test_cosine_steps_once_per_epoch_after_the_epoch(run_job):
 def test_losses_are_logged_as_python_floats(run_job):
     result, root, job = run_job(spec(loop={"epochs": 1}))
     state = final_state(FileStore(root), job)
-    for row in state["metrics"]:
+    for row in rows_of(state["metrics"]):  # stored as JSON lines: read back as the floats they were
         assert all(type(row[k]) is float for k in ("train_loss", "val_loss", "val_accuracy", "grad_norm"))
     assert type(state["progress"]["epoch_loss_sum"]) is float
 
