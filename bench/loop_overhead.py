@@ -10,7 +10,9 @@ store with its metrics, TensorBoard rows), and that is part of what is measured.
 
 Both run as separate processes (``python -m jobs run`` and this file's ``--bare``) for a short
 and a long number of epochs, interleaved; the per-epoch time is the slope between the two, so
-start-up (imports, the report, the final artifacts) cancels.
+start-up (imports, the report, the final artifacts) cancels. A second figure, steadier, is the
+median time between consecutive "epoch N" lines of each long run after its first 20 epochs (a
+slope carries the start-up's variance, one second of which moves it by 8 ms at 5/125 epochs).
 
     python bench/loop_overhead.py [--short 5] [--long 125] [--repeats 3] [--threads 1]
 """
@@ -85,10 +87,20 @@ def bare_loop(epochs: int, threads: int, out_dir: Path) -> float:
     return best
 
 
-def run_timed(cmd: list[str], env: dict) -> float:
+def run_timed(cmd: list[str], env: dict) -> tuple[float, list[float]]:
+    """Wall time of the whole process, and when each of its "epoch N: ..." lines arrived."""
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    return time.perf_counter() - started
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, text=True)
+    stamps = [time.perf_counter() for line in proc.stdout if line.startswith("epoch ")]
+    if proc.wait():
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return time.perf_counter() - started, stamps
+
+
+def steady_epoch(stamps: list[float], skip: int = 20) -> float:
+    """The median time between consecutive epochs' lines, after the first ``skip`` epochs."""
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])][skip:]
+    return statistics.median(gaps) if gaps else float("nan")
 
 
 def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> list[str]:
@@ -103,6 +115,7 @@ def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> li
 def measure(short: int, long: int, repeats: int, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     times: dict[tuple[str, int], list[float]] = {(k, e): [] for k in ("baton", "bare") for e in (short, long)}
+    steady: dict[str, list[float]] = {"baton": [], "bare": []}
     with tempfile.TemporaryDirectory(prefix="baton-loop-bench-") as tmp:
         work = Path(tmp)
         for r in range(repeats):
@@ -112,18 +125,23 @@ def measure(short: int, long: int, repeats: int, threads: int) -> dict:
             for kind, epochs in order:
                 run_id = f"{kind}-{epochs}-{r}"
                 (work / run_id).mkdir()
-                elapsed = run_timed(command(kind, epochs, threads, work, run_id), env)
+                elapsed, stamps = run_timed(command(kind, epochs, threads, work, run_id), env)
                 times[(kind, epochs)].append(elapsed)
+                if epochs == long:
+                    steady[kind].append(steady_epoch(stamps))
                 print(f"  repeat {r}: {kind:>5} {epochs:>3} epochs {elapsed:6.2f} s", flush=True)
     per_epoch = {}
     for kind in ("baton", "bare"):
         slopes = [(lt - st) / (long - short) for st, lt in zip(times[(kind, short)], times[(kind, long)])]
         per_epoch[kind] = {"slopes_s": slopes, "per_epoch_s": statistics.median(slopes),
                            "short_s": times[(kind, short)], "long_s": times[(kind, long)]}
+        per_epoch[kind]["steady_s"] = steady[kind]
+        per_epoch[kind]["steady_median_s"] = statistics.median(steady[kind])
     pair_ratios = [b / a for b, a in zip(per_epoch["baton"]["slopes_s"], per_epoch["bare"]["slopes_s"])]
     return {"short_epochs": short, "long_epochs": long, "repeats": repeats, "threads": threads,
             "per_epoch": per_epoch, "ratio": per_epoch["baton"]["per_epoch_s"] / per_epoch["bare"]["per_epoch_s"],
-            "pair_ratios": pair_ratios}
+            "pair_ratios": pair_ratios,
+            "steady_ratio": per_epoch["baton"]["steady_median_s"] / per_epoch["bare"]["steady_median_s"]}
 
 
 def print_table(result: dict) -> None:
@@ -136,6 +154,13 @@ def print_table(result: dict) -> None:
         print(f"{kind:>6} {r['per_epoch_s'] * 1e3:>13.1f} {slopes:>24}")
     pairs = " ".join(f"{x:.2f}" for x in result["pair_ratios"])
     print(f"baton / bare: {result['ratio']:.2f}x (per repeat: {pairs})")
+    print("\nsteady state: median time between epochs after the first 20 of each long run "
+          "(start-up and its noise left out)")
+    for kind in ("bare", "baton"):
+        r = result["per_epoch"][kind]
+        runs = " ".join(f"{s * 1e3:.1f}" for s in r["steady_s"])
+        print(f"{kind:>6} {r['steady_median_s'] * 1e3:>13.1f} {runs:>24}")
+    print(f"baton / bare: {result['steady_ratio']:.2f}x")
 
 
 def main() -> None:
