@@ -6,8 +6,10 @@ containers of them, never code.
 The metrics rows (top-level ``metrics``) are stored as JSON lines, the text of ``metrics.jsonl``
 (``RowLines``): pickled as a list of dicts, their thousands of small objects went one by one
 through torch.save's Python-level pickler, a cost that grew with every validation. A float's
-JSON form is its shortest exact repr, so the rows read back equal bit for bit; checkpoints that
-hold a list load as before (``rows_of``).
+JSON form is its shortest exact repr, so the rows' numbers read back equal (a NaN as a NaN, its
+sign bit lost); checkpoints that hold a list load as before (``rows_of``). FORMAT_VERSION stays 1:
+a baton from before this change would read the text as a list of characters (left as it is: a
+worker fleet is upgraded whole, not attempt by attempt).
 
 torch is imported where a checkpoint is written or read, not with this module: the client
 (``baton status``, ``submit``, ``fetch``...) needs only ``sha256_of`` and starts 2-3 s sooner.

@@ -200,6 +200,8 @@ class AsyncCheckpointer:
         background as an unreferenced object, which a later commit garbage-collects. Errors of the
         checkpoint in flight are logged, not raised, so the original failure is the one reported."""
         self._cancelled.set()
+        if self._process is not None:
+            self._process.mark_cancelled()  # the writer's retries stop: the lock below is not held for long
         with self._commit_lock:
             pass  # a commit that passed its cancellation check has landed (or failed) now
         inflight, self._inflight = self._inflight, None

@@ -6,11 +6,13 @@ byte crosses a pipe and nothing is copied a second time. Each file is a whole te
 so ``torch.save`` in the writer writes that tensor alone (a view into one shared arena would
 write the whole arena for each tensor).
 
-The files live on tmpfs (``/dev/shm``) while it has room for them, else in the checkpoint spool
-(on disk: the page cache holds them, written back only under memory pressure). Space is reserved
-with ``posix_fallocate`` before a file is mapped, so a full tmpfs (a container's default 64 MB
-/dev/shm) is found out at allocation, and the buffers move to the spool, instead of killing the
-training process with SIGBUS at its first write.
+The files live on tmpfs (``/dev/shm``) while it keeps ``SHM_HEADROOM`` free besides them (DataLoader
+worker processes pass their batches through it too), else in the checkpoint spool (on disk, through
+the page cache: the kernel writes the copies back in the background). Space is reserved with
+``posix_fallocate`` before a file is mapped, so a full tmpfs (a container's default 64 MB /dev/shm)
+is found out at allocation, and the buffers move to the spool, instead of killing the training
+process with SIGBUS at its first write. A training process killed with SIGKILL leaves its
+directory (``baton-snapshot-*``) behind on the tmpfs until the machine or container restarts.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ import torch
 from .snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
+SHM_HEADROOM = 256 << 20
+"""Bytes of the tmpfs left to others (DataLoader workers): buffers that would eat into them go to the spool."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,9 @@ class Slot:
 class SharedBuffers:
     """The training process's side: allocates buffers as files, and turns a snapshot into slots."""
 
-    def __init__(self, spool: Path, log: Callable[[str], None] = print, tmpfs: Path = SHM):
+    def __init__(self, spool: Path, log: Callable[[str], None] = print, tmpfs: Path = SHM,
+                 headroom: int = SHM_HEADROOM):
+        self.headroom = headroom
         self.dirs = [Path(tempfile.mkdtemp(prefix="baton-snapshot-", dir=base))
                      for base in ([tmpfs] if _writable(tmpfs) else []) + [spool]]
         self._made = list(self.dirs)  # a full one leaves ``dirs`` but keeps its earlier buffers
@@ -63,6 +69,8 @@ class SharedBuffers:
         while True:
             path = self.dir / f"t{next(self._counter)}"
             try:
+                if len(self.dirs) > 1 and _free(self.dir) < nbytes + self.headroom:
+                    raise OSError(errno.ENOSPC, "less free than the buffer and the headroom left to others")
                 _reserve(path, nbytes)
                 break
             except OSError as exc:
@@ -102,6 +110,11 @@ class SharedBuffers:
     def close(self) -> None:
         for directory in self._made:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _free(directory: Path) -> int:
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
 
 
 def _writable(directory: Path) -> bool:

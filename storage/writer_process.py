@@ -11,12 +11,16 @@ How it works (DCP's process-based async save works alike):
   the state's structure with each tensor replaced by the name of its buffer, and the request.
 - The fence stays in the training process, which holds the lease: just before the manifest's
   compare-and-swap the writer asks, and the training process answers "go" only if the attempt
-  is not cancelled and its fence passes, holding its commit lock until the swap has landed.
+  is not cancelled and its fence passes, holding its commit lock until the swap has landed (or
+  failed: its retries stop at a cancellation).
 - ``cancel`` (the attempt is over) sets a flag in a shared byte, checked before every storage call
-  of the writer; then the training process asks it to exit and does not wait (an upload in
-  flight finishes as an unreferenced object, like the thread writer's).
+  of the writer, retries included (``abandon`` sets it before it waits for the commit lock); then
+  the training process asks it to exit and does not wait (an upload in flight finishes as an
+  unreferenced object, like the thread writer's).
 - The writer ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group; the training
-  process decides when to stop) and is killed by the kernel if the training process dies.
+  process decides when to stop) and is killed by the kernel if the thread that started it ends
+  (PR_SET_PDEATHSIG: the training process's main thread, in baton), and exits when its pipe
+  closes.
 
 Started when the checkpointer is created, it imports torch (1.3-1.5 s of the other core's time
 here) while training starts; the checkpointer's thread writes the checkpoints that fall due
@@ -119,9 +123,13 @@ class ProcessWriter:
         return ({**skeleton, ROWS_KEY: None}, dataclasses.replace(request, metrics_rows=None),
                 (start, rows[start:], carried is not None))
 
-    def cancel(self) -> None:
-        """The attempt is over: the writer stops before its next storage call and exits."""
+    def mark_cancelled(self) -> None:
+        """The attempt is over: the writer stops before its next storage call (retries included)."""
         self._cancel_flag[0] = 1
+
+    def cancel(self) -> None:
+        """``mark_cancelled``, then ask the writer to exit (it does once its current work stops)."""
+        self.mark_cancelled()
         try:
             self._send(("exit",))
         except OSError:
@@ -152,17 +160,23 @@ class ProcessWriter:
                 message = self._from_child.recv()
                 kind = message[0]
                 if kind == "log":
-                    self.log(message[1])
+                    self._log(message[1])
                 elif kind == "ready":
                     self.ready.set()
                 elif kind == "fence":
                     self._answer_fence()
+                elif kind == "swapped":
+                    self._release_lock()  # the rotation and garbage collection after it need no lock
                 elif kind in ("done", "error"):
                     self._resolve(message)
         except (EOFError, OSError):
             pass
+        except BaseException as exc:  # a bug here must not leave the loop waiting forever
+            self._fail_pending(TransientError(f"the checkpoint writer's reader failed: {type(exc).__name__}: {exc}"))
+            self.proc.kill()
         finally:
             self._release_lock()
+            self._from_child.close()
             code = self.proc.wait()
             self._gone = f"the checkpoint writer process (pid {self.proc.pid}) exited with code {code}"
             pending, self._pending = self._pending, None
@@ -193,14 +207,27 @@ class ProcessWriter:
             self._holding_lock = False
             self.commit_lock.release()
 
+    def _log(self, message: str) -> None:
+        try:
+            self.log(message)
+        except Exception:  # a closed console: the writer's message is lost, not the reader thread
+            pass
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending[0].done():
+            pending[0].set_exception(exc)
+
     def _resolve(self, message: tuple) -> None:
         self._release_lock()
+        fence_error, self._fence_error = self._fence_error, None
         pending, self._pending = self._pending, None
         if pending is None:
             return
         future, finish = pending
         if message[0] == "error":
-            future.set_exception(self._fence_error or _exception(message[1], message[2]))
+            self._rows_sent = 0  # what the writer holds is uncertain now: the next save sends every row
+            future.set_exception(fence_error or _exception(message[1], message[2]))
             return
         from schemas.manifest import CheckpointManifest
 
@@ -274,7 +301,10 @@ def main(argv: list[str]) -> None:
         answer = inbox.recv()
         if answer[0] != "go":
             raise CheckpointCancelled("the training process did not let this checkpoint commit")
-        return swap()
+        try:
+            return swap()
+        finally:
+            outbox.send(("swapped",))
 
     work = CommitWork(open_store(config["store_url"]), JobPaths(config["job_id"]), config["attempt"],
                       config["keep_last"], Path(config["spool"]), config["upload_retry_s"],
@@ -290,11 +320,12 @@ def main(argv: list[str]) -> None:
             return  # "exit"
         _, skeleton, request, key, new_rows = message
         try:
-            state = buffers.from_slots(skeleton)
             if new_rows is not None:  # the rows it holds, and the new ones (ProcessWriter._rows_apart)
                 start, added, carried = new_rows
                 del rows[start:]
                 rows.extend(added)
+            state = buffers.from_slots(skeleton)
+            if new_rows is not None:
                 state[ROWS_KEY] = Plain(list(rows))
                 if carried:
                     request = dataclasses.replace(request, metrics_rows=list(rows))

@@ -200,18 +200,18 @@ def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control
     parts = build_components(spec, device, allowed_prefixes, *place)
     checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence, on_commit=on_commit,
                                      pin_memory=device.type == "cuda", upload_retry_s=upload_retry_s, log=control.log)
-    saver, loop_control = checkpointer, control
-    if group is not None:  # rank 0 of a data-parallel job: a shared stop flag, every rank's state in checkpoints
-        parts = group.adopt(parts)
-        saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
-        loop_control = group.control(control)
-    loop = TrainingLoop(parts, saver, loop_control, threads, group=group)
-    if state is not None:
-        loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
-        if group is not None:
-            loop.progress = group.restore(parts, state)
-        control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
-    try:
+    try:  # from here on a failure abandons the checkpointer (and ends its writer process)
+        saver, loop_control = checkpointer, control
+        if group is not None:  # rank 0 of a data-parallel job: a shared stop flag, every rank's state in checkpoints
+            parts = group.adopt(parts)
+            saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
+            loop_control = group.control(control)
+        loop = TrainingLoop(parts, saver, loop_control, threads, group=group)
+        if state is not None:
+            loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
+            if group is not None:
+                loop.progress = group.restore(parts, state)
+            control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
         outcome = loop.run()
     except BaseException:
         checkpointer.abandon()

@@ -44,7 +44,6 @@ class BoundTask:
                 raise TaskError(f"task {target}: {type(task).__name__} has no method {method}(); "
                                 "a task needs loss(model, batch), metrics() and score(model, batch, metrics)")
         self.metric_names = tuple(self._fresh_metrics())
-        self._metrics: dict[torch.device, dict[str, Metric]] = {}  # by device, reused (new_metrics)
 
     @property
     def reported(self) -> tuple[str, ...]:
@@ -69,20 +68,15 @@ class BoundTask:
         return metrics
 
     def new_metrics(self, device: torch.device) -> dict[str, Metric]:
-        """The task's metrics on ``device``, empty: made by ``metrics()`` for the first validation,
-        then ``reset()`` for each next one (as Lightning reuses its metric objects; making them
-        anew took ~0.35 ms of each spiral epoch)."""
-        cached = self._metrics.get(device)
-        if cached is not None:
-            for metric in cached.values():
-                metric.reset()
-            return cached
+        """Fresh metrics for each validation: a metric reused with ``reset()`` would carry whatever
+        it keeps past a reset (state outside ``add_state``; FID's ``reset_real_features=False``)
+        from one validation to the next, and a resumed run, which starts with fresh ones, would
+        score differently from one never interrupted."""
         metrics = self._fresh_metrics()
         if tuple(metrics) != self.metric_names:
             raise TaskError(f"task {self.target}: metrics() returned {list(metrics)}, earlier {list(self.metric_names)}; "
                             "it must name the same metrics every time")
-        self._metrics[device] = {name: metric.to(device) for name, metric in metrics.items()}
-        return self._metrics[device]
+        return {name: metric.to(device) for name, metric in metrics.items()}
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         try:

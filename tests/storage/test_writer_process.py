@@ -168,9 +168,9 @@ def test_snapshot_buffers_move_to_the_spool_when_tmpfs_is_full(tmp_path):
         pytest.skip("cannot mount a small tmpfs here")
     try:
         logged: list[str] = []
-        shared = SharedBuffers(spool, logged.append, tmpfs=tiny)
+        shared = SharedBuffers(spool, logged.append, tmpfs=tiny, headroom=16 << 10)
         small = shared.allocate(torch.Size([100]), torch.float32)
-        big = shared.allocate(torch.Size([1 << 16]), torch.float32)  # 256 KiB: no room on the tmpfs
+        big = shared.allocate(torch.Size([12 << 10]), torch.float32)  # 48 KiB: fits, but not with 16 KiB left to others
         big.fill_(3.0)
         assert Path(shared.to_slots(small).path).parent.parent == tiny
         assert Path(shared.to_slots(big).path).parent.parent == spool
