@@ -11,8 +11,9 @@ worker processes pass their batches through it too), else in the checkpoint spoo
 the page cache: the kernel writes the copies back in the background). Space is reserved with
 ``posix_fallocate`` before a file is mapped, so a full tmpfs (a container's default 64 MB /dev/shm)
 is found out at allocation, and the buffers move to the spool, instead of killing the training
-process with SIGBUS at its first write. A training process killed with SIGKILL leaves its
-directory (``baton-snapshot-*``) behind on the tmpfs until the machine or container restarts.
+process with SIGBUS at its first write. Each directory is named after its training process
+(``baton-snapshot-<pid>-*``): one left behind by a process killed with SIGKILL (its buffers are RAM
+on a tmpfs) is removed by the next checkpointer started on the machine once that pid is gone.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import torch
 from .snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
+PREFIX = "baton-snapshot-"
 SHM_HEADROOM = 256 << 20
 """Bytes of the tmpfs left to others (DataLoader workers): buffers that would eat into them go to the spool."""
 
@@ -49,8 +51,10 @@ class SharedBuffers:
     def __init__(self, spool: Path, log: Callable[[str], None] = print, tmpfs: Path = SHM,
                  headroom: int = SHM_HEADROOM):
         self.headroom = headroom
-        self.dirs = [Path(tempfile.mkdtemp(prefix="baton-snapshot-", dir=base))
-                     for base in ([tmpfs] if _writable(tmpfs) else []) + [spool]]
+        bases = ([tmpfs] if _writable(tmpfs) else []) + [spool]
+        if bases[0] == tmpfs:
+            remove_orphans(tmpfs)
+        self.dirs = [Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)) for base in bases]
         self._made = list(self.dirs)  # a full one leaves ``dirs`` but keeps its earlier buffers
         self.log = log
         self._paths: dict[int, Path] = {}  # a buffer's storage address -> its file
@@ -110,6 +114,29 @@ class SharedBuffers:
     def close(self) -> None:
         for directory in self._made:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def remove_orphans(tmpfs: Path) -> list[Path]:
+    """Remove the buffer directories on ``tmpfs`` whose training process is gone (SIGKILLed: it
+    could not remove them); those removed."""
+    removed = []
+    for directory in tmpfs.glob(f"{PREFIX}*"):
+        pid = directory.name[len(PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(directory)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _free(directory: Path) -> int:

@@ -180,3 +180,23 @@ def test_snapshot_buffers_move_to_the_spool_when_tmpfs_is_full(tmp_path):
         del small, big, shared  # their mappings keep the tmpfs busy
     finally:
         subprocess.run(["umount", "--lazy", str(tiny)], check=False)
+
+
+def test_buffers_left_on_tmpfs_by_a_killed_training_process_are_removed_by_the_next(tmp_path):
+    """A SIGKILLed training process cannot remove its buffers, which are RAM on a tmpfs."""
+    from storage.shared_buffers import PREFIX, SharedBuffers
+
+    tmpfs, spool = tmp_path / "shm", tmp_path / "spool"
+    tmpfs.mkdir()
+    spool.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = tmpfs / f"{PREFIX}{gone.pid}-abc"
+    alive = tmpfs / f"{PREFIX}{os.getppid()}-def"  # a live process's: kept
+    for directory in (orphan, alive):
+        directory.mkdir()
+        (directory / "t0").write_bytes(b"x" * 1024)
+    shared = SharedBuffers(spool, print, tmpfs=tmpfs, headroom=0)
+    assert not orphan.exists() and alive.exists()
+    assert shared.dir.parent == tmpfs and shared.dir.name.startswith(f"{PREFIX}{os.getpid()}-")
+    shared.close()
