@@ -74,9 +74,6 @@ class ManifestAhead(FencedOut):
         super().__init__(message)
         self.current = current
 
-    def __reduce__(self):  # it crosses from the checkpoint writer process (pickle calls __init__ with args)
-        return type(self), (str(self), self.current)
-
 
 class LeaseUnconfirmed(FencedOut):
     """Redis could not be reached until this attempt's lease may have expired: nothing proves the

@@ -29,12 +29,12 @@ buffers cannot be shared files.
 """
 from __future__ import annotations
 
+import builtins
 import ctypes
 import dataclasses
 import mmap
 import operator
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -44,7 +44,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from schemas.errors import CheckpointCancelled, TransientError
+from schemas import errors
+from schemas.errors import CheckpointCancelled, ManifestAhead, TransientError
 
 from .checkpoint_io import ROWS_KEY
 from .commit_work import CheckpointRequest, Committed
@@ -227,7 +228,7 @@ class ProcessWriter:
         future, finish = pending
         if message[0] == "error":
             self._rows_sent = 0  # what the writer holds is uncertain now: the next save sends every row
-            future.set_exception(fence_error or _exception(message[1], message[2]))
+            future.set_exception(fence_error or _exception(*message[1:]))
             return
         from schemas.manifest import CheckpointManifest
 
@@ -241,24 +242,21 @@ class ProcessWriter:
             future.set_result(committed)
 
 
-def _exception(pickled: Optional[bytes], described: str) -> BaseException:
-    if pickled is not None:
+def _described(exc: BaseException) -> tuple[str, str, tuple]:
+    """What crosses the pipe of a writer's failure: its type's name, its message, extra arguments."""
+    return type(exc).__name__, str(exc), (exc.current,) if isinstance(exc, ManifestAhead) else ()
+
+
+def _exception(name: str, message: str, extra: tuple) -> BaseException:
+    """The failure again, as baton's own error type or a built-in one of that name (nothing else is
+    rebuilt from the writer's words); any other type becomes a TransientError naming it."""
+    cls = getattr(errors, name, None) or getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException) and cls not in (errors.SpecError,):
         try:
-            exc = pickle.loads(pickled)
-            if isinstance(exc, BaseException):
-                return exc
-        except Exception:  # an exception type that does not unpickle: its description is kept
+            return cls(message, *extra)
+        except TypeError:
             pass
-    return TransientError(f"checkpoint writer: {described}")
-
-
-def _pickled(exc: BaseException) -> Optional[bytes]:
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
-        return data
-    except Exception:
-        return None
+    return TransientError(f"checkpoint writer: {name}: {message}")
 
 
 # --- the writer process ----------------------------------------------------------------------
@@ -331,7 +329,7 @@ def main(argv: list[str]) -> None:
                     request = dataclasses.replace(request, metrics_rows=list(rows))
             committed = work.run(state, request, key)
         except BaseException as exc:  # reported to the training process, which decides
-            outbox.send(("error", _pickled(exc), f"{type(exc).__name__}: {exc}"))
+            outbox.send(("error", *_described(exc)))
         else:
             outbox.send(("done", committed.manifest.model_dump_json(), committed.size, committed.write_s))
 

@@ -200,3 +200,15 @@ def test_buffers_left_on_tmpfs_by_a_killed_training_process_are_removed_by_the_n
     assert not orphan.exists() and alive.exists()
     assert shared.dir.parent == tmpfs and shared.dir.name.startswith(f"{PREFIX}{os.getpid()}-")
     shared.close()
+
+
+def test_a_writer_failure_comes_back_as_its_own_type_without_unpickling():
+    from schemas.errors import ManifestAhead, StorageUnavailable
+    from storage.writer_process import _described, _exception
+
+    again = _exception(*_described(ManifestAhead("attempt 1 is stale", 2)))
+    assert type(again) is ManifestAhead and again.current == 2 and str(again) == "attempt 1 is stale"
+    assert type(_exception(*_described(StorageUnavailable("s3 down")))) is StorageUnavailable
+    assert type(_exception(*_described(PermissionError("denied")))) is PermissionError
+    other = _exception("SomethingElse", "boom", ())
+    assert isinstance(other, TransientError) and "SomethingElse: boom" in str(other)
