@@ -5,9 +5,9 @@ the *writer*: by default a process of its own (``writer_process.py``), reading t
 buffer files both processes map, so the commit's Python work never holds the training loop's GIL.
 A thread of the training process writes instead while that process is starting, where the
 snapshot cannot be shared (CUDA's pinned buffers), where the store object cannot be reopened by
-its URL in another process (a test's wrapped store), or with ``BATON_CHECKPOINT_WRITER=thread``. Either can run at a lower
-scheduling priority than training (``priority.py``, opt-in). At most one checkpoint is in
-flight. The policy when the next one is due while the previous is still in flight:
+its URL in another process (a test's wrapped store), or with ``BATON_CHECKPOINT_WRITER=thread``.
+Either can run at a lower scheduling priority than training (``priority.py``, opt-in). At most
+one checkpoint is in flight. The policy when the next one is due while the previous is still in flight:
 
 - a periodic (``every_steps``) checkpoint is *skipped* and counted: training goes on, and the
   next periodic checkpoint is taken when due;
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Optional
 
-from schemas.errors import CheckpointCancelled
 from schemas.manifest import CheckpointManifest
 
 from .base import ObjectStore
@@ -228,8 +227,7 @@ class AsyncCheckpointer:
     def _gate(self, swap: Callable[[], Any]) -> Any:
         """The thread writer's fence: the swap runs under the commit lock, after the fence passed."""
         with self._commit_lock:
-            if self._cancelled.is_set():
-                raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
+            self._work.check_cancelled()
             self.fence()
             return swap()
 
