@@ -81,6 +81,15 @@ class TrainView(Dataset):
             return self._augment(sample[0], generator), sample[1]
         return self._augment(sample, generator)  # any other sample is augmented whole
 
+    def __getitems__(self, positions: list[int]) -> list:
+        """A batch's samples (the DataLoader's fetcher calls this once per batch): in the main
+        process with nothing to augment, straight from the base data set, else ``__getitem__``
+        sample by sample."""
+        if self._augment is None and get_worker_info() is None:
+            base, indices = self.base, self.indices
+            return [base[indices[p]] for p in positions]
+        return [self[p] for p in positions]
+
 
 class EvalView(Dataset):
     """Validation samples in order; in a loader worker, the global RNGs are seeded per sample from
@@ -97,6 +106,13 @@ class EvalView(Dataset):
         if get_worker_info() is not None:
             seed_sample_rngs(self.seed, -1, index)  # epoch -1: validation, never a training epoch
         return self.base[index]
+
+    def __getitems__(self, positions: list[int]) -> list:
+        """A batch's samples, in one call per batch (see ``TrainView.__getitems__``)."""
+        if get_worker_info() is None:
+            base, indices = self.base, self.indices
+            return [base[indices[p]] for p in positions]
+        return [self[p] for p in positions]
 
 
 class EpochBatches(Sampler[list[int]]):

@@ -66,6 +66,7 @@ class TrainingLoop:
         self._samples_timed = 0
         self._last_loss = math.nan
         self._pending = PendingReadings()  # losses and norms still on the device (read once per step)
+        self._scaling = self.parts.scaler.is_enabled()  # a disabled GradScaler's scale() returns the loss as is
 
     # --- phases ----------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -122,7 +123,9 @@ class TrainingLoop:
         p.batch_in_epoch += 1
         p.micro_step += 1
         # dividing by 1 changes no bit of the loss or its gradients: skipped (an op and its backward a step)
-        parts.scaler.scale(loss / group_size if group_size != 1 else loss).backward()
+        if group_size != 1:
+            loss = loss / group_size
+        (parts.scaler.scale(loss) if self._scaling else loss).backward()
 
     def _absorb_readings(self) -> None:
         """Read what is pending (one transfer) into the running sums, applying the non-finite

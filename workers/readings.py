@@ -3,9 +3,10 @@
 ``loss.item()`` on every micro-batch and ``float(grad_norm)`` after every clip are each a device
 synchronisation: on CUDA the host waits for the queue to drain, twice per step. Here the loop
 hands over the loss (and the sample count) of each micro-batch and the pre-clip norm of each
-step as tensors, and reads them all back with one ``tolist()`` when it must know them: before
-the optimizer step (the non-finite policy decides whether to step), and before a validation or
-a checkpoint reads the running sums.
+step as tensors, and reads them all back in one transfer when it must know them: before the
+optimizer step (the non-finite policy decides whether to step), and before a validation or a
+checkpoint reads the running sums. On the CPU, where reading is no synchronisation, each is
+read with ``.item()`` at that moment instead (cheaper than stacking them).
 
 The values read are the same float32 numbers ``.item()`` gave, converted to Python floats in the
 same order, so every sum built from them is bit for bit the one the per-micro-batch reads built.
@@ -60,11 +61,18 @@ def _scalar(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _to_floats(tensors: list[torch.Tensor]) -> list[float]:
-    """One transfer: float32 values become the same Python floats ``.item()`` gives (a float32
-    widened to a double), and other dtypes are widened the same way ``.item()`` would."""
-    dtype: Optional[torch.dtype] = tensors[0].dtype
-    if any(t.dtype != dtype or t.device != tensors[0].device for t in tensors):
+    """The values as the same Python floats ``.item()`` gives (a float32 widened to a double, other
+    dtypes widened the same way). On the CPU a read synchronises nothing, and ``.item()`` on each
+    costs less than the stack a single transfer needs (~10 us a step); on an accelerator the
+    values travel in one transfer (``_stacked_floats``)."""
+    first = tensors[0]
+    if first.device.type == "cpu" or len(tensors) == 1:
+        return [t.item() for t in tensors]
+    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
         return [t.item() for t in tensors]  # mixed dtypes or devices (rare): read one by one
-    if len(tensors) == 1:
-        return [tensors[0].item()]
+    return _stacked_floats(tensors)
+
+
+def _stacked_floats(tensors: list[torch.Tensor]) -> list[float]:
+    """Tensors of one dtype and device read back in one transfer."""
     return torch.stack(tensors).tolist()

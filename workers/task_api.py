@@ -6,6 +6,11 @@ A task is any object with three methods (built-ins in ``workers.builtins.tasks``
     metrics() -> dict[str, Metric]        # validation: fresh torchmetrics metrics, by name
     score(model, batch, metrics) -> None  # validation: run the model on a batch, update the metrics
 
+A task may also set ``reusable_metrics = True`` when every metric keeps all its state in
+torchmetrics' ``add_state`` (the built-in tasks do): baton then resets and reuses the metrics from
+one validation to the next instead of asking for new ones (making a metric costs ~0.15 ms, a reset
+~0.02 ms). Leave it unset for a metric that keeps anything past ``reset()``.
+
 baton keeps everything else: train/eval modes, no_grad for validation, zero_grad, the
 accumulation divisor, autocast, the GradScaler, unscale and clipping, the scheduler's cadence,
 the non-finite policy, checkpoints, RNG and the data position. A metric named ``NAME`` is
@@ -44,6 +49,8 @@ class BoundTask:
                 raise TaskError(f"task {target}: {type(task).__name__} has no method {method}(); "
                                 "a task needs loss(model, batch), metrics() and score(model, batch, metrics)")
         self.metric_names = tuple(self._fresh_metrics())
+        self._reusable = getattr(task, "reusable_metrics", False) is True
+        self._kept: dict[str, dict[str, Metric]] = {}  # by device: the metrics a reusable task's validations share
 
     @property
     def reported(self) -> tuple[str, ...]:
@@ -71,12 +78,21 @@ class BoundTask:
         """Fresh metrics for each validation: a metric reused with ``reset()`` would carry whatever
         it keeps past a reset (state outside ``add_state``; FID's ``reset_real_features=False``)
         from one validation to the next, and a resumed run, which starts with fresh ones, would
-        score differently from one never interrupted."""
+        score differently from one never interrupted. A task with ``reusable_metrics`` declares
+        that nothing is kept: its metrics are reset and reused (equal to fresh ones, cheaper)."""
+        kept = self._kept.get(str(device))
+        if kept is not None:
+            for metric in kept.values():
+                metric.reset()
+            return kept
         metrics = self._fresh_metrics()
         if tuple(metrics) != self.metric_names:
             raise TaskError(f"task {self.target}: metrics() returned {list(metrics)}, earlier {list(self.metric_names)}; "
                             "it must name the same metrics every time")
-        return {name: metric.to(device) for name, metric in metrics.items()}
+        metrics = {name: metric.to(device) for name, metric in metrics.items()}
+        if self._reusable:
+            self._kept[str(device)] = metrics
+        return metrics
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         try:

@@ -77,3 +77,14 @@ def test_a_nonfinite_loss_in_the_middle_of_a_group_fails_naming_its_micro_batch(
 
     batch, step = map(int, re.search(r"batch (\d+) \(step (\d+)\)", str(info.value)).groups())
     assert step == batch // 4  # the step the micro-batch belonged to, not the one after
+
+
+def test_the_one_transfer_path_reads_the_values_item_gives():
+    """On an accelerator the pending values are stacked and read in one transfer; the CPU reads
+    each with .item(). Both give the same floats (checked here on the CPU's tensors)."""
+    values = [torch.tensor(0.1), torch.tensor(1 / 3), torch.tensor(math.nan), torch.tensor(-2.5e-8)]
+    stacked = readings._stacked_floats(values)
+    direct = readings._to_floats(values)
+    for got, one, tensor in zip(stacked, direct, values):
+        expected = tensor.item()
+        assert (got == expected and one == expected) or (math.isnan(got) and math.isnan(one) and math.isnan(expected))

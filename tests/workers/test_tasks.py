@@ -195,3 +195,37 @@ def test_language_model_validation_averages_per_token_like_training(run_job):
     # a per-sequence average of summed token losses would be 16x (block) that
     assert 4.5 < row["train_loss"] < 6.5 and abs(row["val_loss"] / row["train_loss"] - 1) < 0.1
     assert row["val_perplexity"] == pytest.approx(torch.tensor(row["val_loss"]).exp().item(), rel=1e-4)
+
+
+@pytest.mark.parametrize("task_class, kwargs, make_batch", [
+    ("Classification", {"num_classes": 3},
+     lambda g: (torch.randn(16, 3, generator=g), torch.randint(0, 3, (16,), generator=g))),
+    ("Regression", {}, lambda g: (torch.randn(16, 3, generator=g), torch.randn(16, 3, generator=g))),
+])
+def test_reused_builtin_metrics_score_exactly_as_fresh_ones(task_class, kwargs, make_batch):
+    """A built-in task's metrics are reset and reused between validations (reusable_metrics): each
+    validation's values equal, bit for bit, those of metrics made new for it."""
+    from workers.builtins import tasks as builtin
+    from workers.evaluate import evaluate
+    from workers.amp import Precision
+
+    cpu = torch.device("cpu")
+    model = torch.nn.Identity()
+    reused = BoundTaskFor(getattr(builtin, task_class)(**kwargs))
+    first = None
+    for validation in range(3):
+        g = torch.Generator().manual_seed(validation)
+        batches = [make_batch(g) for _ in range(3)]
+        fresh = BoundTaskFor(getattr(builtin, task_class)(**kwargs))
+        got = evaluate(model, batches, cpu, Precision("fp32", cpu), reused)
+        want = evaluate(model, batches, cpu, Precision("fp32", cpu), fresh)
+        assert got == want
+        kept = reused.new_metrics(cpu)
+        first = first or kept
+        assert kept is first  # the same objects each time: reused, not remade
+
+
+def BoundTaskFor(task):
+    from workers.task_api import BoundTask
+
+    return BoundTask(task, "builtin:test")

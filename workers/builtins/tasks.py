@@ -44,6 +44,8 @@ def _shape(t: Tensor) -> str:
 class Classification:
     """Cross-entropy over class logits ``(B, C)`` or ``(B, C, d1, ...)`` against integer labels."""
 
+    reusable_metrics = True  # every metric's state is torchmetrics' add_state: reset() restores it exactly
+
     def __init__(self, **kwargs):
         self.options = ClassificationKwargs.model_validate(kwargs)
 
@@ -87,6 +89,8 @@ class Classification:
 class Regression:
     """Mean squared error between the model's output and real-valued targets of the same shape."""
 
+    reusable_metrics = True  # every metric's state is torchmetrics' add_state: reset() restores it exactly
+
     def __init__(self, **kwargs):
         RegressionKwargs.model_validate(kwargs)
 
@@ -125,6 +129,8 @@ class LanguageModel:
     ``(inputs, targets)`` of ``(B, T)``, or a dict with ``input_ids`` (shifted like a tensor) or
     ``input``/``target``. Targets equal to ``ignore_index`` are not scored.
     """
+
+    reusable_metrics = True  # every metric's state is torchmetrics' add_state: reset() restores it exactly
 
     def __init__(self, **kwargs):
         self.options = LanguageModelKwargs.model_validate(kwargs)
