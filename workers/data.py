@@ -59,6 +59,16 @@ def seed_sample_rngs(seed: int, epoch: int, index: int) -> None:
     torch.random.default_generator.manual_seed(value)
 
 
+def fetch_batch(view: "TrainView | EvalView", positions: list[int], direct: bool) -> list:
+    """A view's samples for one batch (its ``__getitems__``: the DataLoader's fetcher calls it
+    once per batch). ``direct`` (nothing to augment) in the main process: straight from the base
+    data set; in a loader worker ``__getitem__`` sample by sample, which seeds each sample's RNGs."""
+    if direct and get_worker_info() is None:
+        base, indices = view.base, view.indices
+        return [base[indices[p]] for p in positions]
+    return [view[p] for p in positions]
+
+
 class TrainView(Dataset):
     """The training split of ``base`` in one epoch, with per-sample seeded augmentation."""
 
@@ -82,13 +92,7 @@ class TrainView(Dataset):
         return self._augment(sample, generator)  # any other sample is augmented whole
 
     def __getitems__(self, positions: list[int]) -> list:
-        """A batch's samples (the DataLoader's fetcher calls this once per batch): in the main
-        process with nothing to augment, straight from the base data set, else ``__getitem__``
-        sample by sample."""
-        if self._augment is None and get_worker_info() is None:
-            base, indices = self.base, self.indices
-            return [base[indices[p]] for p in positions]
-        return [self[p] for p in positions]
+        return fetch_batch(self, positions, direct=self._augment is None)
 
 
 class EvalView(Dataset):
@@ -108,11 +112,7 @@ class EvalView(Dataset):
         return self.base[index]
 
     def __getitems__(self, positions: list[int]) -> list:
-        """A batch's samples, in one call per batch (see ``TrainView.__getitems__``)."""
-        if get_worker_info() is None:
-            base, indices = self.base, self.indices
-            return [base[indices[p]] for p in positions]
-        return [self[p] for p in positions]
+        return fetch_batch(self, positions, direct=True)
 
 
 class EpochBatches(Sampler[list[int]]):

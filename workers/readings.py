@@ -14,7 +14,6 @@ same order, so every sum built from them is bit for bit the one the per-micro-ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -66,11 +65,9 @@ def _to_floats(tensors: list[torch.Tensor]) -> list[float]:
     costs less than the stack a single transfer needs (~10 us a step); on an accelerator the
     values travel in one transfer (``_stacked_floats``)."""
     first = tensors[0]
-    if first.device.type == "cpu" or len(tensors) == 1:
-        return [t.item() for t in tensors]
-    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
-        return [t.item() for t in tensors]  # mixed dtypes or devices (rare): read one by one
-    return _stacked_floats(tensors)
+    one_by_one = (first.device.type == "cpu" or len(tensors) == 1
+                  or any(t.dtype != first.dtype or t.device != first.device for t in tensors))  # mixed: rare
+    return [t.item() for t in tensors] if one_by_one else _stacked_floats(tensors)
 
 
 def _stacked_floats(tensors: list[torch.Tensor]) -> list[float]:

@@ -22,7 +22,7 @@ the task, the method and the batch it was given: a job fails once, it is not ret
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -50,7 +50,7 @@ class BoundTask:
                                 "a task needs loss(model, batch), metrics() and score(model, batch, metrics)")
         self.metric_names = tuple(self._fresh_metrics())
         self._reusable = getattr(task, "reusable_metrics", False) is True
-        self._kept: dict[str, dict[str, Metric]] = {}  # by device: the metrics a reusable task's validations share
+        self._kept: Optional[dict[str, Metric]] = None  # a reusable task's metrics, shared by its validations
 
     @property
     def reported(self) -> tuple[str, ...]:
@@ -80,18 +80,17 @@ class BoundTask:
         from one validation to the next, and a resumed run, which starts with fresh ones, would
         score differently from one never interrupted. A task with ``reusable_metrics`` declares
         that nothing is kept: its metrics are reset and reused (equal to fresh ones, cheaper)."""
-        kept = self._kept.get(str(device))
-        if kept is not None:
-            for metric in kept.values():
+        if self._kept is not None:  # a bound task validates on its attempt's one device
+            for metric in self._kept.values():
                 metric.reset()
-            return kept
+            return self._kept
         metrics = self._fresh_metrics()
         if tuple(metrics) != self.metric_names:
             raise TaskError(f"task {self.target}: metrics() returned {list(metrics)}, earlier {list(self.metric_names)}; "
                             "it must name the same metrics every time")
         metrics = {name: metric.to(device) for name, metric in metrics.items()}
         if self._reusable:
-            self._kept[str(device)] = metrics
+            self._kept = metrics
         return metrics
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:

@@ -211,12 +211,12 @@ def test_reused_builtin_metrics_score_exactly_as_fresh_ones(task_class, kwargs, 
 
     cpu = torch.device("cpu")
     model = torch.nn.Identity()
-    reused = BoundTaskFor(getattr(builtin, task_class)(**kwargs))
+    reused = bound_task(getattr(builtin, task_class)(**kwargs))
     first = None
     for validation in range(3):
         g = torch.Generator().manual_seed(validation)
         batches = [make_batch(g) for _ in range(3)]
-        fresh = BoundTaskFor(getattr(builtin, task_class)(**kwargs))
+        fresh = bound_task(getattr(builtin, task_class)(**kwargs))
         got = evaluate(model, batches, cpu, Precision("fp32", cpu), reused)
         want = evaluate(model, batches, cpu, Precision("fp32", cpu), fresh)
         assert got == want
@@ -225,7 +225,7 @@ def test_reused_builtin_metrics_score_exactly_as_fresh_ones(task_class, kwargs, 
         assert kept is first  # the same objects each time: reused, not remade
 
 
-def BoundTaskFor(task):
+def bound_task(task):
     from workers.task_api import BoundTask
 
     return BoundTask(task, "builtin:test")

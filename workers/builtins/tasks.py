@@ -41,10 +41,16 @@ def _shape(t: Tensor) -> str:
     return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
-class Classification:
-    """Cross-entropy over class logits ``(B, C)`` or ``(B, C, d1, ...)`` against integer labels."""
+class BuiltinTask:
+    """What the built-in tasks share: their metrics keep all their state in torchmetrics'
+    ``add_state``, so ``reset()`` restores them exactly and baton reuses them (``reusable_metrics``
+    in ``workers.task_api``)."""
 
-    reusable_metrics = True  # every metric's state is torchmetrics' add_state: reset() restores it exactly
+    reusable_metrics = True
+
+
+class Classification(BuiltinTask):
+    """Cross-entropy over class logits ``(B, C)`` or ``(B, C, d1, ...)`` against integer labels."""
 
     def __init__(self, **kwargs):
         self.options = ClassificationKwargs.model_validate(kwargs)
@@ -86,10 +92,8 @@ class Classification:
             metrics["macro_f1"].update(predicted, targets)
 
 
-class Regression:
+class Regression(BuiltinTask):
     """Mean squared error between the model's output and real-valued targets of the same shape."""
-
-    reusable_metrics = True  # every metric's state is torchmetrics' add_state: reset() restores it exactly
 
     def __init__(self, **kwargs):
         RegressionKwargs.model_validate(kwargs)
@@ -122,15 +126,13 @@ class Regression:
         metrics["mae"].update(outputs, targets)
 
 
-class LanguageModel:
+class LanguageModel(BuiltinTask):
     """Next-token cross-entropy over logits ``(B, T, V)``.
 
     A batch is a token tensor ``(B, T+1)`` (inputs are ``[:, :-1]``, targets ``[:, 1:]``), a pair
     ``(inputs, targets)`` of ``(B, T)``, or a dict with ``input_ids`` (shifted like a tensor) or
     ``input``/``target``. Targets equal to ``ignore_index`` are not scored.
     """
-
-    reusable_metrics = True  # every metric's state is torchmetrics' add_state: reset() restores it exactly
 
     def __init__(self, **kwargs):
         self.options = LanguageModelKwargs.model_validate(kwargs)
