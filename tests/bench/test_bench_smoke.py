@@ -37,3 +37,23 @@ def test_throughput_run_of_each_method(tiny, tmp_path, method):
     store = FileStore(tmp_path)
     assert checkpoint_stall.run_steps(tiny, steps=2, every=1, method=method, store=store) > 0
     assert store.list("jobs/bench-tput/") == []  # cleaned up
+
+
+@pytest.mark.parametrize("variant", ["baton", "no-tensorboard", "no-job-log", "no-checkpoint"])
+def test_each_ablation_variant_runs_the_spiral_job(variant, tmp_path):
+    """bench/loop_ablation.py: each variant is a real `baton run` that finishes, without its piece."""
+    import os
+    import subprocess
+
+    from bench import loop_ablation
+
+    cmd = loop_ablation.command(variant, 2, tmp_path)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=loop_ablation.ROOT,
+                          env={**os.environ, "PYTHONPATH": str(loop_ablation.ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sum(line.startswith("epoch ") for line in done.stdout.splitlines()) == 2
+    attempt = tmp_path / "store" / "jobs" / "ablation" / "attempt-1"
+    assert any((attempt / "checkpoints").glob("*.pt")) == (variant != "no-checkpoint")
+    assert any((attempt / "logs").glob("*.log")) == (variant != "no-job-log")
+    # TensorBoard rows are written once a commit covers them: none without checkpoints either
+    assert any((attempt / "tensorboard").glob("events.*")) == (variant in ("baton", "no-job-log"))
