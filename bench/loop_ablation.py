@@ -5,8 +5,14 @@ thread) in a process of its own, with one part replaced by a no-op before the CL
 
 - ``no-tensorboard``: the TensorBoard tracker (its thread and SummaryWriter's);
 - ``no-job-log``: the attempt's log capture (the stdout tee and its threads);
+- ``per-sample``: a TensorDataset's batches loaded sample by sample and collated, as before
+  baton gathered them (``workers.data.TensorBatches``);
 - ``no-checkpoint``: the checkpoint after each validation (the loop still reads its pending
   losses there; the writer process still starts, and idles).
+
+Two bare loops frame them: ``bare`` (bench/loop_overhead.py's, a DataLoader over a Subset) and
+``bare-gathered``, whose batches are gathered by indexing the tensors as baton's are, so that
+baton against it is the loop's own overhead, the data path left out.
 
 These are ablations for finding costs, not ways to run a job. The figure is the steady state of
 bench/loop_overhead.py: the median time between consecutive "epoch N" lines after the first 20
@@ -29,11 +35,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.loop_overhead import run_timed, steady_epoch  # noqa: E402
 
-VARIANTS = ("bare", "baton", "no-tensorboard", "no-job-log", "no-checkpoint")
+VARIANTS = ("bare", "bare-gathered", "baton", "per-sample", "no-tensorboard", "no-job-log", "no-checkpoint")
+BARE = ("bare", "bare-gathered")
 
 
 def _remove(variant: str) -> None:
     """Patch one piece out of this process's baton (called before the CLI runs)."""
+    import workers.data
     import workers.local
     import workers.loop
     import workers.session
@@ -49,6 +57,8 @@ def _remove(variant: str) -> None:
     elif variant == "no-job-log":
         run_attempt = workers.session.run_attempt
         workers.local.run_attempt = lambda *args, **kwargs: run_attempt(*args, **{**kwargs, "job_log": False})
+    elif variant == "per-sample":
+        workers.data.TrainView.tensor_batches = workers.data.EvalView.tensor_batches = lambda self: None
     elif variant == "no-checkpoint":
         workers.loop.TrainingLoop._checkpoint = lambda self, *args, **kwargs: self._absorb_readings()
 
@@ -66,9 +76,9 @@ def run_variant(variant: str, epochs: int, store: Path) -> None:
 
 
 def command(variant: str, epochs: int, work: Path) -> list[str]:
-    if variant == "bare":
+    if variant in BARE:
         return [sys.executable, str(ROOT / "bench" / "loop_overhead.py"), "--bare", str(epochs), "--threads", "1",
-                "--work", str(work)]
+                "--work", str(work)] + (["--gathered"] if variant == "bare-gathered" else [])
     return [sys.executable, str(Path(__file__).resolve()), "--variant", variant, "--epochs", str(epochs),
             "--store", str(work / "store")]
 
@@ -101,7 +111,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--out", default="bench/results/loop_ablation.json")
-    parser.add_argument("--variant", choices=VARIANTS[1:], help=argparse.SUPPRESS)  # internal: run one variant
+    parser.add_argument("--variant", choices=VARIANTS[2:], help=argparse.SUPPRESS)  # internal: run one variant
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant is not None:

@@ -35,8 +35,10 @@ sys.path.insert(0, str(ROOT))
 SPEC = ROOT / "examples" / "spiral.yaml"
 
 
-def bare_loop(epochs: int, threads: int, out_dir: Path) -> float:
-    """The hand-written loop; returns the best validation loss."""
+def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) -> float:
+    """The hand-written loop; returns the best validation loss. ``gathered``: batches are taken by
+    indexing the data set's tensors (as baton's loader does for a TensorDataset) instead of a
+    DataLoader's per-sample ``__getitem__`` and collate, which isolates the loop's own overhead."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, Subset
@@ -52,6 +54,8 @@ def bare_loop(epochs: int, threads: int, out_dir: Path) -> float:
     train, val = Subset(data, perm[n_val:]), Subset(data, perm[:n_val])
     train_loader = DataLoader(train, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1))
     val_loader = DataLoader(val, batch_size=64)
+    if gathered:
+        train_loader, val_loader = Gathered(data.tensors, perm[n_val:], 64, shuffle=True), Gathered(data.tensors, perm[:n_val], 64)
     model = nn.Sequential(nn.Linear(2, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128), nn.ReLU(),
                           nn.Dropout(0.1), nn.Linear(128, 3))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -87,6 +91,33 @@ def bare_loop(epochs: int, threads: int, out_dir: Path) -> float:
     return best
 
 
+class Gathered:
+    """Batches of a TensorDataset's rows by one indexing of each tensor, optionally reshuffled each
+    pass. It draws what the bare loop's DataLoader draws (an iterator's base seed from the loader's
+    generator, or from the global RNG when it has none, then the shuffle and RandomSampler's extra
+    permutation), so both bare loops train bit for bit alike."""
+
+    def __init__(self, tensors, indices: list[int], batch_size: int, shuffle: bool = False):
+        import torch
+
+        self.tensors, self.indices, self.batch_size, self.shuffle = tensors, torch.tensor(indices), batch_size, shuffle
+        self.generator = torch.Generator().manual_seed(1) if shuffle else None
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)
+
+    def __iter__(self):
+        import torch
+
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # the iterator's base seed
+        order = self.indices[torch.randperm(len(self.indices), generator=self.generator)] if self.shuffle else self.indices
+        for start in range(0, len(order), self.batch_size):
+            index = order[start:start + self.batch_size]
+            yield [t[index] for t in self.tensors]
+        if self.shuffle:  # RandomSampler draws a last (empty) slice of a permutation after a whole pass
+            torch.randperm(len(self.indices), generator=self.generator)
+
+
 def run_timed(cmd: list[str], env: dict) -> tuple[float, list[float]]:
     """Wall time of the whole process, and when each of its "epoch N: ..." lines arrived."""
     started = time.perf_counter()
@@ -104,9 +135,9 @@ def steady_epoch(stamps: list[float], skip: int = 20) -> float:
 
 
 def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> list[str]:
-    if kind == "bare":
+    if kind in ("bare", "bare-gathered"):
         return [sys.executable, str(Path(__file__).resolve()), "--bare", str(epochs), "--threads", str(threads),
-                "--work", str(work / run_id)]
+                "--work", str(work / run_id)] + (["--gathered"] if kind == "bare-gathered" else [])
     return [sys.executable, "-m", "jobs", "run", str(SPEC), "--id", run_id, "--storage", f"file://{work / 'store'}",
             "--no-progress", "--set", f"loop.epochs={epochs}", "--set", "checkpoint.every_steps=null",
             "--set", f"resources.cpu_threads={threads}"]
@@ -172,9 +203,10 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/loop_overhead.json")
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # internal: run the bare loop for N epochs
     parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--gathered", action="store_true", help=argparse.SUPPRESS)  # internal: the bare loop's batches gathered
     args = parser.parse_args()
     if args.bare is not None:
-        bare_loop(args.bare, args.threads, Path(args.work))
+        bare_loop(args.bare, args.threads, Path(args.work), args.gathered)
         return
     result = measure(args.short, args.long, args.repeats, args.threads)
     print_table(result)

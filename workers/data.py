@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, get_worker_info
 
 from schemas.spec import DataSpec
 
@@ -69,6 +69,40 @@ def fetch_batch(view: "TrainView | EvalView", positions: list[int], direct: bool
     return [view[p] for p in positions]
 
 
+def tensor_columns(base: Dataset) -> Optional[tuple[torch.Tensor, ...]]:
+    """The tensors of a data set whose sample ``i`` is ``tuple(t[i] for t in tensors)``: torch's
+    ``TensorDataset``, or a subclass that keeps its ``__getitem__``. None for any other."""
+    if isinstance(base, TensorDataset) and type(base).__getitem__ is TensorDataset.__getitem__:
+        return base.tensors
+    return None
+
+
+class TensorBatches(Dataset):
+    """A view of a ``TensorDataset`` whose ``__getitems__`` returns the whole batch: one indexing of
+    each tensor instead of a ``__getitem__`` per sample and the default collate's stack (~0.1 ms a
+    batch of 64 on the CPU). The values, dtypes and shapes are the default collate's: a list with
+    one stacked tensor per column. Its loader's collate passes the batch on as it is."""
+
+    def __init__(self, view: "TrainView | EvalView", columns: tuple[torch.Tensor, ...]):
+        self.view, self.columns = view, columns
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def __getitem__(self, position: int):
+        return self.view[position]
+
+    def __getitems__(self, positions: list[int]) -> list[torch.Tensor]:
+        indices = self.view.indices
+        index = torch.tensor([indices[p] for p in positions], dtype=torch.long)
+        return [column[index] for column in self.columns]
+
+
+def whole_batch(batch: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The collate of a ``TensorBatches`` loader: the batch is collated already."""
+    return batch
+
+
 class TrainView(Dataset):
     """The training split of ``base`` in one epoch, with per-sample seeded augmentation."""
 
@@ -94,6 +128,10 @@ class TrainView(Dataset):
     def __getitems__(self, positions: list[int]) -> list:
         return fetch_batch(self, positions, direct=self._augment is None)
 
+    def tensor_batches(self) -> Optional[TensorBatches]:
+        columns = tensor_columns(self.base) if self._augment is None else None
+        return TensorBatches(self, columns) if columns is not None else None
+
 
 class EvalView(Dataset):
     """Validation samples in order; in a loader worker, the global RNGs are seeded per sample from
@@ -113,6 +151,10 @@ class EvalView(Dataset):
 
     def __getitems__(self, positions: list[int]) -> list:
         return fetch_batch(self, positions, direct=True)
+
+    def tensor_batches(self) -> Optional[TensorBatches]:
+        columns = tensor_columns(self.base)
+        return TensorBatches(self, columns) if columns is not None else None
 
 
 class EpochBatches(Sampler[list[int]]):
@@ -145,8 +187,16 @@ class Loading:
     pin_memory: bool = False
 
     def loader(self, dataset: Dataset, generator_seed: int, **kwargs) -> DataLoader:
+        """A DataLoader of ``dataset`` with the job's settings. A view of a ``TensorDataset`` with
+        nothing to augment, loaded in this process with the default collate, is gathered a whole
+        batch at a time (``TensorBatches``): the same batches, fewer Python calls."""
+        collate = self.collate
+        if isinstance(dataset, (TrainView, EvalView)) and collate is None and self.spec.num_workers == 0:
+            batches = dataset.tensor_batches()
+            if batches is not None:
+                dataset, collate = batches, whole_batch
         return DataLoader(dataset, num_workers=self.spec.num_workers, pin_memory=self.pin_memory,
-                          collate_fn=self.collate, generator=torch.Generator().manual_seed(generator_seed), **kwargs)
+                          collate_fn=collate, generator=torch.Generator().manual_seed(generator_seed), **kwargs)
 
     def val_loader(self, dataset: Dataset, indices: Optional[list[int]] = None) -> DataLoader:
         """The validation set in order, in batches of val_batch_size (a stream: as it comes)."""

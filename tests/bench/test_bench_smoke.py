@@ -15,6 +15,12 @@ def test_bare_loop_trains_validates_and_saves_the_best(tmp_path):
     assert math.isfinite(best) and (tmp_path / "best.pt").is_file()
 
 
+def test_gathered_bare_loop_does_the_same_work_bit_for_bit(tmp_path):
+    """Its batches are the DataLoader's (the same shuffle, the same rows), so it trains the same."""
+    per_sample = loop_overhead.bare_loop(epochs=2, threads=1, out_dir=tmp_path)
+    assert loop_overhead.bare_loop(epochs=2, threads=1, out_dir=tmp_path, gathered=True) == per_sample
+
+
 def test_loop_overhead_runs_baton_with_the_same_shape():
     cmd = loop_overhead.command("baton", 7, 1, tmp := __import__("pathlib").Path("/x"), "r")
     assert "loop.epochs=7" in cmd and "checkpoint.every_steps=null" in cmd and "resources.cpu_threads=1" in cmd
@@ -39,7 +45,7 @@ def test_throughput_run_of_each_method(tiny, tmp_path, method):
     assert store.list("jobs/bench-tput/") == []  # cleaned up
 
 
-@pytest.mark.parametrize("variant", ["baton", "no-tensorboard", "no-job-log", "no-checkpoint"])
+@pytest.mark.parametrize("variant", ["baton", "per-sample", "no-tensorboard", "no-job-log", "no-checkpoint"])
 def test_each_ablation_variant_runs_the_spiral_job(variant, tmp_path):
     """bench/loop_ablation.py: each variant is a real `baton run` that finishes, without its piece."""
     import os
@@ -56,4 +62,4 @@ def test_each_ablation_variant_runs_the_spiral_job(variant, tmp_path):
     assert any((attempt / "checkpoints").glob("*.pt")) == (variant != "no-checkpoint")
     assert any((attempt / "logs").glob("*.log")) == (variant != "no-job-log")
     # TensorBoard rows are written once a commit covers them: none without checkpoints either
-    assert any((attempt / "tensorboard").glob("events.*")) == (variant in ("baton", "no-job-log"))
+    assert any((attempt / "tensorboard").glob("events.*")) == (variant in ("baton", "per-sample", "no-job-log"))

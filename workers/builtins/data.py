@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 from schemas.builtins import DiabetesKwargs, DigitsKwargs, SpiralKwargs
 from schemas.errors import PermanentError
@@ -18,19 +18,24 @@ from schemas.errors import PermanentError
 from .. import rng
 
 
-class TensorPairs(Dataset):
-    """Inputs and integer labels held in two tensors, with optional Gaussian jitter."""
+class TensorPairs(TensorDataset):
+    """Inputs and integer labels held in two tensors, with optional Gaussian jitter. A sample is
+    torch's ``TensorDataset``'s ``(inputs[i], labels[i])``, so a batch without jitter is gathered
+    in one indexing of each tensor (``workers.data.TensorBatches``)."""
 
     def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, jitter: float = 0.0):
-        self.inputs, self.labels, self.jitter = inputs, labels, jitter
+        super().__init__(inputs, labels)
+        self.jitter = jitter
         if not jitter:  # nothing to augment: no per-sample generator is seeded for it (~10 us a sample)
             self.augment = None
 
-    def __len__(self) -> int:
-        return len(self.labels)
+    @property
+    def inputs(self) -> torch.Tensor:
+        return self.tensors[0]
 
-    def __getitem__(self, index: int):
-        return self.inputs[index], self.labels[index]
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.tensors[1]
 
     def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return x + self.jitter * torch.randn(x.shape, generator=generator, dtype=x.dtype)
