@@ -5,10 +5,13 @@ The job is examples/spiral.yaml's shape (2-128-3 MLP with dropout, 3,000 spiral 
 checkpoints. The bare loop is what a careful user would write by hand for it: the same model,
 data, optimizer, schedule and clipping, ``loss.item()`` logged per batch, validation in eval mode
 with loss and accuracy averaged per sample, and ``torch.save`` of the weights when the validation
-loss improves. baton does more per epoch by contract (a full-state checkpoint committed to the
+loss improves; its DataLoader loads a Subset sample by sample and collates. A second bare loop,
+``bare-gathered``, does the same with batches gathered by indexing the data's tensors, as baton's
+loader does for a TensorDataset: baton against it is the loop's own overhead, the data path left
+out. baton does more per epoch by contract (a full-state checkpoint committed to the
 store with its metrics, TensorBoard rows), and that is part of what is measured.
 
-Both run as separate processes (``python -m jobs run`` and this file's ``--bare``) for a short
+All run as separate processes (``python -m jobs run`` and this file's ``--bare``) for a short
 and a long number of epochs, interleaved; the per-epoch time is the slope between the two, so
 start-up (imports, the report, the final artifacts) cancels. A second figure, steadier, is the
 median time between consecutive "epoch N" lines of each long run after its first 20 epochs (a
@@ -33,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SPEC = ROOT / "examples" / "spiral.yaml"
+KINDS = ("bare", "bare-gathered", "baton")
+"""``bare-gathered`` takes its batches as baton's loader does for a TensorDataset (one indexing of
+each tensor), so baton against it is the loop's own overhead with the data path left out."""
 
 
 def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) -> float:
@@ -145,12 +151,12 @@ def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> li
 
 def measure(short: int, long: int, repeats: int, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    times: dict[tuple[str, int], list[float]] = {(k, e): [] for k in ("baton", "bare") for e in (short, long)}
-    steady: dict[str, list[float]] = {"baton": [], "bare": []}
+    times: dict[tuple[str, int], list[float]] = {(k, e): [] for k in KINDS for e in (short, long)}
+    steady: dict[str, list[float]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="baton-loop-bench-") as tmp:
         work = Path(tmp)
         for r in range(repeats):
-            order = [(k, e) for e in (short, long) for k in ("baton", "bare")]
+            order = [(k, e) for e in (short, long) for k in KINDS]
             if r % 2:
                 order.reverse()  # alternate, so a drift in the machine's load hits both sides alike
             for kind, epochs in order:
@@ -160,38 +166,42 @@ def measure(short: int, long: int, repeats: int, threads: int) -> dict:
                 times[(kind, epochs)].append(elapsed)
                 if epochs == long:
                     steady[kind].append(steady_epoch(stamps))
-                print(f"  repeat {r}: {kind:>5} {epochs:>3} epochs {elapsed:6.2f} s", flush=True)
+                print(f"  repeat {r}: {kind:>13} {epochs:>3} epochs {elapsed:6.2f} s", flush=True)
     per_epoch = {}
-    for kind in ("baton", "bare"):
+    for kind in KINDS:
         slopes = [(lt - st) / (long - short) for st, lt in zip(times[(kind, short)], times[(kind, long)])]
         per_epoch[kind] = {"slopes_s": slopes, "per_epoch_s": statistics.median(slopes),
                            "short_s": times[(kind, short)], "long_s": times[(kind, long)]}
         per_epoch[kind]["steady_s"] = steady[kind]
         per_epoch[kind]["steady_median_s"] = statistics.median(steady[kind])
     pair_ratios = [b / a for b, a in zip(per_epoch["baton"]["slopes_s"], per_epoch["bare"]["slopes_s"])]
+    gathered = per_epoch["bare-gathered"]
     return {"short_epochs": short, "long_epochs": long, "repeats": repeats, "threads": threads,
             "per_epoch": per_epoch, "ratio": per_epoch["baton"]["per_epoch_s"] / per_epoch["bare"]["per_epoch_s"],
             "pair_ratios": pair_ratios,
-            "steady_ratio": per_epoch["baton"]["steady_median_s"] / per_epoch["bare"]["steady_median_s"]}
+            "steady_ratio": per_epoch["baton"]["steady_median_s"] / per_epoch["bare"]["steady_median_s"],
+            "ratio_vs_gathered": per_epoch["baton"]["per_epoch_s"] / gathered["per_epoch_s"],
+            "steady_ratio_vs_gathered": per_epoch["baton"]["steady_median_s"] / gathered["steady_median_s"]}
 
 
 def print_table(result: dict) -> None:
     print(f"\nper-epoch time from the slope between {result['short_epochs']} and {result['long_epochs']} epochs, "
           f"median of {result['repeats']} interleaved repeats, {result['threads']} torch thread(s)")
-    print(f"{'loop':>6} {'per epoch ms':>13} {'slopes ms':>24}")
-    for kind in ("bare", "baton"):
+    print(f"{'loop':>13} {'per epoch ms':>13} {'slopes ms':>24}")
+    for kind in KINDS:
         r = result["per_epoch"][kind]
         slopes = " ".join(f"{s * 1e3:.0f}" for s in r["slopes_s"])
-        print(f"{kind:>6} {r['per_epoch_s'] * 1e3:>13.1f} {slopes:>24}")
+        print(f"{kind:>13} {r['per_epoch_s'] * 1e3:>13.1f} {slopes:>24}")
     pairs = " ".join(f"{x:.2f}" for x in result["pair_ratios"])
-    print(f"baton / bare: {result['ratio']:.2f}x (per repeat: {pairs})")
+    print(f"baton / bare: {result['ratio']:.2f}x (per repeat: {pairs}); "
+          f"baton / bare-gathered: {result['ratio_vs_gathered']:.2f}x")
     print("\nsteady state: median time between epochs after the first 20 of each long run "
           "(start-up and its noise left out)")
-    for kind in ("bare", "baton"):
+    for kind in KINDS:
         r = result["per_epoch"][kind]
         runs = " ".join(f"{s * 1e3:.1f}" for s in r["steady_s"])
-        print(f"{kind:>6} {r['steady_median_s'] * 1e3:>13.1f} {runs:>24}")
-    print(f"baton / bare: {result['steady_ratio']:.2f}x")
+        print(f"{kind:>13} {r['steady_median_s'] * 1e3:>13.1f} {runs:>24}")
+    print(f"baton / bare: {result['steady_ratio']:.2f}x; baton / bare-gathered: {result['steady_ratio_vs_gathered']:.2f}x")
 
 
 def main() -> None:
