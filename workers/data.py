@@ -95,7 +95,8 @@ class TensorBatches(Dataset):
     def __getitems__(self, positions: list[int]) -> list[torch.Tensor]:
         indices = self.view.indices
         index = torch.from_numpy(np.fromiter((indices[p] for p in positions), dtype=np.int64, count=len(positions)))
-        return [column.index_select(0, index) for column in self.columns]  # (a third of torch.tensor(list)'s time)
+        return [column.index_select(0, index if column.device.type == "cpu" else index.to(column.device))
+                for column in self.columns]  # (from numpy: a third of torch.tensor(list)'s time)
 
 
 def whole_batch(batch: list[torch.Tensor]) -> list[torch.Tensor]:

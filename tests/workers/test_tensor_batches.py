@@ -85,3 +85,12 @@ def test_samples_are_loaded_one_by_one_where_gathering_would_change_them(case):
     if case == "own-getitem":  # its samples are what its __getitem__ returns
         (x, y), *_ = plan.train_batches(0)
         assert torch.equal(y, torch.ones_like(y))
+
+
+@pytest.mark.gpu
+def test_a_tensor_dataset_held_on_the_gpu_is_gathered_there():
+    base = TensorDataset(torch.rand(40, 3, device="cuda"), torch.arange(40, device="cuda"))
+    plan = _plan(base)
+    loader = plan.train_batches(0)
+    assert isinstance(loader.dataset, TensorBatches)
+    _assert_same_batches(list(loader), _per_sample(loader))
