@@ -69,12 +69,20 @@ def fetch_batch(view: "TrainView | EvalView", positions: list[int], direct: bool
     return [view[p] for p in positions]
 
 
+UNGATHERED_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
+"""``index_select`` has no CPU kernel for these (1-D); their data sets load sample by sample."""
+
+
 def tensor_columns(base: Dataset) -> Optional[tuple[torch.Tensor, ...]]:
     """The tensors of a data set whose sample ``i`` is ``tuple(t[i] for t in tensors)``: torch's
-    ``TensorDataset``, or a subclass that keeps its ``__getitem__``. None for any other."""
-    if isinstance(base, TensorDataset) and type(base).__getitem__ is TensorDataset.__getitem__:
-        return base.tensors
-    return None
+    ``TensorDataset``, or a subclass that keeps its ``__getitem__``, of dense tensors that
+    ``index_select`` takes (``default_collate`` refuses sparse ones). None for any other."""
+    if not isinstance(base, TensorDataset) or type(base).__getitem__ is not TensorDataset.__getitem__:
+        return None
+    columns = base.tensors
+    if any(t.layout != torch.strided or t.dtype in UNGATHERED_DTYPES for t in columns):
+        return None
+    return columns
 
 
 class TensorBatches(Dataset):
@@ -95,8 +103,12 @@ class TensorBatches(Dataset):
     def __getitems__(self, positions: list[int]) -> list[torch.Tensor]:
         indices = self.view.indices
         index = torch.from_numpy(np.fromiter((indices[p] for p in positions), dtype=np.int64, count=len(positions)))
-        return [column.index_select(0, index if column.device.type == "cpu" else index.to(column.device))
-                for column in self.columns]  # (from numpy: a third of torch.tensor(list)'s time)
+        batch = []  # (the index from numpy: a third of torch.tensor(list)'s time)
+        for column in self.columns:
+            if column.device != index.device:  # a data set held on a GPU: the index moves there once
+                index = index.to(column.device)
+            batch.append(column.index_select(0, index))
+        return batch
 
 
 def whole_batch(batch: list[torch.Tensor]) -> list[torch.Tensor]:

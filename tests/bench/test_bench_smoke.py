@@ -15,10 +15,14 @@ def test_bare_loop_trains_validates_and_saves_the_best(tmp_path):
     assert math.isfinite(best) and (tmp_path / "best.pt").is_file()
 
 
-def test_gathered_bare_loop_does_the_same_work_bit_for_bit(tmp_path):
+def test_gathered_bare_loop_does_the_same_work_bit_for_bit(tmp_path, monkeypatch):
     """Its batches are the DataLoader's (the same shuffle, the same rows), so it trains the same."""
     per_sample = loop_overhead.bare_loop(epochs=2, threads=1, out_dir=tmp_path)
+    passes = []
+    iterate = loop_overhead.Gathered.__iter__
+    monkeypatch.setattr(loop_overhead.Gathered, "__iter__", lambda self: passes.append(self) or iterate(self))
     assert loop_overhead.bare_loop(epochs=2, threads=1, out_dir=tmp_path, gathered=True) == per_sample
+    assert len(passes) == 4  # a training and a validation pass per epoch, gathered
 
 
 def test_loop_overhead_runs_baton_with_the_same_shape():

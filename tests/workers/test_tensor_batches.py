@@ -41,13 +41,17 @@ class Relabelled(TensorDataset):
         return x, y + 1
 
 
-def _three_columns(n: int = 53) -> TensorDataset:
+def _many_columns(n: int = 53) -> TensorDataset:
+    """Columns of several dtypes and layouts: 4-D channels_last, int64 labels, float64 and bool
+    per-sample scalars, a transposed half-precision matrix, 2-D int8."""
     gen = torch.Generator().manual_seed(0)
-    return Columns(torch.rand(n, 1, 4, 4, generator=gen), torch.randint(0, 9, (n,), generator=gen),
-                   torch.rand(n, dtype=torch.float64, generator=gen))
+    return Columns(torch.rand(n, 3, 4, 4, generator=gen).to(memory_format=torch.channels_last),
+                   torch.randint(0, 9, (n,), generator=gen), torch.rand(n, dtype=torch.float64, generator=gen),
+                   torch.rand(n, generator=gen) > 0.5, torch.rand(5, n, generator=gen).half().t(),
+                   torch.randint(-100, 100, (n, 2), generator=gen).to(torch.int8))
 
 
-@pytest.mark.parametrize("make", [lambda: spiral(seed=3, n_per_class=20), _three_columns], ids=["spiral", "3-columns"])
+@pytest.mark.parametrize("make", [lambda: spiral(seed=3, n_per_class=20), _many_columns], ids=["spiral", "many-columns"])
 def test_gathered_batches_equal_the_default_collates(make):
     plan = _plan(make())
     for epoch, start in ((0, 0), (1, 2)):
@@ -59,6 +63,14 @@ def test_gathered_batches_equal_the_default_collates(make):
     _assert_same_batches(list(val), _per_sample(val))
 
 
+def test_a_data_parallel_ranks_share_is_gathered_alike():
+    from workers.sharding import ShardedPlan
+
+    loader = ShardedPlan(_plan(_many_columns()), rank=1, world_size=2).train_batches(1, start_batch=1)
+    assert isinstance(loader.dataset, TensorBatches)
+    _assert_same_batches(list(loader), _per_sample(loader))
+
+
 def test_a_batch_is_gathered_by_one_indexing_per_tensor_not_per_sample(monkeypatch):
     plan = _plan(spiral(seed=3, n_per_class=20))
     calls = []
@@ -66,7 +78,7 @@ def test_a_batch_is_gathered_by_one_indexing_per_tensor_not_per_sample(monkeypat
     assert len(list(plan.train_batches(0))) == plan.batches_per_pass and calls == []
 
 
-@pytest.mark.parametrize("case", ["jitter", "collate", "loader-workers", "own-getitem", "not-tensors"])
+@pytest.mark.parametrize("case", ["jitter", "collate", "loader-workers", "own-getitem", "not-tensors", "uint32", "sparse"])
 def test_samples_are_loaded_one_by_one_where_gathering_would_change_them(case):
     data = {"num_workers": 1} if case == "loader-workers" else {}
     if case == "collate":
@@ -75,6 +87,8 @@ def test_samples_are_loaded_one_by_one_where_gathering_would_change_them(case):
         "jitter": lambda: TensorPairs(torch.rand(40, 2), torch.zeros(40, dtype=torch.long), jitter=0.1),
         "own-getitem": lambda: Relabelled(torch.rand(40, 2), torch.zeros(40, dtype=torch.long)),
         "not-tensors": lambda: [(torch.rand(2), 0)] * 40,
+        "uint32": lambda: TensorDataset(torch.rand(40, 2), torch.arange(40).to(torch.uint32)),  # no 1-D index_select
+        "sparse": lambda: TensorDataset(torch.rand(40, 2).to_sparse(), torch.arange(40)),
     }.get(case, lambda: spiral(seed=3, n_per_class=20))()
     plan = _plan(base, **data)
     if case == "collate":
