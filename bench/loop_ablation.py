@@ -23,7 +23,6 @@ epochs, for every variant and the bare loop, interleaved (the order reversed eve
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.loop_overhead import run_timed, steady_epoch  # noqa: E402
+from bench.loop_overhead import bare_command, run_timed, steady_epoch, write_result  # noqa: E402
 
 VARIANTS = ("bare", "bare-gathered", "baton", "per-sample", "no-tensorboard", "no-job-log", "no-checkpoint")
 BARE = ("bare", "bare-gathered")
@@ -58,7 +57,7 @@ def _remove(variant: str) -> None:
         run_attempt = workers.session.run_attempt
         workers.local.run_attempt = lambda *args, **kwargs: run_attempt(*args, **{**kwargs, "job_log": False})
     elif variant == "per-sample":
-        workers.data.TrainView.tensor_batches = workers.data.EvalView.tensor_batches = lambda self: None
+        workers.data.SplitView.tensor_batches = lambda self: None
     elif variant == "no-checkpoint":
         workers.loop.TrainingLoop._checkpoint = lambda self, *args, **kwargs: self._absorb_readings()
 
@@ -77,8 +76,7 @@ def run_variant(variant: str, epochs: int, store: Path) -> None:
 
 def command(variant: str, epochs: int, work: Path) -> list[str]:
     if variant in BARE:
-        return [sys.executable, str(ROOT / "bench" / "loop_overhead.py"), "--bare", str(epochs), "--threads", "1",
-                "--work", str(work)] + (["--gathered"] if variant == "bare-gathered" else [])
+        return bare_command(variant, epochs, 1, work)
     return [sys.executable, str(Path(__file__).resolve()), "--variant", variant, "--epochs", str(epochs),
             "--store", str(work / "store")]
 
@@ -119,11 +117,7 @@ def main() -> None:
         return
     result = measure(args.epochs, args.repeats)
     print_table(result)
-    result["machine"] = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
-    out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

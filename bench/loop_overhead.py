@@ -58,10 +58,11 @@ def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) 
     perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(1234)).tolist()
     n_val = int(0.2 * len(data))
     train, val = Subset(data, perm[n_val:]), Subset(data, perm[:n_val])
-    train_loader = DataLoader(train, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1))
-    val_loader = DataLoader(val, batch_size=64)
     if gathered:
         train_loader, val_loader = Gathered(data.tensors, perm[n_val:], 64, shuffle=True), Gathered(data.tensors, perm[:n_val], 64)
+    else:
+        train_loader = DataLoader(train, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1))
+        val_loader = DataLoader(val, batch_size=64)
     model = nn.Sequential(nn.Linear(2, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128), nn.ReLU(),
                           nn.Dropout(0.1), nn.Linear(128, 3))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -140,10 +141,24 @@ def steady_epoch(stamps: list[float], skip: int = 20) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
+def bare_command(kind: str, epochs: int, threads: int, work: Path) -> list[str]:
+    """The bare loop (``bare`` or ``bare-gathered``) in a process of its own, saving into ``work``."""
+    return [sys.executable, str(Path(__file__).resolve()), "--bare", str(epochs), "--threads", str(threads),
+            "--work", str(work)] + (["--gathered"] if kind == "bare-gathered" else [])
+
+
+def write_result(result: dict, out: str) -> None:
+    """The bench's JSON, with the machine it ran on, at ``out`` (relative to the repository)."""
+    result["machine"] = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()}
+    path = ROOT / out if not Path(out).is_absolute() else Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+
+
 def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> list[str]:
     if kind in ("bare", "bare-gathered"):
-        return [sys.executable, str(Path(__file__).resolve()), "--bare", str(epochs), "--threads", str(threads),
-                "--work", str(work / run_id)] + (["--gathered"] if kind == "bare-gathered" else [])
+        return bare_command(kind, epochs, threads, work / run_id)
     return [sys.executable, "-m", "jobs", "run", str(SPEC), "--id", run_id, "--storage", f"file://{work / 'store'}",
             "--no-progress", "--set", f"loop.epochs={epochs}", "--set", "checkpoint.every_steps=null",
             "--set", f"resources.cpu_threads={threads}"]
@@ -220,11 +235,7 @@ def main() -> None:
         return
     result = measure(args.short, args.long, args.repeats, args.threads)
     print_table(result)
-    result["machine"] = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()}
-    out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

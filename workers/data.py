@@ -59,16 +59,6 @@ def seed_sample_rngs(seed: int, epoch: int, index: int) -> None:
     torch.random.default_generator.manual_seed(value)
 
 
-def fetch_batch(view: "TrainView | EvalView", positions: list[int], direct: bool) -> list:
-    """A view's samples for one batch (its ``__getitems__``: the DataLoader's fetcher calls it
-    once per batch). ``direct`` (nothing to augment) in the main process: straight from the base
-    data set; in a loader worker ``__getitem__`` sample by sample, which seeds each sample's RNGs."""
-    if direct and get_worker_info() is None:
-        base, indices = view.base, view.indices
-        return [base[indices[p]] for p in positions]
-    return [view[p] for p in positions]
-
-
 UNGATHERED_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
 """``index_select`` has no CPU kernel for these (1-D); their data sets load sample by sample."""
 
@@ -85,13 +75,40 @@ def tensor_columns(base: Dataset) -> Optional[tuple[torch.Tensor, ...]]:
     return columns
 
 
+class SplitView(Dataset):
+    """What the training and validation views share: samples ``indices`` of ``base``, nothing to
+    augment unless a subclass says so, and the two faster ways to a batch."""
+
+    _augment: Optional[Callable] = None
+
+    def __init__(self, base: Dataset, indices: list[int], seed: int = 0):
+        self.base, self.indices, self.seed = base, indices, seed
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitems__(self, positions: list[int]) -> list:
+        """One batch's samples (the DataLoader's fetcher calls it once per batch). With nothing to
+        augment, in the main process: straight from the base data set; in a loader worker
+        ``__getitem__`` sample by sample, which seeds each sample's RNGs."""
+        if self._augment is None and get_worker_info() is None:
+            base, indices = self.base, self.indices
+            return [base[indices[p]] for p in positions]
+        return [self[p] for p in positions]
+
+    def tensor_batches(self) -> Optional["TensorBatches"]:
+        """This view gathered a batch at a time, where its base is a TensorDataset and nothing is augmented."""
+        columns = tensor_columns(self.base) if self._augment is None else None
+        return TensorBatches(self, columns) if columns is not None else None
+
+
 class TensorBatches(Dataset):
     """A view of a ``TensorDataset`` whose ``__getitems__`` returns the whole batch: one indexing of
     each tensor instead of a ``__getitem__`` per sample and the default collate's stack (~0.1 ms a
     batch of 64 on the CPU). The values, dtypes and shapes are the default collate's: a list with
     one stacked tensor per column. Its loader's collate passes the batch on as it is."""
 
-    def __init__(self, view: "TrainView | EvalView", columns: tuple[torch.Tensor, ...]):
+    def __init__(self, view: SplitView, columns: tuple[torch.Tensor, ...]):
         self.view, self.columns = view, columns
 
     def __len__(self) -> int:
@@ -116,15 +133,13 @@ def whole_batch(batch: list[torch.Tensor]) -> list[torch.Tensor]:
     return batch
 
 
-class TrainView(Dataset):
+class TrainView(SplitView):
     """The training split of ``base`` in one epoch, with per-sample seeded augmentation."""
 
     def __init__(self, base: Dataset, indices: list[int], seed: int, epoch: int):
-        self.base, self.indices, self.seed, self.epoch = base, indices, seed, epoch
+        super().__init__(base, indices, seed)
+        self.epoch = epoch
         self._augment = getattr(base, "augment", None)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
     def __getitem__(self, position: int):
         index = self.indices[position]
@@ -138,36 +153,16 @@ class TrainView(Dataset):
             return self._augment(sample[0], generator), sample[1]
         return self._augment(sample, generator)  # any other sample is augmented whole
 
-    def __getitems__(self, positions: list[int]) -> list:
-        return fetch_batch(self, positions, direct=self._augment is None)
 
-    def tensor_batches(self) -> Optional[TensorBatches]:
-        columns = tensor_columns(self.base) if self._augment is None else None
-        return TensorBatches(self, columns) if columns is not None else None
-
-
-class EvalView(Dataset):
+class EvalView(SplitView):
     """Validation samples in order; in a loader worker, the global RNGs are seeded per sample from
     (seed, index), the same for every validation."""
-
-    def __init__(self, base: Dataset, indices: list[int], seed: int = 0):
-        self.base, self.indices, self.seed = base, indices, seed
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
     def __getitem__(self, position: int):
         index = self.indices[position]
         if get_worker_info() is not None:
             seed_sample_rngs(self.seed, -1, index)  # epoch -1: validation, never a training epoch
         return self.base[index]
-
-    def __getitems__(self, positions: list[int]) -> list:
-        return fetch_batch(self, positions, direct=True)
-
-    def tensor_batches(self) -> Optional[TensorBatches]:
-        columns = tensor_columns(self.base)
-        return TensorBatches(self, columns) if columns is not None else None
 
 
 class EpochBatches(Sampler[list[int]]):
@@ -204,7 +199,7 @@ class Loading:
         nothing to augment, loaded in this process with the default collate, is gathered a whole
         batch at a time (``TensorBatches``): the same batches, fewer Python calls."""
         collate = self.collate
-        if isinstance(dataset, (TrainView, EvalView)) and collate is None and self.spec.num_workers == 0:
+        if isinstance(dataset, SplitView) and collate is None and self.spec.num_workers == 0:
             batches = dataset.tensor_batches()
             if batches is not None:
                 dataset, collate = batches, whole_batch
