@@ -11,6 +11,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /opt/baton
 COPY pyproject.toml README.md ./
+COPY baton ./baton
 COPY schemas ./schemas
 COPY storage ./storage
 COPY workers ./workers

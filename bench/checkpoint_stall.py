@@ -38,16 +38,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.services import S3Server  # noqa: E402
-from schemas.spec import JobSpec  # noqa: E402
-from storage.checkpointer import AsyncCheckpointer, CheckpointRequest  # noqa: E402
-from storage.file_store import FileStore  # noqa: E402
-from storage.layout import JobPaths  # noqa: E402
-from storage.open import open_store  # noqa: E402
-from storage.snapshot import unwrap  # noqa: E402
-from workers import train_state  # noqa: E402
-from workers.components import build_components  # noqa: E402
-from workers.progress import BestTracker, Progress  # noqa: E402
+from baton.jobs.services import S3Server  # noqa: E402
+from baton.schemas.spec import JobSpec  # noqa: E402
+from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest  # noqa: E402
+from baton.storage.file_store import FileStore  # noqa: E402
+from baton.storage.layout import JobPaths  # noqa: E402
+from baton.storage.open import open_store  # noqa: E402
+from baton.storage.snapshot import unwrap  # noqa: E402
+from baton.workers import train_state  # noqa: E402
+from baton.workers.components import build_components  # noqa: E402
+from baton.workers.progress import BestTracker, Progress  # noqa: E402
 
 HIDDEN = {"tiny": 32, "1M": 448, "25M": 2240, "100M": 4480}  # 6 hidden layers: 5 x hidden^2 weights dominate
 
@@ -252,7 +252,7 @@ def measure_baton_run(pairs: int, every: int) -> dict:
             order = ["none", f"every_{every}"] if r % 2 == 0 else [f"every_{every}", "none"]
             for label in order:
                 setting = "null" if label == "none" else str(every)
-                cmd = [sys.executable, "-m", "jobs", "run", str(spec_path), "--id", f"{label}-{r}", "--storage",
+                cmd = [sys.executable, "-m", "baton", "run", str(spec_path), "--id", f"{label}-{r}", "--storage",
                        f"file://{tmp}/store", "--no-progress", "--set", f"checkpoint.every_steps={setting}"]
                 elapsed = timed(lambda: subprocess.run(cmd, check=True, cwd=root, stdout=subprocess.DEVNULL,
                                                        env={**os.environ, "PYTHONPATH": str(root)}))

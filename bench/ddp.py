@@ -36,10 +36,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from storage.artifacts import read_metrics  # noqa: E402
-from storage.file_store import FileStore  # noqa: E402
-from storage.layout import JobPaths  # noqa: E402
-from storage.manifest_store import ManifestStore  # noqa: E402
+from baton.storage.artifacts import read_metrics  # noqa: E402
+from baton.storage.file_store import FileStore  # noqa: E402
+from baton.storage.layout import JobPaths  # noqa: E402
+from baton.storage.manifest_store import ManifestStore  # noqa: E402
 
 GLOBAL_BATCH = 256
 N_PER_CLASS = 2000  # 6000 samples, 4800 train: 19 steps of 256 per epoch
@@ -66,7 +66,7 @@ def run_once(processes: int, threads: int, epochs: int, root: Path, tag: str) ->
     store_dir = root / f"store-{tag}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "jobs", "run", str(spec_path), "--id", tag, "--storage",
+    done = subprocess.run([sys.executable, "-m", "baton", "run", str(spec_path), "--id", tag, "--storage",
                            f"file://{store_dir}", "--no-progress"], env=env, capture_output=True, text=True, cwd=REPO)
     wall_s = time.perf_counter() - started
     if done.returncode != 0:

@@ -6,7 +6,7 @@ thread) in a process of its own, with one part replaced by a no-op before the CL
 - ``no-tensorboard``: the TensorBoard tracker (its thread and SummaryWriter's);
 - ``no-job-log``: the attempt's log capture (the stdout tee and its threads);
 - ``per-sample``: a TensorDataset's batches loaded sample by sample and collated, as before
-  baton gathered them (``workers.data.TensorBatches``);
+  baton gathered them (``data.TensorBatches``);
 - ``no-checkpoint``: the checkpoint after each validation (the loop still reads its pending
   losses there; the writer process still starts, and idles).
 
@@ -40,10 +40,7 @@ BARE = ("bare", "bare-gathered")
 
 def _remove(variant: str) -> None:
     """Patch one piece out of this process's baton (called before the CLI runs)."""
-    import workers.data
-    import workers.local
-    import workers.loop
-    import workers.session
+    from baton.workers import data, local, loop, session
 
     if variant == "no-tensorboard":
         class NoTracker:
@@ -52,21 +49,21 @@ def _remove(variant: str) -> None:
             def row(self, row): pass
             def committed(self, step): pass
             def close(self, *args): pass
-        workers.session.TensorBoardTracker = NoTracker
+        session.TensorBoardTracker = NoTracker
     elif variant == "no-job-log":
-        run_attempt = workers.session.run_attempt
-        workers.local.run_attempt = lambda *args, **kwargs: run_attempt(*args, **{**kwargs, "job_log": False})
+        run_attempt = session.run_attempt
+        local.run_attempt = lambda *args, **kwargs: run_attempt(*args, **{**kwargs, "job_log": False})
     elif variant == "per-sample":
-        workers.data.SplitView.tensor_batches = lambda self: None
+        data.SplitView.tensor_batches = lambda self: None
     elif variant == "no-checkpoint":
-        workers.loop.TrainingLoop._checkpoint = lambda self, *args, **kwargs: self._absorb_readings()
+        loop.TrainingLoop._checkpoint = lambda self, *args, **kwargs: self._absorb_readings()
 
 
 def run_variant(variant: str, epochs: int, store: Path) -> None:
     """The variant's ``baton run`` in this process."""
     if variant != "baton":
         _remove(variant)
-    from jobs.cli import main
+    from baton.jobs.cli import main
 
     sys.argv = ["baton", "run", str(ROOT / "examples" / "spiral.yaml"), "--id", "ablation", "--storage",
                 f"file://{store}", "--no-progress", "--set", f"loop.epochs={epochs}",

@@ -11,7 +11,7 @@ loader does for a TensorDataset: baton against it is the loop's own overhead, th
 out. baton does more per epoch by contract (a full-state checkpoint committed to the
 store with its metrics, TensorBoard rows), and that is part of what is measured.
 
-All run as separate processes (``python -m jobs run`` and this file's ``--bare``) for a short
+All run as separate processes (``python -m baton run`` and this file's ``--bare``) for a short
 and a long number of epochs, interleaved; the per-epoch time is the slope between the two, so
 start-up (imports, the report, the final artifacts) cancels. A second figure, steadier, is the
 median time between consecutive "epoch N" lines of each long run after its first 20 epochs (a
@@ -49,7 +49,7 @@ def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) 
     from torch import nn
     from torch.utils.data import DataLoader, Subset
 
-    from workers.builtins.data import spiral
+    from baton.workers.builtins.data import spiral
 
     torch.manual_seed(1234)
     torch.use_deterministic_algorithms(True)
@@ -159,7 +159,7 @@ def write_result(result: dict, out: str) -> None:
 def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> list[str]:
     if kind in ("bare", "bare-gathered"):
         return bare_command(kind, epochs, threads, work / run_id)
-    return [sys.executable, "-m", "jobs", "run", str(SPEC), "--id", run_id, "--storage", f"file://{work / 'store'}",
+    return [sys.executable, "-m", "baton", "run", str(SPEC), "--id", run_id, "--storage", f"file://{work / 'store'}",
             "--no-progress", "--set", f"loop.epochs={epochs}", "--set", "checkpoint.every_steps=null",
             "--set", f"resources.cpu_threads={threads}"]
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.client import JobClient  # noqa: E402
-from jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
-from schemas.settings import BatonSettings  # noqa: E402
+from baton.jobs.client import JobClient  # noqa: E402
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
+from baton.schemas.settings import BatonSettings  # noqa: E402
 
 SPEC = {
     "name": "recovery", "seed": 3,

@@ -18,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from schemas.spec import JobSpec  # noqa: E402
-from storage.checkpoint_io import load_bytes  # noqa: E402
-from storage.layout import JobPaths  # noqa: E402
-from storage.manifest_store import ManifestStore  # noqa: E402
-from storage.open import open_store  # noqa: E402
-from workers.builtins.gpt import char_transformer  # noqa: E402
+from baton.schemas.spec import JobSpec  # noqa: E402
+from baton.storage.checkpoint_io import load_bytes  # noqa: E402
+from baton.storage.layout import JobPaths  # noqa: E402
+from baton.storage.manifest_store import ManifestStore  # noqa: E402
+from baton.storage.open import open_store  # noqa: E402
+from baton.workers.builtins.gpt import char_transformer  # noqa: E402
 
 
 def load_best(job_id: str, storage_url: str) -> torch.nn.Module:

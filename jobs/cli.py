@@ -12,8 +12,8 @@ from typing import List, Optional
 
 import typer
 
-from schemas.errors import SpecError
-from schemas.settings import BatonSettings
+from baton.schemas.errors import SpecError
+from baton.schemas.settings import BatonSettings
 
 from .specfile import check_user_targets, load_spec
 
@@ -67,9 +67,9 @@ def run(
 
     Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable).
     """
-    from storage.open import open_store
-    from storage.layout import new_job_id
-    from workers.local import run_local
+    from baton.storage.open import open_store
+    from baton.storage.layout import new_job_id
+    from baton.workers.local import run_local
 
     settings = _settings()
     parsed = _load_or_exit(spec, settings, sets)
@@ -95,7 +95,7 @@ def _client():
 
 
 def _job(job_id: str):
-    from schemas.errors import JobNotFound
+    from baton.schemas.errors import JobNotFound
 
     try:
         return _client().job(job_id)
@@ -171,7 +171,7 @@ def list_jobs(
     sweep_id: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's jobs, best monitored value first."),
 ) -> None:
     """Recent jobs as a table; with --sweep, a sweep's jobs compared by their best monitored value."""
-    from schemas.errors import JobNotFound
+    from baton.schemas.errors import JobNotFound
 
     from .display import sweep_table, table
 
@@ -217,7 +217,7 @@ def recover(
 ) -> None:
     """Rebuild job records that Redis lost, from object storage (spec.json + manifest.json): a finished
     job becomes succeeded, any other is queued again as a new attempt from its latest checkpoint."""
-    from schemas.errors import JobNotFound
+    from baton.schemas.errors import JobNotFound
 
     if (job_id is None) == (not all_jobs):
         typer.echo("give a JOB or --all (not both)", err=True)
@@ -286,7 +286,7 @@ def worker(
     loglevel: str = typer.Option("INFO", "--loglevel", help="Celery log level."),
 ) -> None:
     """Start a worker: a Celery worker with baton's settings, one job per process."""
-    from workers.worker_main import run_worker
+    from baton.workers.worker_main import run_worker
 
     logging.getLogger("baton").setLevel(logging.INFO)
     try:
@@ -329,7 +329,7 @@ def demo(
 def main() -> None:
     import os
 
-    from schemas.settings import unknown_variables
+    from baton.schemas.settings import unknown_variables
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in unknown_variables(os.environ):

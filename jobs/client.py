@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
-from schemas.errors import JobNotFound, SpecError
-from schemas.manifest import CheckpointManifest
-from schemas.overrides import Overrides, normalize, normalize_grid
-from schemas.settings import BatonSettings
-from schemas.spec import NAME_PATTERN, JobSpec
-from schemas.status import JobStatus
-from storage.artifacts import download_verified, final_files, read_metrics, read_verified
-from storage.base import ObjectStore
-from storage.layout import JobPaths, check_job_id, new_job_id
-from storage.manifest_store import ManifestStore
-from storage.open import open_store
+from baton.schemas.errors import JobNotFound, SpecError
+from baton.schemas.manifest import CheckpointManifest
+from baton.schemas.overrides import Overrides, normalize, normalize_grid
+from baton.schemas.settings import BatonSettings
+from baton.schemas.spec import NAME_PATTERN, JobSpec
+from baton.schemas.status import JobStatus
+from baton.storage.artifacts import download_verified, final_files, read_metrics, read_verified
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths, check_job_id, new_job_id
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.open import open_store
 
 from .logs import FOLLOW_POLL_S, follow_log, read_log
 from .records import JobRecords, spec_fields
@@ -173,7 +173,7 @@ class JobClient:
         self._celery = None
 
     def _publish(self, job_id: str, attempt: int) -> None:
-        from workers.celery_app import make_app, publish_run  # the Celery app only, never the loop
+        from baton.workers.celery_app import make_app, publish_run  # the Celery app only, never the loop
 
         if self._celery is None:
             self._celery = make_app(self.settings)

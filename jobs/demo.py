@@ -16,12 +16,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Optional
 
-from schemas.status import JobStatus
-from storage.checkpoint_io import load_bytes
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
-from storage.open import open_store
-from storage.state_diff import count_tensors, first_difference
+from baton.schemas.status import JobStatus
+from baton.storage.checkpoint_io import load_bytes
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.open import open_store
+from baton.storage.state_diff import count_tensors, first_difference
 
 from .client import JobClient
 from .display import progress_line
@@ -74,7 +74,7 @@ def _reference(spec: Path, out: Path, threads: int) -> Path:
     """`baton run` of the same spec, in a process of its own, with the worker's thread count."""
     store = out / "reference"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run([sys.executable, "-m", "jobs", "run", str(spec), "--id", "reference", "--storage", f"file://{store}",
+    subprocess.run([sys.executable, "-m", "baton", "run", str(spec), "--id", "reference", "--storage", f"file://{store}",
                     "--no-progress"], check=True, env=env, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
     return store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Optional
 
-from schemas.status import JobStatus
+from baton.schemas.status import JobStatus
 
 
 def _when(stamp: Optional[float]) -> str:

@@ -10,11 +10,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from storage.base import ObjectStore
-from storage.layout import JobPaths, log_chunk_of
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths, log_chunk_of
 
 if TYPE_CHECKING:
-    from schemas.settings import BatonSettings
+    from baton.schemas.settings import BatonSettings
 
 FOLLOW_POLL_S = 1.0
 BATON_STREAM = "baton"
@@ -114,8 +114,8 @@ def open_job_log(job_id: str, storage_url: Optional[str], settings: "BatonSettin
     ends with the newest attempt's log. FileNotFoundError if the store holds no such job."""
     import redis
 
-    from schemas.errors import JobNotFound
-    from storage.open import open_store
+    from baton.schemas.errors import JobNotFound
+    from baton.storage.open import open_store
 
     JobPaths(job_id)  # ValueError for an id no job can have
     if storage_url is None:

@@ -19,9 +19,9 @@ from typing import Callable, Optional
 
 import redis
 
-from schemas.errors import JobNotFound
-from schemas.spec import JobSpec
-from schemas.status import JobState, JobStatus
+from baton.schemas.errors import JobNotFound
+from baton.schemas.spec import JobSpec
+from baton.schemas.status import JobState, JobStatus
 
 from . import keys
 

@@ -22,12 +22,12 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from schemas.errors import JobNotFound, SpecError
-from schemas.spec import JobSpec
-from schemas.status import JobState
-from storage.base import ObjectStore
-from storage.layout import JOBS_PREFIX, JobPaths, job_id_of_spec
-from storage.manifest_store import ManifestStore
+from baton.schemas.errors import JobNotFound, SpecError
+from baton.schemas.spec import JobSpec
+from baton.schemas.status import JobState
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JOBS_PREFIX, JobPaths, job_id_of_spec
+from baton.storage.manifest_store import ManifestStore
 
 from .records import JobRecords, spec_fields
 

@@ -5,7 +5,7 @@ import ssl
 
 import redis
 
-from schemas.settings import BatonSettings
+from baton.schemas.settings import BatonSettings
 
 
 def ssl_options(url: str, ca_certs: str = "") -> dict:

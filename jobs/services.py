@@ -160,7 +160,7 @@ class WorkerProcess:
 
     def start(self) -> "WorkerProcess":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "jobs", "worker", "--name", self.name, "--queues", self.queues],
+        self.proc = subprocess.Popen([sys.executable, "-m", "baton", "worker", "--name", self.name, "--queues", self.queues],
                                      env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=die_with_parent)
         log.close()

@@ -10,10 +10,10 @@ from typing import Any, Union
 
 import yaml
 
-from schemas.errors import SpecError
-from schemas.overrides import Overrides, apply_overrides, normalize
-from schemas.spec import JobSpec
-from schemas.targets import disallowed_targets, parse_target
+from baton.schemas.errors import SpecError
+from baton.schemas.overrides import Overrides, apply_overrides, normalize
+from baton.schemas.spec import JobSpec
+from baton.schemas.targets import disallowed_targets, parse_target
 
 SpecSource = Union[str, Path, dict, JobSpec]
 

@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from schemas.errors import SpecError
-from schemas.overrides import grid_points
-from schemas.spec import JobSpec
-from schemas.status import JobStatus
+from baton.schemas.errors import SpecError
+from baton.schemas.overrides import grid_points
+from baton.schemas.spec import JobSpec
+from baton.schemas.status import JobStatus
 
 from .specfile import check_spec, with_overrides
 

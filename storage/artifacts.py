@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from schemas.errors import CheckpointCorrupt
-from schemas.manifest import CheckpointManifest, ObjectRef
+from baton.schemas.errors import CheckpointCorrupt
+from baton.schemas.manifest import CheckpointManifest, ObjectRef
 
 from .base import ObjectStore
 from .checkpoint_io import sha256_of

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from schemas.errors import CheckpointCorrupt, CheckpointUnloadable
+from baton.schemas.errors import CheckpointCorrupt, CheckpointUnloadable
 
 FORMAT_VERSION = 1
 ROWS_KEY = "metrics"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Optional
 
-from schemas.manifest import CheckpointManifest
+from baton.schemas.manifest import CheckpointManifest
 
 from .base import ObjectStore
 from .commit_work import CheckpointRequest, Committed, CommitWork

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from schemas.errors import CheckpointCancelled, TransientError
-from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
+from baton.schemas.errors import CheckpointCancelled, TransientError
+from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
 
 from .base import ObjectStore
 from .checkpoint_io import ROWS_KEY, RowLines, save_to_file, sha256_of

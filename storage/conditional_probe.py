@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 
-from schemas.errors import ConditionalWritesIgnored, PreconditionFailed
+from baton.schemas.errors import ConditionalWritesIgnored, PreconditionFailed
 
 from .base import ObjectStore
 from .layout import probe_key

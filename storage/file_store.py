@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from schemas.errors import PreconditionFailed
+from baton.schemas.errors import PreconditionFailed
 
 from .base import ObjectStore
 

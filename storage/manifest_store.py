@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Callable, Optional
 
-from schemas.errors import ManifestAhead, PreconditionFailed
-from schemas.manifest import CheckpointManifest
+from baton.schemas.errors import ManifestAhead, PreconditionFailed
+from baton.schemas.manifest import CheckpointManifest
 
 from .base import ObjectStore
 from .layout import JobPaths

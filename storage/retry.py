@@ -11,7 +11,7 @@ import random
 import time
 from typing import Callable, Optional, TypeVar
 
-from schemas.errors import TransientError
+from baton.schemas.errors import TransientError
 
 T = TypeVar("T")
 _jitter = random.Random()

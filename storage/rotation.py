@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from schemas.errors import TransientError
-from schemas.manifest import CheckpointEntry, CheckpointManifest
+from baton.schemas.errors import TransientError
+from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
 
 from .base import ObjectStore
 from .layout import JobPaths, attempt_of, is_side_output

@@ -27,7 +27,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from schemas.errors import AccessDenied, PermanentError, PreconditionFailed, StorageUnavailable
+from baton.schemas.errors import AccessDenied, PermanentError, PreconditionFailed, StorageUnavailable
 
 from .base import ObjectStore
 from .retry import retry_transient

@@ -44,8 +44,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from schemas import errors
-from schemas.errors import CheckpointCancelled, ManifestAhead, TransientError
+from baton.schemas import errors
+from baton.schemas.errors import CheckpointCancelled, ManifestAhead, TransientError
 
 from .checkpoint_io import ROWS_KEY
 from .commit_work import CheckpointRequest, Committed
@@ -71,7 +71,7 @@ class ProcessWriter:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT),
                                                                            os.environ.get("PYTHONPATH")]))}
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "storage.writer_process", str(to_child_r),
+            self.proc = subprocess.Popen([sys.executable, "-m", "baton.storage.writer_process", str(to_child_r),
                                           str(from_child_w), str(os.getpid())],
                                          pass_fds=(to_child_r, from_child_w), env=env)
         finally:
@@ -230,7 +230,7 @@ class ProcessWriter:
             self._rows_sent = 0  # what the writer holds is uncertain now: the next save sends every row
             future.set_exception(fence_error or _exception(*message[1:]))
             return
-        from schemas.manifest import CheckpointManifest
+        from baton.schemas.manifest import CheckpointManifest
 
         _, manifest_json, size, write_s = message
         committed = Committed(CheckpointManifest.model_validate_json(manifest_json), size, write_s)

@@ -10,7 +10,7 @@ import pytest
 # cuBLAS reads this once, at its first call: set it before any test touches CUDA
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from jobs.services import RedisServer, S3Server
+from baton.jobs.services import RedisServer, S3Server
 
 _bucket_names = itertools.count()
 
@@ -66,7 +66,7 @@ class Cluster:
         self._client = None
 
     def start_workers(self, n: int = 2, queues: str = "default", **extra_env: str) -> list:
-        from jobs.services import WorkerProcess
+        from baton.jobs.services import WorkerProcess
 
         env = {"BATON_METRICS_PORT": "0", **self.env, **extra_env}
         new = [WorkerProcess(f"w{len(self.workers) + i}@test", env, str(self.log_dir / f"w{len(self.workers) + i}.log"),
@@ -83,14 +83,14 @@ class Cluster:
 
     @property
     def client(self):
-        from jobs.client import JobClient
+        from baton.jobs.client import JobClient
 
         if self._client is None:
             self._client = JobClient(redis_url=self.redis_url, storage_url=self.storage_url)
         return self._client
 
     def store(self):
-        from storage.open import open_store
+        from baton.storage.open import open_store
 
         return open_store(self.storage_url)
 

@@ -13,17 +13,17 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from schemas.manifest import CheckpointManifest
-from schemas.metrics import deterministic_part
-from storage.artifacts import final_files, read_metrics, read_verified
-from storage.base import ObjectStore
-from storage.checkpoint_io import load_bytes
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
-from storage.state_diff import first_difference
+from baton.schemas.manifest import CheckpointManifest
+from baton.schemas.metrics import deterministic_part
+from baton.storage.artifacts import final_files, read_metrics, read_verified
+from baton.storage.base import ObjectStore
+from baton.storage.checkpoint_io import load_bytes
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.state_diff import first_difference
 
 REPO = Path(__file__).resolve().parents[1]
-BATON = [sys.executable, "-m", "jobs"]
+BATON = [sys.executable, "-m", "baton"]
 
 BASE_SPEC: dict[str, Any] = {
     "name": "t",
@@ -155,11 +155,11 @@ def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectSt
     handlers and progress bar: no process start-up to pay), in the file store ``root/store``.
     The job's spec sets everything its bits depend on (seed, threads, deterministic algorithms), so
     this equals a run in a fresh process; tests/jobs/test_cli_run.py checks `baton run` itself."""
-    from schemas.spec import JobSpec
-    from storage.file_store import FileStore
-    from workers.control import LoopControl
-    from workers.local import register_spec
-    from workers.session import run_attempt
+    from baton.schemas.spec import JobSpec
+    from baton.storage.file_store import FileStore
+    from baton.workers.control import LoopControl
+    from baton.workers.local import register_spec
+    from baton.workers.session import run_attempt
 
     class Quiet(LoopControl):
         def log(self, message: str) -> None:

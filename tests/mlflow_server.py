@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from jobs.services import _wait, die_with_parent, free_port
+from baton.jobs.services import _wait, die_with_parent, free_port
 
 READY_TIMEOUT_S = 120.0
 """Creating the SQLite schema and importing the server takes ~25 s on a busy 2-core machine."""

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from workers.builtins.data import spiral
+from baton.workers.builtins.data import spiral
 
 
 class GlobalNoise(Dataset):

@@ -10,10 +10,10 @@ import torch
 from celery import signals
 from celery.worker import state as celery_state
 
-from jobs import keys
-from jobs.records import JobRecords
-from jobs.redis_conn import connect
-from schemas.settings import BatonSettings
+from baton.jobs import keys
+from baton.jobs.records import JobRecords
+from baton.jobs.redis_conn import connect
+from baton.schemas.settings import BatonSettings
 
 from . import metrics
 from .celery_app import app, publish_run

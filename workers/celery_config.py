@@ -6,9 +6,9 @@ redelivery is slow after a SIGKILL (visibility_timeout) and can run a long task 
 """
 from __future__ import annotations
 
-from schemas.settings import BatonSettings
+from baton.schemas.settings import BatonSettings
 
-from jobs.redis_conn import ssl_options
+from baton.jobs.redis_conn import ssl_options
 
 VISIBILITY_TIMEOUT_S = 6 * 3600
 """kombu redelivers an unacked message after this. baton does not rely on it (a lost job comes back

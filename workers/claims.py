@@ -21,10 +21,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from schemas.errors import FencedOut, LeaseUnconfirmed, ManifestAhead
-from storage.base import ObjectStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
+from baton.schemas.errors import FencedOut, LeaseUnconfirmed, ManifestAhead
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 
 from . import lease, metrics
 from .redis_retry import while_leased

@@ -14,8 +14,8 @@ from torch import nn
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LRScheduler, OneCycleLR, StepLR
 from torch.utils.data import IterableDataset
 
-from schemas.errors import PermanentError
-from schemas.spec import JobSpec, OptimizerSpec, SchedulerSpec
+from baton.schemas.errors import PermanentError
+from baton.schemas.spec import JobSpec, OptimizerSpec, SchedulerSpec
 
 from .amp import Precision
 from .data import DataPlan, Loading

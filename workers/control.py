@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from schemas.metrics import val_metrics
+from baton.schemas.metrics import val_metrics
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: workers have no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from schemas.metrics import val_metrics  # noqa: E402
+from baton.schemas.metrics import val_metrics  # noqa: E402
 
 
 def plot_curves(rows: list[dict], best_step: Optional[int], title: str) -> bytes:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, get_worker_info
 
-from schemas.spec import DataSpec
+from baton.schemas.spec import DataSpec
 
 
 def derive_seed(*parts: object) -> int:

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from schemas.errors import PermanentError
+from baton.schemas.errors import PermanentError
 
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 

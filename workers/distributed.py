@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from schemas.errors import PermanentError
-from storage.checkpointer import AsyncCheckpointer, CheckpointerTotals, CheckpointRequest
+from baton.schemas.errors import PermanentError
+from baton.storage.checkpointer import AsyncCheckpointer, CheckpointerTotals, CheckpointRequest
 
 from . import rng
 from .components import Components

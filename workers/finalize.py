@@ -17,14 +17,14 @@ from typing import Callable
 import safetensors.torch
 from torch import nn
 
-from schemas.errors import FencedOut
-from schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
-from storage.base import ObjectStore
-from storage.checkpoint_io import load_bytes, sha256_of
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
-from storage.retry import retry_transient
-from storage.rotation import collect_garbage
+from baton.schemas.errors import FencedOut
+from baton.schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
+from baton.storage.base import ObjectStore
+from baton.storage.checkpoint_io import load_bytes, sha256_of
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.retry import retry_transient
+from baton.storage.rotation import collect_garbage
 
 from .curves import plot_curves
 from .report import build_report

@@ -37,9 +37,9 @@ import time
 from datetime import datetime, timezone
 from typing import Mapping, Optional
 
-from jobs.logs import BATON_STREAM, END_MARKER
-from storage.base import ObjectStore
-from storage.layout import JobPaths
+from baton.jobs.logs import BATON_STREAM, END_MARKER
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths
 
 from . import metrics
 

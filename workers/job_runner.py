@@ -33,16 +33,16 @@ from typing import Callable, Optional, TypeVar
 import redis
 from kombu.exceptions import KombuError
 
-from jobs import keys
-from jobs.records import JobRecords
-from schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
-from schemas.manifest import CheckpointManifest
-from schemas.settings import BatonSettings
-from storage.checkpointer import CheckpointStats
-from schemas.spec import JobSpec
-from schemas.status import JobState
-from schemas.targets import disallowed_targets
-from storage.open import open_store
+from baton.jobs import keys
+from baton.jobs.records import JobRecords
+from baton.schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
+from baton.schemas.manifest import CheckpointManifest
+from baton.schemas.settings import BatonSettings
+from baton.storage.checkpointer import CheckpointStats
+from baton.schemas.spec import JobSpec
+from baton.schemas.status import JobState
+from baton.schemas.targets import disallowed_targets
+from baton.storage.open import open_store
 
 from . import lease
 from . import metrics

@@ -23,8 +23,8 @@ from typing import Callable, Optional
 
 import redis
 
-from jobs import keys
-from jobs.records import now
+from baton.jobs import keys
+from baton.jobs.records import now
 
 from .redis_retry import TRANSIENT_REDIS_ERRORS
 

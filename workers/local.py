@@ -7,11 +7,11 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from schemas.errors import SpecError
-from schemas.spec import JobSpec
-from storage.base import ObjectStore
-from storage.layout import JobPaths, check_job_id
-from storage.manifest_store import ManifestStore
+from baton.schemas.errors import SpecError
+from baton.schemas.spec import JobSpec
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths, check_job_id
+from baton.storage.manifest_store import ManifestStore
 
 from .control import LoopControl, StepReport, describe_row
 from .determinism import prepare_process

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from schemas.errors import NonFiniteLossError
-from schemas.metrics import MetricsRow
-from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.schemas.errors import NonFiniteLossError
+from baton.schemas.metrics import MetricsRow
+from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 
 from . import train_state
 from .amp import optimizer_step_norm_tensor

@@ -36,11 +36,11 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from schemas.errors import PreconditionFailed
-from storage.artifacts import read_metrics
-from storage.base import ObjectStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
+from baton.schemas.errors import PreconditionFailed
+from baton.storage.artifacts import read_metrics
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 
 from . import metrics
 

@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Callable
 
-from schemas.errors import FencedOut
+from baton.schemas.errors import FencedOut
 
 from . import job_logs
 

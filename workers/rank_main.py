@@ -50,10 +50,10 @@ class RankControl:
 def run_rank(args: dict) -> None:
     import torch.distributed as dist
 
-    from schemas.spec import JobSpec
-    from storage.checkpoint_io import load_bytes
-    from storage.layout import JobPaths
-    from storage.open import open_store
+    from baton.schemas.spec import JobSpec
+    from baton.storage.checkpoint_io import load_bytes
+    from baton.storage.layout import JobPaths
+    from baton.storage.open import open_store
 
     from . import rng, train_state
     from .components import build_components
@@ -91,7 +91,7 @@ def run_rank(args: dict) -> None:
 def main() -> int:
     args = json.loads(os.environ[ARGS_ENV])
     die_with_parent(args["parent_pid"])
-    from schemas.errors import PermanentError, SpecError, UserCodeError
+    from baton.schemas.errors import PermanentError, SpecError, UserCodeError
 
     try:
         run_rank(args)

@@ -38,8 +38,8 @@ from typing import Callable, Optional
 import redis
 from kombu.exceptions import KombuError
 
-from jobs import keys
-from jobs.records import JobRecords, now
+from baton.jobs import keys
+from baton.jobs.records import JobRecords, now
 
 from .redis_retry import TRANSIENT_REDIS_ERRORS
 

@@ -14,7 +14,7 @@ from typing import Callable, TypeVar
 
 import redis
 
-from schemas.errors import LeaseUnconfirmed
+from baton.schemas.errors import LeaseUnconfirmed
 
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")

@@ -10,7 +10,7 @@ import math
 import statistics
 from typing import Any, Optional
 
-from schemas.metrics import val_metrics
+from baton.schemas.metrics import val_metrics
 
 SPIKE_FACTOR = 10.0
 """A gradient-norm spike: an epoch's largest pre-clip norm above this multiple of both that epoch's

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from schemas.errors import CheckpointCorrupt, TransientError
-from schemas.manifest import CheckpointEntry, CheckpointManifest
-from storage.base import ObjectStore
-from storage.checkpoint_io import load_bytes
-from storage.manifest_store import ManifestStore
-from storage.retry import retry_transient
+from baton.schemas.errors import CheckpointCorrupt, TransientError
+from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
+from baton.storage.base import ObjectStore
+from baton.storage.checkpoint_io import load_bytes
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.retry import retry_transient
 
 READ_RETRY_S = 120.0
 """How long reading a checkpoint is retried through transient storage errors."""

@@ -13,14 +13,14 @@ from typing import Callable, Optional
 
 import torch
 
-from jobs.logs import BATON_STREAM
-from schemas.errors import FencedOut, TransientError
-from schemas.manifest import CheckpointEntry, CheckpointManifest
-from schemas.spec import JobSpec
-from storage.base import ObjectStore
-from storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
+from baton.jobs.logs import BATON_STREAM
+from baton.schemas.errors import FencedOut, TransientError
+from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
+from baton.schemas.spec import JobSpec
+from baton.storage.base import ObjectStore
+from baton.storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 
 from . import rng, train_state
 from .components import build_components

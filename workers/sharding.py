@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from schemas.errors import PermanentError
+from baton.schemas.errors import PermanentError
 
 from .data import DataPlan, EpochBatches, TrainView, derive_seed
 

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from schemas.errors import PermanentError
+from baton.schemas.errors import PermanentError
 
 from .data import Loading, derive_seed
 

@@ -9,9 +9,9 @@ from typing import Any, Callable, Optional
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
-from schemas.errors import PermanentError
-from schemas.spec import ModelSpec, TargetSpec, TaskSpec
-from schemas.targets import disallowed_message, module_allowed, parse_target
+from baton.schemas.errors import PermanentError
+from baton.schemas.spec import ModelSpec, TargetSpec, TaskSpec
+from baton.schemas.targets import disallowed_message, module_allowed, parse_target
 
 from . import builtins, rng
 from .task_api import BoundTask

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torchmetrics import Metric
 
-from schemas.errors import UserCodeError
+from baton.schemas.errors import UserCodeError
 
 from .batches import describe
 

@@ -24,12 +24,12 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from schemas.manifest import CheckpointManifest
-from schemas.metrics import val_metrics
-from storage.base import ObjectStore
-from storage.checkpointer import CheckpointStats
-from storage.layout import JobPaths
-from storage.priority import lower_this_thread
+from baton.schemas.manifest import CheckpointManifest
+from baton.schemas.metrics import val_metrics
+from baton.storage.base import ObjectStore
+from baton.storage.checkpointer import CheckpointStats
+from baton.storage.layout import JobPaths
+from baton.storage.priority import lower_this_thread
 
 from . import metrics
 from .control import LoopControl, StepReport

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from storage.checkpoint_io import FORMAT_VERSION, rows_of
-from storage.snapshot import Plain, storage_key
+from baton.storage.checkpoint_io import FORMAT_VERSION, rows_of
+from baton.storage.snapshot import Plain, storage_key
 
 from . import rng
 from .components import Components

@@ -55,7 +55,7 @@ def child_name(name: str, index: int) -> str:
 
 def child_argv(name: str, queues: str, loglevel: str) -> Callable[[int], list[str]]:
     """The command line of the worker process in slot ``index``."""
-    return lambda index: [sys.executable, "-m", "jobs", "worker", "--name", child_name(name, index),
+    return lambda index: [sys.executable, "-m", "baton", "worker", "--name", child_name(name, index),
                           "--queues", queues, "--loglevel", loglevel]
 
 
@@ -120,9 +120,9 @@ def check_storage(storage_url: str, waits: tuple[float, ...] = STORAGE_START_WAI
     be used at all, or stayed unreachable through ``waits``). A worker that cannot commit safely
     must not take jobs; a store that is briefly away (a blip while a node or a restarted slot
     starts) is waited for."""
-    from schemas.errors import BatonError, TransientError
-    from storage.conditional_probe import check_conditional_writes
-    from storage.open import open_store
+    from baton.schemas.errors import BatonError, TransientError
+    from baton.storage.conditional_probe import check_conditional_writes
+    from baton.storage.open import open_store
 
     for wait in (*waits, None):
         try:
@@ -140,7 +140,7 @@ def check_storage(storage_url: str, waits: tuple[float, ...] = STORAGE_START_WAI
 
 def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str, gpus: Optional[str] = None,
                gpus_per_job: int = 1) -> int:
-    from schemas.settings import BatonSettings
+    from baton.schemas.settings import BatonSettings
 
     from .gpus import plan
 

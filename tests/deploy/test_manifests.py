@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from schemas.settings import BatonSettings
+from baton.schemas.settings import BatonSettings
 from tests.helpers import REPO
 
 DEPLOY = REPO / "deploy"

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from storage.artifacts import final_files, read_verified
-from storage.file_store import FileStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
+from baton.storage.artifacts import final_files, read_verified
+from baton.storage.file_store import FileStore
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 from tests.helpers import REPO, make_spec, read_manifest, run_baton, start_baton, write_spec
 
 

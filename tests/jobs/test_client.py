@@ -9,8 +9,8 @@ import redis
 import torch
 from safetensors.torch import load_file
 
-from schemas.errors import SpecError
-from storage.checkpoint_io import load_bytes
+from baton.schemas.errors import SpecError
+from baton.storage.checkpoint_io import load_bytes
 from tests.helpers import make_spec, run_baton, write_spec
 
 QUICK = make_spec(loop={"epochs": 2}, scheduler={"name": "none"}, checkpoint={"every_steps": 5})

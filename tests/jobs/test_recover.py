@@ -9,7 +9,7 @@ import time
 import pytest
 import redis as redis_lib
 
-from schemas.errors import SpecError
+from baton.schemas.errors import SpecError
 from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest, run_baton, run_reference, write_spec
 
 # ~0.1 s per optimizer step (slow data): long enough to act mid-epoch
@@ -84,9 +84,9 @@ def test_a_finished_job_is_recovered_as_succeeded_and_a_live_record_is_left_alon
 
 
 def test_a_job_whose_stored_spec_is_unreadable_is_skipped_and_the_others_recovered(redis_server, tmp_path):
-    from jobs.recover import recover_jobs
-    from jobs.records import JobRecords
-    from storage.file_store import FileStore as Store
+    from baton.jobs.recover import recover_jobs
+    from baton.jobs.records import JobRecords
+    from baton.storage.file_store import FileStore as Store
 
     client = redis_lib.Redis.from_url(redis_server.url, decode_responses=True)
     client.flushdb()

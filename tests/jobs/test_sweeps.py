@@ -7,9 +7,9 @@ import json
 import pytest
 import redis
 
-from jobs import keys
-from schemas.errors import SpecError
-from schemas.spec import JobSpec
+from baton.jobs import keys
+from baton.schemas.errors import SpecError
+from baton.schemas.spec import JobSpec
 from tests.helpers import make_spec, run_baton, write_spec
 
 QUICK = make_spec(loop={"epochs": 2}, scheduler={"name": "none"})

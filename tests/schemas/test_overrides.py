@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.specfile import load_spec
-from schemas.errors import SpecError
-from schemas.overrides import apply_overrides, grid_points, normalize, normalize_grid, parse_assignment, parse_axis
-from schemas.spec import JobSpec
+from baton.jobs.specfile import load_spec
+from baton.schemas.errors import SpecError
+from baton.schemas.overrides import (
+    apply_overrides,
+    grid_points,
+    normalize,
+    normalize_grid,
+    parse_assignment,
+    parse_axis,
+)
+from baton.schemas.spec import JobSpec
 from tests.helpers import make_spec
 
 

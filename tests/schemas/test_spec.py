@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.specfile import load_spec
-from schemas.errors import SpecError
-from schemas.spec import JobSpec
+from baton.jobs.specfile import load_spec
+from baton.schemas.errors import SpecError
+from baton.schemas.spec import JobSpec
 from tests.helpers import REPO, make_spec
 
 
@@ -126,7 +126,7 @@ def test_unreadable_files_are_spec_errors(tmp_path):
 
 
 def test_misspelled_settings_are_named():
-    from schemas.settings import unknown_variables
+    from baton.schemas.settings import unknown_variables
 
     env = {"BATON_LEASE_TTL": "5", "BATON_LEASE_TTL_S": "5", "BATON_BUCKET": "b", "PATH": "/bin"}
     assert unknown_variables(env) == ["BATON_LEASE_TTL"]
@@ -134,7 +134,7 @@ def test_misspelled_settings_are_named():
 
 def test_tuning_variables_the_deploy_files_set_are_not_called_misspelled():
     """deploy/ sets BATON_BACKGROUND_NICE: the CLI said it was 'ignored' while it was in effect."""
-    from schemas.settings import unknown_variables
+    from baton.schemas.settings import unknown_variables
 
     tuning = ("BATON_BACKGROUND_NICE", "BATON_CHECKPOINT_WRITER", "BATON_RENDEZVOUS_TIMEOUT_S",
               "BATON_COLLECTIVE_TIMEOUT_S")
@@ -148,7 +148,7 @@ def test_tuning_variables_the_deploy_files_set_are_not_called_misspelled():
 def test_settings_refuse_a_heartbeat_that_cannot_keep_the_lease(monkeypatch):
     import pydantic
 
-    from schemas.settings import BatonSettings
+    from baton.schemas.settings import BatonSettings
 
     with pytest.raises(pydantic.ValidationError, match="BATON_HEARTBEAT_S"):
         BatonSettings(lease_ttl_s=2, heartbeat_s=1.5)

@@ -20,8 +20,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.errors import SpecError
-from schemas.spec import JobSpec
+from baton.schemas.errors import SpecError
+from baton.schemas.spec import JobSpec
 from tests.helpers import BATON, REPO, baton_env, make_spec
 
 SEEDS = [make_spec(), *(yaml.safe_load(p.read_text()) for p in sorted((REPO / "examples").glob("*.yaml")))]
@@ -145,7 +145,7 @@ def test_baton_validate_on_a_mutated_file_exits_0_or_2_without_a_traceback(tmp_p
 
 def test_a_job_id_with_a_trailing_newline_is_refused():
     """The same ``$`` slip in the job id check let "job\\n" name objects and Redis keys."""
-    from storage.layout import check_job_id
+    from baton.storage.layout import check_job_id
 
     with pytest.raises(ValueError, match="job id must match"):
         check_job_id("job\n")

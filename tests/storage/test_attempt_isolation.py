@@ -16,20 +16,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jobs.client import Job, JobClient
-from schemas.errors import FencedOut
-from schemas.spec import JobSpec
-from storage.checkpoint_io import load_bytes, rows_of
-from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
-from storage.open import open_store
+from baton.jobs.client import Job, JobClient
+from baton.schemas.errors import FencedOut
+from baton.schemas.spec import JobSpec
+from baton.storage.checkpoint_io import load_bytes, rows_of
+from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.open import open_store
 from tests.helpers import make_spec
 from tests.storage.conftest import store_through
-from workers.control import LoopControl
-from workers.finalize import finalize
-from workers.resume import load_latest_good, pin_resume_point
-from workers.session import run_attempt
+from baton.workers.control import LoopControl
+from baton.workers.finalize import finalize
+from baton.workers.resume import load_latest_good, pin_resume_point
+from baton.workers.session import run_attempt
 
 
 def _state(step: int, attempt: int) -> dict:

@@ -7,16 +7,16 @@ import threading
 import pytest
 import torch
 
-from schemas.errors import FencedOut, ManifestAhead
-from schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
-from storage.artifacts import read_metrics
-from storage.checkpoint_io import load_bytes
-from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
-from storage.file_store import FileStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
-from storage.rotation import rotate
-from workers.resume import load_latest_good, pin_resume_point
+from baton.schemas.errors import FencedOut, ManifestAhead
+from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
+from baton.storage.artifacts import read_metrics
+from baton.storage.checkpoint_io import load_bytes
+from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.file_store import FileStore
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.rotation import rotate
+from baton.workers.resume import load_latest_good, pin_resume_point
 
 PATHS = JobPaths("job")
 A1 = PATHS.for_attempt(1)  # the keys attempt 1 writes

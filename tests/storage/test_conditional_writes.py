@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from storage.open import open_store
+from baton.storage.open import open_store
 from tests.helpers import run_baton, baton_env
 from tests.s3_gateway import S3Gateway
 from tests.storage.conftest import store_through
@@ -23,7 +23,7 @@ def careless_gateway(s3_server):
 
 
 def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
-    from storage.conditional_probe import check_conditional_writes
+    from baton.storage.conditional_probe import check_conditional_writes
 
     store = open_store(f"s3://{s3_bucket}/runs")
     check_conditional_writes(store)
@@ -31,8 +31,8 @@ def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
 
 
 def test_the_probe_refuses_a_store_that_ignores_conditions(s3_bucket, careless_gateway):
-    from storage.conditional_probe import check_conditional_writes
-    from schemas.errors import ConditionalWritesIgnored
+    from baton.storage.conditional_probe import check_conditional_writes
+    from baton.schemas.errors import ConditionalWritesIgnored
 
     store = store_through(careless_gateway, s3_bucket)
     with pytest.raises(ConditionalWritesIgnored) as refused:
@@ -58,7 +58,7 @@ def test_a_store_briefly_unreachable_at_start_is_waited_for_not_refused(s3_bucke
     import threading
 
     from tests.netfault import FaultyProxy
-    from workers.worker_main import check_storage
+    from baton.workers.worker_main import check_storage
 
     proxy = FaultyProxy(s3_server.port)
     try:

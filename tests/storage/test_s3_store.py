@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from schemas.errors import PermanentError, StorageUnavailable
-from storage import s3_store
-from storage.open import open_store
-from storage.s3_store import S3Store
+from baton.schemas.errors import PermanentError, StorageUnavailable
+from baton.storage import s3_store
+from baton.storage.open import open_store
+from baton.storage.s3_store import S3Store
 from tests.netfault import FaultyProxy
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from storage.snapshot import HostSnapshot, storage_key
-from workers.train_state import stable_storages
+from baton.storage.snapshot import HostSnapshot, storage_key
+from baton.workers.train_state import stable_storages
 
 
 def _model_and_optimizer(device: str = "cpu"):
@@ -107,11 +107,11 @@ def test_side_stream_copy_overlaps_forward_backward_and_is_exact():
 
 @pytest.mark.gpu
 def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
-    from schemas.spec import JobSpec
-    from storage.file_store import FileStore
+    from baton.schemas.spec import JobSpec
+    from baton.storage.file_store import FileStore
     from tests.helpers import assert_same_training, make_spec
     from tests.workers.conftest import Quiet
-    from workers.session import run_attempt
+    from baton.workers.session import run_attempt
 
     store = FileStore(tmp_path)
     for job, every in (("none", None), ("each", 1)):
@@ -123,7 +123,7 @@ def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
 
 @pytest.mark.parametrize("load, threads", [(50.0, 1), (0.0, 2), (float(os.cpu_count() or 1), 2)])
 def test_host_copy_uses_one_thread_on_busy_cores_and_restores_the_training_count(monkeypatch, load, threads):
-    import storage.snapshot as snapshot_module
+    import baton.storage.snapshot as snapshot_module
 
     monkeypatch.setattr(snapshot_module.os, "getloadavg", lambda: (load, load, load))
     seen = []
@@ -143,7 +143,7 @@ def test_host_copy_uses_one_thread_on_busy_cores_and_restores_the_training_count
 def test_a_job_using_every_core_of_an_idle_machine_is_not_taken_for_a_busy_one():
     """The load average counts the training's own threads: 2 threads on 2 idle cores keep the load
     near 2, which must leave the copy its 2 threads; a whole runnable task more means contention."""
-    from storage.snapshot import machine_busy
+    from baton.storage.snapshot import machine_busy
 
     assert not machine_busy(load=2.0, cores=2) and not machine_busy(load=2.6, cores=2)
     assert machine_busy(load=3.0, cores=2) and machine_busy(load=7.0, cores=2)

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from storage.state_diff import count_tensors, first_difference
+from baton.storage.state_diff import count_tensors, first_difference
 
 
 def test_identical_states_have_no_difference():

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from schemas.errors import PreconditionFailed
+from baton.schemas.errors import PreconditionFailed
 
 
 def test_put_get_roundtrip_and_overwrite(store):

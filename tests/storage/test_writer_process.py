@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from schemas.errors import TransientError
-from storage.checkpoint_io import load_bytes
-from storage.checkpointer import WRITER_ENV, AsyncCheckpointer, CheckpointRequest, writer_kind
-from storage.file_store import FileStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
+from baton.schemas.errors import TransientError
+from baton.storage.checkpoint_io import load_bytes
+from baton.storage.checkpointer import WRITER_ENV, AsyncCheckpointer, CheckpointRequest, writer_kind
+from baton.storage.file_store import FileStore
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 
 PATHS = JobPaths("w")
 
@@ -130,9 +130,9 @@ def _running(pid: int) -> bool:
 def test_the_writer_dies_with_its_training_process(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time, torch
-        from storage.checkpointer import AsyncCheckpointer, CheckpointRequest
-        from storage.file_store import FileStore
-        from storage.layout import JobPaths
+        from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+        from baton.storage.file_store import FileStore
+        from baton.storage.layout import JobPaths
         ckpt = AsyncCheckpointer(FileStore({str(tmp_path)!r}), JobPaths("w"), 1, 2, log=print)
         ckpt.save(lambda: {{"format": 1, "w": torch.ones(3)}}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
         ckpt.wait()
@@ -159,7 +159,7 @@ def test_the_writer_dies_with_its_training_process(tmp_path):
 def test_snapshot_buffers_move_to_the_spool_when_tmpfs_is_full(tmp_path):
     """A container's /dev/shm is 64 MB by default: a full tmpfs is found out when a buffer is
     reserved, never by a SIGBUS at the training process's first write into it."""
-    from storage.shared_buffers import SharedBuffers
+    from baton.storage.shared_buffers import SharedBuffers
 
     tiny, spool = tmp_path / "tiny", tmp_path / "spool"
     tiny.mkdir()
@@ -184,7 +184,7 @@ def test_snapshot_buffers_move_to_the_spool_when_tmpfs_is_full(tmp_path):
 
 def test_buffers_left_on_tmpfs_by_a_killed_training_process_are_removed_by_the_next(tmp_path):
     """A SIGKILLed training process cannot remove its buffers, which are RAM on a tmpfs."""
-    from storage.shared_buffers import PREFIX, SharedBuffers
+    from baton.storage.shared_buffers import PREFIX, SharedBuffers
 
     tmpfs, spool = tmp_path / "shm", tmp_path / "spool"
     tmpfs.mkdir()
@@ -203,8 +203,8 @@ def test_buffers_left_on_tmpfs_by_a_killed_training_process_are_removed_by_the_n
 
 
 def test_a_writer_failure_comes_back_as_its_own_type_without_unpickling():
-    from schemas.errors import ManifestAhead, StorageUnavailable
-    from storage.writer_process import _described, _exception
+    from baton.schemas.errors import ManifestAhead, StorageUnavailable
+    from baton.storage.writer_process import _described, _exception
 
     again = _exception(*_described(ManifestAhead("attempt 1 is stale", 2)))
     assert type(again) is ManifestAhead and again.current == 2 and str(again) == "attempt 1 is stale"

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from schemas.spec import JobSpec
-from storage.file_store import FileStore
-from workers.control import LoopControl
-from workers.session import run_attempt
+from baton.schemas.spec import JobSpec
+from baton.storage.file_store import FileStore
+from baton.workers.control import LoopControl
+from baton.workers.session import run_attempt
 from tests import probes
 from tests.helpers import make_spec, run_reference
 
@@ -62,7 +62,7 @@ def clear_probes():
 
 
 def read_rows(root: Path, job_id: str) -> list[dict]:
-    from storage.file_store import FileStore
+    from baton.storage.file_store import FileStore
     from tests.helpers import metrics_rows
 
     return metrics_rows(FileStore(root), job_id)

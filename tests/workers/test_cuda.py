@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from schemas.spec import JobSpec
-from storage.file_store import FileStore
-from storage.snapshot import HostSnapshot
+from baton.schemas.spec import JobSpec
+from baton.storage.file_store import FileStore
+from baton.storage.snapshot import HostSnapshot
 from tests.helpers import assert_same_training, make_spec
-from workers import rng
-from workers.control import LoopControl
-from workers.session import run_attempt
+from baton.workers import rng
+from baton.workers.control import LoopControl
+from baton.workers.session import run_attempt
 
 pytestmark = pytest.mark.gpu
 

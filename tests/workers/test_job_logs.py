@@ -10,11 +10,11 @@ import json
 import re
 import subprocess
 
-from jobs.logs import read_log
+from baton.jobs.logs import read_log
 from tests.helpers import BATON, REPO, committed_manifest, kill_when, make_spec, metrics_rows
 from tests.workers.test_worker_loss import running_at_step, wait_for
-from workers.job_logs import Redactor
-from workers.mlflow_tracking import flatten, row_metrics
+from baton.workers.job_logs import Redactor
+from baton.workers.mlflow_tracking import flatten, row_metrics
 
 TOKEN = "tok-5ecr3t-value"
 REDIS_PASSWORD = "hunter2-pass"
@@ -119,9 +119,9 @@ def test_the_console_copy_is_redacted_when_a_secret_is_split_between_two_reads(t
     two reads of the pipe must be hidden there as in the stored log."""
     import os
 
-    from storage.file_store import FileStore
-    from storage.layout import JobPaths
-    from workers.job_logs import JobLogCapture
+    from baton.storage.file_store import FileStore
+    from baton.storage.layout import JobPaths
+    from baton.workers.job_logs import JobLogCapture
 
     capture = JobLogCapture(FileStore(tmp_path / "store"), JobPaths("split", 1), {"MY_API_TOKEN": "abcd1234secret"})
     read_end, write_end = os.pipe()
@@ -137,10 +137,10 @@ def test_the_console_copy_is_redacted_when_a_secret_is_split_between_two_reads(t
 def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
     """A chunk is rewritten while it grows, left as is when full; readers see every line once, in
     order, across chunks and attempts."""
-    from jobs.logs import follow_log, log_chunks
-    from storage.file_store import FileStore
-    from storage.layout import JobPaths
-    from workers import job_logs
+    from baton.jobs.logs import follow_log, log_chunks
+    from baton.storage.file_store import FileStore
+    from baton.storage.layout import JobPaths
+    from baton.workers import job_logs
 
     monkeypatch.setattr(job_logs, "CHUNK_BYTES", 100)  # two of these lines per chunk
     store = FileStore(tmp_path / "store")
@@ -164,10 +164,10 @@ def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
 def test_follow_keeps_the_lines_a_chunk_gained_as_it_was_sealed(tmp_path, monkeypatch):
     """A follower that read a chunk while it grew must read it once more after the next chunk
     appears: the lines added before it was sealed are not lost."""
-    from jobs.logs import follow_log
-    from storage.file_store import FileStore
-    from storage.layout import JobPaths
-    from workers import job_logs
+    from baton.jobs.logs import follow_log
+    from baton.storage.file_store import FileStore
+    from baton.storage.layout import JobPaths
+    from baton.workers import job_logs
 
     monkeypatch.setattr(job_logs, "CHUNK_BYTES", 100)  # two of these lines per chunk
     store = FileStore(tmp_path / "store")

@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from schemas.errors import NonFiniteLossError
+from baton.schemas.errors import NonFiniteLossError
 from tests.helpers import make_spec
 from tests.workers.conftest import read_rows
-from workers import readings
-from workers.readings import PendingReadings
+from baton.workers import readings
+from baton.workers.readings import PendingReadings
 
 BLOBS = {"target": "tests.probes:blobs", "kwargs": {"n": 200}, "batch_size": 16, "val_fraction": 0.25}
 LOOP_FILES = ("workers/loop.py", "workers/amp.py")

@@ -8,18 +8,18 @@ import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from schemas.errors import NonFiniteLossError
-from schemas.spec import JobSpec, TaskSpec
-from storage.checkpoint_io import load_bytes, rows_of
-from workers.amp import Precision, optimizer_step
-from workers.components import build_components
-from workers.data import split_indices
-from workers.evaluate import evaluate
-from workers.targets import build_task
+from baton.schemas.errors import NonFiniteLossError
+from baton.schemas.spec import JobSpec, TaskSpec
+from baton.storage.checkpoint_io import load_bytes, rows_of
+from baton.workers.amp import Precision, optimizer_step
+from baton.workers.components import build_components
+from baton.workers.data import split_indices
+from baton.workers.evaluate import evaluate
+from baton.workers.targets import build_task
 from tests import probes
-from storage.file_store import FileStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
+from baton.storage.file_store import FileStore
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 from tests.helpers import final_state, make_spec
 from tests.workers.conftest import read_rows
 

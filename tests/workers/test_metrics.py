@@ -5,7 +5,7 @@ import re
 import time
 import urllib.request
 
-from jobs.services import free_port
+from baton.jobs.services import free_port
 from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for
 
 

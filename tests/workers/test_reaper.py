@@ -11,11 +11,11 @@ import time
 import pytest
 import redis
 
-from jobs import keys
-from jobs.records import JobRecords
-from schemas.settings import BatonSettings
-from workers import lease, reaper
-from workers.celery_app import make_app, publish_run
+from baton.jobs import keys
+from baton.jobs.records import JobRecords
+from baton.schemas.settings import BatonSettings
+from baton.workers import lease, reaper
+from baton.workers.celery_app import make_app, publish_run
 
 
 @pytest.fixture
@@ -187,7 +187,7 @@ def test_a_reaper_that_lived_through_a_redis_pause_does_not_count_the_lapsed_lea
     """redis-server SIGSTOPped (by PID) past a lease TTL: the holder could not renew. The reaper,
     whose own calls were held back meanwhile, re-queues the job without counting a loss; once its
     grace has passed, an expired lease counts again."""
-    from jobs.services import RedisServer
+    from baton.jobs.services import RedisServer
 
     server = RedisServer(workdir=str(tmp_path)).start()
     try:
@@ -226,12 +226,12 @@ def test_a_reaper_that_lived_through_a_redis_pause_does_not_count_the_lapsed_lea
 def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env, monkeypatch):
     """A job of N ranks on cuda is claimed only by a worker that can give it N GPUs: another
     hands the message back to its queue, uses no attempt, counts nothing, and says why."""
-    from schemas.spec import JobSpec
+    from baton.schemas.spec import JobSpec
     from tests.helpers import make_spec
-    from workers import job_runner
-    from workers.job_runner import WorkerContext, run_job
-    from workers.launcher import devices_missing
-    from workers.preemption import PREEMPTION
+    from baton.workers import job_runner
+    from baton.workers.job_runner import WorkerContext, run_job
+    from baton.workers.launcher import devices_missing
+    from baton.workers.preemption import PREEMPTION
 
     client, records, publish = env
     spec = JobSpec.parse(make_spec(resources={"device": "cuda", "processes": 4}))

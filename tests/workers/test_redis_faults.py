@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from jobs.services import _wait, die_with_parent, free_port
+from baton.jobs.services import _wait, die_with_parent, free_port
 from tests.conftest import Cluster
 from tests.helpers import assert_same_training, baton_env, read_manifest
 from tests.netfault import FaultyProxy
@@ -162,8 +162,8 @@ def test_a_replica_answering_masterdown_during_a_failover_is_waited_out_not_a_jo
 
     import redis as redis_lib
 
-    from jobs.services import RedisServer
-    from workers.redis_retry import while_leased
+    from baton.jobs.services import RedisServer
+    from baton.workers.redis_retry import while_leased
 
     server = RedisServer().start()
     try:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from schemas.spec import JobSpec
-from storage.checkpoint_io import load_bytes, save_to_file
-from storage.file_store import FileStore
-from storage.layout import JobPaths
-from storage.manifest_store import ManifestStore
+from baton.schemas.spec import JobSpec
+from baton.storage.checkpoint_io import load_bytes, save_to_file
+from baton.storage.file_store import FileStore
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 from tests.helpers import assert_same_training, make_spec
-from workers.control import LoopControl
-from workers.session import run_attempt
+from baton.workers.control import LoopControl
+from baton.workers.session import run_attempt
 
 SPEC = JobSpec.parse(make_spec(loop={"epochs": 2}))
 

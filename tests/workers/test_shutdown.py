@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
-from schemas.settings import BatonSettings
+from baton.schemas.settings import BatonSettings
 from tests.helpers import assert_same_training
 from tests.netfault import FaultyProxy
 from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for

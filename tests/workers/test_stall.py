@@ -4,7 +4,7 @@ worker process exits (a hung thread cannot be interrupted) for its supervisor to
 from __future__ import annotations
 
 from tests.helpers import make_spec
-from workers.stall import EXIT_STALLED
+from baton.workers.stall import EXIT_STALLED
 
 HANGING = make_spec(model={"target": "tests.probes:hanging_mlp", "kwargs": {"hang_after": 6}},
                     retry={"max_attempts": 2})

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from storage.file_store import FileStore
+from baton.storage.file_store import FileStore
 from tests import tasks
 from tests.helpers import final_state, make_spec
 from tests.workers.conftest import read_rows
@@ -98,8 +98,8 @@ def test_pairs_to_dicts_scales_features():
 def test_the_best_weights_are_exported_as_safetensors_beside_the_last(run_job):
     from safetensors.torch import load as load_safetensors
 
-    from storage.artifacts import final_files
-    from schemas.manifest import CheckpointManifest
+    from baton.storage.artifacts import final_files
+    from baton.schemas.manifest import CheckpointManifest
     from tests.helpers import read_manifest
 
     probe = {"target": "tests.probes:linear", "kwargs": {}}

@@ -7,9 +7,9 @@ import signal
 import time
 
 
-from schemas.settings import BatonSettings
+from baton.schemas.settings import BatonSettings
 from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest
-from workers.celery_app import make_app, publish_run
+from baton.workers.celery_app import make_app, publish_run
 
 from tests.workers.conftest import SPEC  # noqa: F401 (tests in other modules import it from here)
 

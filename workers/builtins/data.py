@@ -12,8 +12,8 @@ import math
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from schemas.builtins import DiabetesKwargs, DigitsKwargs, SpiralKwargs
-from schemas.errors import PermanentError
+from baton.schemas.builtins import DiabetesKwargs, DigitsKwargs, SpiralKwargs
+from baton.schemas.errors import PermanentError
 
 from .. import rng
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schemas.builtins import CharTransformerKwargs
+from baton.schemas.builtins import CharTransformerKwargs
 
 
 class Block(nn.Module):

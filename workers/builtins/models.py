@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from schemas.builtins import CnnKwargs, MlpKwargs
+from baton.schemas.builtins import CnnKwargs, MlpKwargs
 
 
 def mlp(**kwargs) -> nn.Module:

@@ -18,7 +18,7 @@ from torchmetrics import MeanAbsoluteError, MeanMetric, MeanSquaredError, Metric
 from torchmetrics.classification import MulticlassF1Score
 from torchmetrics.text import Perplexity
 
-from schemas.builtins import ClassificationKwargs, LanguageModelKwargs, RegressionKwargs
+from baton.schemas.builtins import ClassificationKwargs, LanguageModelKwargs, RegressionKwargs
 
 from ..batches import describe
 

@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from schemas.builtins import StdlibTextKwargs
+from baton.schemas.builtins import StdlibTextKwargs
 
 from ..data import derive_seed
 

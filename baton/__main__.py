@@ -1,0 +1,4 @@
+"""``python -m baton``: the ``baton`` command."""
+from baton.jobs.cli import main
+
+main()
