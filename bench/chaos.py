@@ -47,9 +47,10 @@ from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E4
 from baton.schemas.settings import BatonSettings  # noqa: E402
 from baton.storage.file_store import FileStore  # noqa: E402
 from baton.storage.open import open_store  # noqa: E402
+from baton.workers.queue.celery_app import make_app, publish_run  # noqa: E402
+
 from tests.helpers import assert_same_training, make_spec, read_manifest, run_baton, write_spec  # noqa: E402
 from tests.netfault import FaultyProxy  # noqa: E402
-from baton.workers.celery_app import make_app, publish_run  # noqa: E402
 
 KINDS = ("sigkill", "sigterm", "sigstop", "redis", "s3", "corrupt", "duplicate")
 OUTAGE_S = 3.0

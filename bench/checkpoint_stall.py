@@ -45,9 +45,9 @@ from baton.storage.file_store import FileStore  # noqa: E402
 from baton.storage.layout import JobPaths  # noqa: E402
 from baton.storage.open import open_store  # noqa: E402
 from baton.storage.snapshot import unwrap  # noqa: E402
-from baton.workers import train_state  # noqa: E402
-from baton.workers.components import build_components  # noqa: E402
-from baton.workers.progress import BestTracker, Progress  # noqa: E402
+from baton.workers.training import train_state  # noqa: E402
+from baton.workers.training.components import build_components  # noqa: E402
+from baton.workers.training.progress import BestTracker, Progress  # noqa: E402
 
 HIDDEN = {"tiny": 32, "1M": 448, "25M": 2240, "100M": 4480}  # 6 hidden layers: 5 x hidden^2 weights dominate
 

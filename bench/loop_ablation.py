@@ -40,7 +40,8 @@ BARE = ("bare", "bare-gathered")
 
 def _remove(variant: str) -> None:
     """Patch one piece out of this process's baton (called before the CLI runs)."""
-    from baton.workers import data, local, loop, session
+    from baton.workers.attempt import local, session
+    from baton.workers.training import data, loop
 
     if variant == "no-tensorboard":
         class NoTracker:

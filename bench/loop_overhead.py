@@ -49,7 +49,7 @@ def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) 
     from torch import nn
     from torch.utils.data import DataLoader, Subset
 
-    from baton.workers.builtins.data import spiral
+    from baton.workers.training.builtins.data import spiral
 
     torch.manual_seed(1234)
     torch.use_deterministic_algorithms(True)

@@ -23,7 +23,7 @@ from baton.storage.checkpoint_io import load_bytes  # noqa: E402
 from baton.storage.layout import JobPaths  # noqa: E402
 from baton.storage.manifest_store import ManifestStore  # noqa: E402
 from baton.storage.open import open_store  # noqa: E402
-from baton.workers.builtins.gpt import char_transformer  # noqa: E402
+from baton.workers.training.builtins.gpt import char_transformer  # noqa: E402
 
 
 def load_best(job_id: str, storage_url: str) -> torch.nn.Module:

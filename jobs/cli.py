@@ -67,9 +67,9 @@ def run(
 
     Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable).
     """
-    from baton.storage.open import open_store
     from baton.storage.layout import new_job_id
-    from baton.workers.local import run_local
+    from baton.storage.open import open_store
+    from baton.workers.attempt.local import run_local
 
     settings = _settings()
     parsed = _load_or_exit(spec, settings, sets)
@@ -286,7 +286,7 @@ def worker(
     loglevel: str = typer.Option("INFO", "--loglevel", help="Celery log level."),
 ) -> None:
     """Start a worker: a Celery worker with baton's settings, one job per process."""
-    from baton.workers.worker_main import run_worker
+    from baton.workers.queue.worker_main import run_worker
 
     logging.getLogger("baton").setLevel(logging.INFO)
     try:

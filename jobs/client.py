@@ -173,7 +173,7 @@ class JobClient:
         self._celery = None
 
     def _publish(self, job_id: str, attempt: int) -> None:
-        from baton.workers.celery_app import make_app, publish_run  # the Celery app only, never the loop
+        from baton.workers.queue.celery_app import make_app, publish_run  # the Celery app only, never the loop
 
         if self._celery is None:
             self._celery = make_app(self.settings)
@@ -244,7 +244,7 @@ class JobClient:
 
     def recover(self, job_id: Optional[str] = None) -> "list[Recovered]":
         """Rebuild records lost with Redis from object storage (``job_id``, or every job the store
-        holds) and queue each unfinished one again; see ``jobs.recover``."""
+        holds) and queue each unfinished one again; see ``baton.jobs.recover``."""
         from .recover import recover_jobs
 
         store = open_store(self.settings.storage_url)

@@ -62,7 +62,7 @@ def _value(value: object) -> str:
 
 
 def sweep_table(entries: list) -> str:
-    """A sweep's jobs (``jobs.sweeps.SweepEntry``, best first): the grid values that differ, the
+    """A sweep's jobs (``baton.jobs.sweeps.SweepEntry``, best first): the grid values that differ, the
     state and the best monitored value, with its direction."""
     if not entries:
         return "no jobs"

@@ -1,7 +1,7 @@
 """Reading a job's own log (``baton logs``, ``job.logs()``): its attempts' chunks, in order.
 
 Each attempt writes its lines under its own prefix (``jobs/<id>/attempt-<n>/logs/<chunk>.log``,
-``workers/job_logs.py``); the log is a side output, found by listing, like TensorBoard's files.
+``workers/tracking/job_logs.py``); the log is a side output, found by listing, like TensorBoard's files.
 Only the last chunk of an attempt still grows, so following a job re-reads just that one.
 """
 from __future__ import annotations

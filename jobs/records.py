@@ -190,7 +190,7 @@ class JobRecords:
         return bool(self._create(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE], args=[job_id, stamp, *flat]))
 
     def restore(self, job_id: str, fields: dict[str, str], state: JobState, attempt: int) -> bool:
-        """Re-create a record lost with Redis (``jobs.recover``): ``state`` at ``attempt`` claims so far;
+        """Re-create a record lost with Redis (``baton.jobs.recover``): ``state`` at ``attempt`` claims so far;
         an unfinished one is marked publish_pending for its next attempt. False if the id has a record."""
         stamp = now()
         record = {**fields, "id": job_id, "state": state.value, "attempt": str(attempt), "lost": "0",

@@ -1,6 +1,6 @@
 """The keyword arguments of baton's built-in models, data sets and tasks, validated at submit.
 
-The implementations live in ``workers.builtins``; these models only describe what each accepts,
+The implementations live in ``baton.workers.training.builtins``; these models only describe what each accepts,
 so a misspelled or out-of-range kwarg is caught before anything is queued.
 """
 from __future__ import annotations

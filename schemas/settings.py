@@ -14,8 +14,9 @@ DEPLOYMENT_VARIABLES = frozenset({"BATON_BUCKET", "BATON_WORKER_REPLICAS", "BATO
 """BATON_* variables read by the deployment files and scripts, not by baton itself."""
 TUNING_VARIABLES = frozenset({"BATON_BACKGROUND_NICE", "BATON_CHECKPOINT_WRITER", "BATON_RENDEZVOUS_TIMEOUT_S",
                               "BATON_COLLECTIVE_TIMEOUT_S"})
-"""BATON_* variables read where they act, by the training process (storage.priority,
-storage.checkpointer, workers.launcher, workers.distributed; the README's tuning table)."""
+"""BATON_* variables read where they act, by the training process (baton.storage.priority,
+baton.storage.checkpointer, baton.workers.parallel.launcher, baton.workers.parallel.distributed;
+the README's tuning table)."""
 DEFAULT_STORAGE_URL = "file://./baton-data"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -157,9 +157,9 @@ def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectSt
     this equals a run in a fresh process; tests/jobs/test_cli_run.py checks `baton run` itself."""
     from baton.schemas.spec import JobSpec
     from baton.storage.file_store import FileStore
-    from baton.workers.control import LoopControl
-    from baton.workers.local import register_spec
-    from baton.workers.session import run_attempt
+    from baton.workers.attempt.local import register_spec
+    from baton.workers.attempt.session import run_attempt
+    from baton.workers.training.control import LoopControl
 
     class Quiet(LoopControl):
         def log(self, message: str) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from baton.workers.builtins.data import spiral
+from baton.workers.training.builtins.data import spiral
 
 
 class GlobalNoise(Dataset):

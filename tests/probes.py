@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from baton.workers.builtins.data import TensorPairs, spiral
-from baton.workers.data import split_indices
+from baton.workers.training.builtins.data import TensorPairs, spiral
+from baton.workers.training.data import split_indices
 
 FORWARDS: list[dict] = []
 """One entry per forward of a RecordingMLP: the mode and autograd/autocast state it ran under."""

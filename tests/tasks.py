@@ -9,7 +9,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassF1Score
 
-from baton.workers.data import derive_seed
+from baton.workers.training.data import derive_seed
 
 # (method, model.training, torch.is_grad_enabled()) for every call a DictTask receives in this process
 CALLS: list[tuple[str, bool, bool]] = []

@@ -24,12 +24,13 @@ from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.open import open_store
+from baton.workers.attempt.finalize import finalize
+from baton.workers.attempt.resume import load_latest_good, pin_resume_point
+from baton.workers.attempt.session import run_attempt
+from baton.workers.training.control import LoopControl
+
 from tests.helpers import make_spec
 from tests.storage.conftest import store_through
-from baton.workers.control import LoopControl
-from baton.workers.finalize import finalize
-from baton.workers.resume import load_latest_good, pin_resume_point
-from baton.workers.session import run_attempt
 
 
 def _state(step: int, attempt: int) -> dict:

@@ -16,7 +16,7 @@ from baton.storage.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.rotation import rotate
-from baton.workers.resume import load_latest_good, pin_resume_point
+from baton.workers.attempt.resume import load_latest_good, pin_resume_point
 
 PATHS = JobPaths("job")
 A1 = PATHS.for_attempt(1)  # the keys attempt 1 writes

@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from baton.storage.open import open_store
-from tests.helpers import run_baton, baton_env
+
+from tests.helpers import baton_env, run_baton
 from tests.s3_gateway import S3Gateway
 from tests.storage.conftest import store_through
 
@@ -31,8 +32,8 @@ def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
 
 
 def test_the_probe_refuses_a_store_that_ignores_conditions(s3_bucket, careless_gateway):
-    from baton.storage.conditional_probe import check_conditional_writes
     from baton.schemas.errors import ConditionalWritesIgnored
+    from baton.storage.conditional_probe import check_conditional_writes
 
     store = store_through(careless_gateway, s3_bucket)
     with pytest.raises(ConditionalWritesIgnored) as refused:
@@ -57,8 +58,9 @@ def test_a_store_briefly_unreachable_at_start_is_waited_for_not_refused(s3_bucke
     to run (exit 2) for good; an outage that outlasts the waits is refused, naming why."""
     import threading
 
+    from baton.workers.queue.worker_main import check_storage
+
     from tests.netfault import FaultyProxy
-    from baton.workers.worker_main import check_storage
 
     proxy = FaultyProxy(s3_server.port)
     try:

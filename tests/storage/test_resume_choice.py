@@ -11,7 +11,7 @@ from baton.schemas.errors import PermanentError
 from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from baton.workers.resume import load_latest_good
+from baton.workers.attempt.resume import load_latest_good
 
 PATHS = JobPaths("env")
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from baton.storage.snapshot import HostSnapshot, storage_key
-from baton.workers.train_state import stable_storages
+from baton.workers.training.train_state import stable_storages
 
 
 def _model_and_optimizer(device: str = "cpu"):
@@ -109,9 +109,10 @@ def test_side_stream_copy_overlaps_forward_backward_and_is_exact():
 def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
     from baton.schemas.spec import JobSpec
     from baton.storage.file_store import FileStore
+    from baton.workers.attempt.session import run_attempt
+
     from tests.helpers import assert_same_training, make_spec
     from tests.workers.conftest import Quiet
-    from baton.workers.session import run_attempt
 
     store = FileStore(tmp_path)
     for job, every in (("none", None), ("each", 1)):

@@ -6,8 +6,9 @@ import pytest
 
 from baton.schemas.spec import JobSpec
 from baton.storage.file_store import FileStore
-from baton.workers.control import LoopControl
-from baton.workers.session import run_attempt
+from baton.workers.attempt.session import run_attempt
+from baton.workers.training.control import LoopControl
+
 from tests import probes
 from tests.helpers import make_spec, run_reference
 
@@ -63,6 +64,7 @@ def clear_probes():
 
 def read_rows(root: Path, job_id: str) -> list[dict]:
     from baton.storage.file_store import FileStore
+
     from tests.helpers import metrics_rows
 
     return metrics_rows(FileStore(root), job_id)

@@ -1,4 +1,4 @@
-"""baton's Celery settings, and a plain `celery -A baton.workers.celery_app worker` running a job."""
+"""baton's Celery settings, and a plain `celery -A baton.workers.queue.celery_app worker` running a job."""
 from __future__ import annotations
 
 import subprocess
@@ -6,9 +6,10 @@ import sys
 
 from baton.jobs.services import die_with_parent
 from baton.schemas.settings import BatonSettings
+from baton.workers.queue.celery_app import make_app
+from baton.workers.queue.celery_config import celery_settings
+
 from tests.helpers import REPO, make_spec
-from baton.workers.celery_app import make_app
-from baton.workers.celery_config import celery_settings
 
 
 def test_json_only_late_acks_one_at_a_time_in_the_main_process():
@@ -28,7 +29,7 @@ def test_rediss_requires_certificate_verification():
 
 def test_plain_celery_worker_runs_a_job(cluster, tmp_path):
     log = open(tmp_path / "plain.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "baton.workers.celery_app", "worker", "--hostname", "plain@test",
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "baton.workers.queue.celery_app", "worker", "--hostname", "plain@test",
                              "--loglevel", "INFO"], env=cluster.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                             preexec_fn=die_with_parent)
     try:

@@ -8,10 +8,11 @@ import torch
 from baton.schemas.spec import JobSpec
 from baton.storage.file_store import FileStore
 from baton.storage.snapshot import HostSnapshot
+from baton.workers.attempt.session import run_attempt
+from baton.workers.training import rng
+from baton.workers.training.control import LoopControl
+
 from tests.helpers import assert_same_training, make_spec
-from baton.workers import rng
-from baton.workers.control import LoopControl
-from baton.workers.session import run_attempt
 
 pytestmark = pytest.mark.gpu
 

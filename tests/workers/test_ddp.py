@@ -13,14 +13,24 @@ from baton.schemas.errors import PermanentError, SpecError
 from baton.schemas.spec import JobSpec
 from baton.storage.file_store import FileStore
 from baton.storage.layout import JobPaths
-from tests.helpers import (assert_bit_equal, assert_same_training, final_state, kill_when, make_spec,
-                           mid_epoch_after_two_checkpoints, read_manifest, start_baton, write_spec)
-from baton.workers.control import LoopControl
-from baton.workers.local import register_spec
-from baton.workers.session import run_attempt
-from baton.workers.distributed import check_same_processes
-from baton.workers.sharding import shard_range, share
-from baton.workers.data import EpochBatches
+from baton.workers.attempt.local import register_spec
+from baton.workers.attempt.session import run_attempt
+from baton.workers.parallel.distributed import check_same_processes
+from baton.workers.training.control import LoopControl
+from baton.workers.training.data import EpochBatches
+from baton.workers.training.sharding import shard_range, share
+
+from tests.helpers import (
+    assert_bit_equal,
+    assert_same_training,
+    final_state,
+    kill_when,
+    make_spec,
+    mid_epoch_after_two_checkpoints,
+    read_manifest,
+    start_baton,
+    write_spec,
+)
 
 # 2 ranks x 16 = the global batch of BASE_SPEC's 32; 360 training samples: 12 global batches per epoch, the
 # last short; slow data (~0.07 s per step) so that a kill lands mid-epoch
@@ -149,7 +159,7 @@ def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_
     """Rank 0 joins the group only once every rank has reached it: a rank whose spec (or the job's
     code) fails before then is RankFailed at once (the job fails), one that does not come in time
     RankLost (a worker loss); neither waits for the watchdog, which would end the worker process."""
-    from baton.workers.launcher import RankFailed, RankLost, Ranks
+    from baton.workers.parallel.launcher import RankFailed, RankLost, Ranks
 
     hung, lines = [], []
     failing = Ranks(2, {"spec": {"name": "broken"}}, lines.append, on_hang=hung.append)  # rank 1: a SpecError

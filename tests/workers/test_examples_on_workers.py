@@ -33,10 +33,10 @@ def _charlm() -> dict:
 
 EXAMPLES = {
     "charlm": (_charlm(), "val_perplexity",
-               "from workers.builtins.gpt import char_transformer as build; "
+               "from baton.workers.training.builtins.gpt import char_transformer as build; "
                "kwargs = dict(block=64, width=32, layers=1, heads=2)"),
     "diabetes": (_shortened("diabetes.yaml", epochs=4), "val_mae",
-                 "from workers.builtins.models import mlp as build; "
+                 "from baton.workers.training.builtins.models import mlp as build; "
                  "kwargs = dict(in_features=10, hidden=64, out_features=1, layers=2, dropout=0.1)"),
 }
 

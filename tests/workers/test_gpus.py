@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.workers.gpus import plan
+from baton.workers.queue.gpus import plan
 
 
 def test_all_gives_one_child_per_gpu_each_pinned_to_its_own():

@@ -11,10 +11,11 @@ import re
 import subprocess
 
 from baton.jobs.logs import read_log
+from baton.workers.tracking.job_logs import Redactor
+from baton.workers.tracking.mlflow_tracking import flatten, row_metrics
+
 from tests.helpers import BATON, REPO, committed_manifest, kill_when, make_spec, metrics_rows
 from tests.workers.test_worker_loss import running_at_step, wait_for
-from baton.workers.job_logs import Redactor
-from baton.workers.mlflow_tracking import flatten, row_metrics
 
 TOKEN = "tok-5ecr3t-value"
 REDIS_PASSWORD = "hunter2-pass"
@@ -121,7 +122,7 @@ def test_the_console_copy_is_redacted_when_a_secret_is_split_between_two_reads(t
 
     from baton.storage.file_store import FileStore
     from baton.storage.layout import JobPaths
-    from baton.workers.job_logs import JobLogCapture
+    from baton.workers.tracking.job_logs import JobLogCapture
 
     capture = JobLogCapture(FileStore(tmp_path / "store"), JobPaths("split", 1), {"MY_API_TOKEN": "abcd1234secret"})
     read_end, write_end = os.pipe()
@@ -140,7 +141,7 @@ def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
     from baton.jobs.logs import follow_log, log_chunks
     from baton.storage.file_store import FileStore
     from baton.storage.layout import JobPaths
-    from baton.workers import job_logs
+    from baton.workers.tracking import job_logs
 
     monkeypatch.setattr(job_logs, "CHUNK_BYTES", 100)  # two of these lines per chunk
     store = FileStore(tmp_path / "store")
@@ -167,7 +168,7 @@ def test_follow_keeps_the_lines_a_chunk_gained_as_it_was_sealed(tmp_path, monkey
     from baton.jobs.logs import follow_log
     from baton.storage.file_store import FileStore
     from baton.storage.layout import JobPaths
-    from baton.workers import job_logs
+    from baton.workers.tracking import job_logs
 
     monkeypatch.setattr(job_logs, "CHUNK_BYTES", 100)  # two of these lines per chunk
     store = FileStore(tmp_path / "store")

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from baton.schemas.errors import NonFiniteLossError
+from baton.workers.training import readings
+from baton.workers.training.readings import PendingReadings
+
 from tests.helpers import make_spec
 from tests.workers.conftest import read_rows
-from baton.workers import readings
-from baton.workers.readings import PendingReadings
 
 BLOBS = {"target": "tests.probes:blobs", "kwargs": {"n": 200}, "batch_size": 16, "val_fraction": 0.25}
-LOOP_FILES = ("workers/loop.py", "workers/amp.py")
+LOOP_FILES = ("workers/training/loop.py", "workers/training/amp.py")
 
 
 def test_pending_readings_are_the_values_item_gives_in_order():

@@ -11,15 +11,16 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from baton.schemas.errors import NonFiniteLossError
 from baton.schemas.spec import JobSpec, TaskSpec
 from baton.storage.checkpoint_io import load_bytes, rows_of
-from baton.workers.amp import Precision, optimizer_step
-from baton.workers.components import build_components
-from baton.workers.data import split_indices
-from baton.workers.evaluate import evaluate
-from baton.workers.targets import build_task
-from tests import probes
 from baton.storage.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
+from baton.workers.training.amp import Precision, optimizer_step
+from baton.workers.training.components import build_components
+from baton.workers.training.data import split_indices
+from baton.workers.training.evaluate import evaluate
+from baton.workers.training.targets import build_task
+
+from tests import probes
 from tests.helpers import final_state, make_spec
 from tests.workers.conftest import read_rows
 

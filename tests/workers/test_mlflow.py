@@ -13,11 +13,12 @@ from typer.testing import CliRunner
 from baton.jobs.cli import app
 from baton.schemas.spec import JobSpec
 from baton.storage.file_store import FileStore
+from baton.workers.attempt.session import run_attempt
+from baton.workers.tracking.mlflow_tracking import flatten, row_metrics
+from baton.workers.training.control import LoopControl
+
 from tests.helpers import committed_manifest, make_spec, metrics_rows
 from tests.netfault import FaultyProxy
-from baton.workers.control import LoopControl
-from baton.workers.mlflow_tracking import flatten, row_metrics
-from baton.workers.session import run_attempt
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -113,7 +114,7 @@ def test_mlflow_down_mid_run_the_job_finishes_and_the_gap_is_logged(mlflow_serve
 
 def _tracker(url: str, store, job_id: str, attempt: int, spec: dict):
     from baton.storage.layout import JobPaths
-    from baton.workers.mlflow_tracking import MlflowTracker
+    from baton.workers.tracking.mlflow_tracking import MlflowTracker
 
     return MlflowTracker(url, store, JobPaths(job_id, attempt), spec, "val_loss", "test-worker", lambda message: None)
 

@@ -14,8 +14,8 @@ import redis
 from baton.jobs import keys
 from baton.jobs.records import JobRecords
 from baton.schemas.settings import BatonSettings
-from baton.workers import lease, reaper
-from baton.workers.celery_app import make_app, publish_run
+from baton.workers.queue import lease, reaper
+from baton.workers.queue.celery_app import make_app, publish_run
 
 
 @pytest.fixture
@@ -227,11 +227,12 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     """A job of N ranks on cuda is claimed only by a worker that can give it N GPUs: another
     hands the message back to its queue, uses no attempt, counts nothing, and says why."""
     from baton.schemas.spec import JobSpec
+    from baton.workers.parallel.launcher import devices_missing
+    from baton.workers.queue import job_runner
+    from baton.workers.queue.job_runner import WorkerContext, run_job
+    from baton.workers.queue.preemption import PREEMPTION
+
     from tests.helpers import make_spec
-    from baton.workers import job_runner
-    from baton.workers.job_runner import WorkerContext, run_job
-    from baton.workers.launcher import devices_missing
-    from baton.workers.preemption import PREEMPTION
 
     client, records, publish = env
     spec = JobSpec.parse(make_spec(resources={"device": "cuda", "processes": 4}))

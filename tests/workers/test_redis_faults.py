@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from baton.jobs.services import _wait, die_with_parent, free_port
+
 from tests.conftest import Cluster
 from tests.helpers import assert_same_training, baton_env, read_manifest
 from tests.netfault import FaultyProxy
@@ -163,7 +164,7 @@ def test_a_replica_answering_masterdown_during_a_failover_is_waited_out_not_a_jo
     import redis as redis_lib
 
     from baton.jobs.services import RedisServer
-    from baton.workers.redis_retry import while_leased
+    from baton.workers.queue.redis_retry import while_leased
 
     server = RedisServer().start()
     try:

@@ -1,8 +1,8 @@
 """The run's summary: best checkpoint and why, stability, the first failure pattern."""
 from __future__ import annotations
 
-from baton.workers.curves import plot_curves
-from baton.workers.report import build_report
+from baton.workers.tracking.curves import plot_curves
+from baton.workers.tracking.report import build_report
 
 
 def _rows(train, val, acc=None, grad=None, grad_max=None, nonfinite=None):

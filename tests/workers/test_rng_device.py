@@ -9,9 +9,10 @@ from baton.storage.checkpoint_io import load_bytes, save_to_file
 from baton.storage.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
+from baton.workers.attempt.session import run_attempt
+from baton.workers.training.control import LoopControl
+
 from tests.helpers import assert_same_training, make_spec
-from baton.workers.control import LoopControl
-from baton.workers.session import run_attempt
 
 SPEC = JobSpec.parse(make_spec(loop={"epochs": 2}))
 

@@ -11,8 +11,8 @@ import textwrap
 import numpy as np
 import torch
 
-from baton.workers import rng
-from baton.workers.targets import resolve
+from baton.workers.training import rng
+from baton.workers.training.targets import resolve
 
 
 def states():
@@ -32,7 +32,7 @@ def test_the_scikit_learn_data_sets_build_the_same_whether_or_not_it_was_importe
     """In a fresh process (scikit-learn's first import there reseeds Python's random)."""
     script = textwrap.dedent("""
         import random
-        from baton.workers import builtins, rng
+        from baton.workers.training import builtins, rng
         rng.seed_all(7)
         before = random.getstate()
         builtins.diabetes(seed=7)

@@ -3,8 +3,9 @@ the stall watchdog releases it as a worker loss with every thread's stack in its
 worker process exits (a hung thread cannot be interrupted) for its supervisor to restart."""
 from __future__ import annotations
 
+from baton.workers.queue.stall import EXIT_STALLED
+
 from tests.helpers import make_spec
-from baton.workers.stall import EXIT_STALLED
 
 HANGING = make_spec(model={"target": "tests.probes:hanging_mlp", "kwargs": {"hang_after": 6}},
                     retry={"max_attempts": 2})

@@ -11,9 +11,10 @@ import textwrap
 import time
 from pathlib import Path
 
+from baton.workers.queue.stall import EXIT_STALLED
+from baton.workers.queue.worker_main import RESTART_EXIT_CODES
+
 from tests.helpers import REPO, baton_env
-from baton.workers.stall import EXIT_STALLED
-from baton.workers.worker_main import RESTART_EXIT_CODES
 
 # slot i appends a line to starts-i, then exits with the status its plan gives for this start, or runs
 # until SIGTERM ("run", "run70": the status on SIGTERM)
@@ -34,7 +35,7 @@ CHILD = textwrap.dedent("""
 
 SUPERVISOR = textwrap.dedent("""
     import sys
-    from baton.workers import worker_main
+    from baton.workers.queue import worker_main
     worker_main.RESTARTS_MAX = int(sys.argv[3])
     plans, directory = sys.argv[1].split(";"), sys.argv[2]
     argv = lambda index: [sys.executable, "-c", {child!r}, str(index), plans[index], directory]

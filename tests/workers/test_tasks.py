@@ -8,11 +8,21 @@ import torch
 
 from baton.schemas.errors import NonFiniteLossError, PermanentError
 from baton.storage.file_store import FileStore
+from baton.workers.training.task_api import TaskError
+
 from tests import tasks
+from tests.helpers import (
+    assert_same_training,
+    kill_when,
+    make_spec,
+    metrics_rows,
+    read_manifest,
+    run_baton,
+    run_reference,
+    start_baton,
+    write_spec,
+)
 from tests.workers.conftest import read_rows
-from tests.helpers import (assert_same_training, kill_when, make_spec, metrics_rows, read_manifest, run_baton,
-                           run_reference, start_baton, write_spec)
-from baton.workers.task_api import TaskError
 
 DICT_TASK = {"target": "tests.tasks:dict_task", "kwargs": {}}
 DICT_MODEL = {"target": "builtin:mlp", "kwargs": {"in_features": 2, "hidden": 32, "out_features": 3, "dropout": 0.2}}
@@ -205,9 +215,9 @@ def test_language_model_validation_averages_per_token_like_training(run_job):
 def test_reused_builtin_metrics_score_exactly_as_fresh_ones(task_class, kwargs, make_batch):
     """A built-in task's metrics are reset and reused between validations (reusable_metrics): each
     validation's values equal, bit for bit, those of metrics made new for it."""
-    from baton.workers.builtins import tasks as builtin
-    from baton.workers.evaluate import evaluate
-    from baton.workers.amp import Precision
+    from baton.workers.training.amp import Precision
+    from baton.workers.training.builtins import tasks as builtin
+    from baton.workers.training.evaluate import evaluate
 
     cpu = torch.device("cpu")
     model = torch.nn.Identity()
@@ -226,6 +236,6 @@ def test_reused_builtin_metrics_score_exactly_as_fresh_ones(task_class, kwargs, 
 
 
 def bound_task(task):
-    from baton.workers.task_api import BoundTask
+    from baton.workers.training.task_api import BoundTask
 
     return BoundTask(task, "builtin:test")

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import TensorDataset, default_collate
 
 from baton.schemas.spec import DataSpec
-from baton.workers.builtins.data import TensorPairs, spiral
-from baton.workers.data import DataPlan, Loading, TensorBatches
+from baton.workers.training.builtins.data import TensorPairs, spiral
+from baton.workers.training.data import DataPlan, Loading, TensorBatches
 
 
 def _plan(base, **data) -> DataPlan:
@@ -64,7 +64,7 @@ def test_gathered_batches_equal_the_default_collates(make):
 
 
 def test_a_data_parallel_ranks_share_is_gathered_alike():
-    from baton.workers.sharding import ShardedPlan
+    from baton.workers.training.sharding import ShardedPlan
 
     loader = ShardedPlan(_plan(_many_columns()), rank=1, world_size=2).train_batches(1, start_batch=1)
     assert isinstance(loader.dataset, TensorBatches)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from baton.storage.open import open_store
+from baton.workers.tracking.tensorboard import row_scalars
+
 from tests.helpers import baton_env, kill_when, make_spec, metrics_rows, run_baton, start_baton, write_spec
-from baton.workers.tracking import row_scalars
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

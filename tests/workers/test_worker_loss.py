@@ -6,11 +6,10 @@ import re
 import signal
 import time
 
-
 from baton.schemas.settings import BatonSettings
-from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest
-from baton.workers.celery_app import make_app, publish_run
+from baton.workers.queue.celery_app import make_app, publish_run
 
+from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest
 from tests.workers.conftest import SPEC  # noqa: F401 (tests in other modules import it from here)
 
 # `reference`: SPEC run uninterrupted, once per session (tests/workers/conftest.py)

@@ -1,14 +1,13 @@
 """baton's Celery settings, each with the reason it is set (celery/app/defaults.py names them).
 
 Celery only delivers messages here; job state, leases and retries are baton's own (see
-jobs/records.py, workers/lease.py, workers/reaper.py), because with a Redis broker Celery's
+jobs/records.py, workers/queue/lease.py, workers/queue/reaper.py), because with a Redis broker Celery's
 redelivery is slow after a SIGKILL (visibility_timeout) and can run a long task twice.
 """
 from __future__ import annotations
 
-from baton.schemas.settings import BatonSettings
-
 from baton.jobs.redis_conn import ssl_options
+from baton.schemas.settings import BatonSettings
 
 VISIBILITY_TIMEOUT_S = 6 * 3600
 """kombu redelivers an unacked message after this. baton does not rely on it (a lost job comes back

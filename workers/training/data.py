@@ -16,7 +16,7 @@
   RNG (which dropout uses).
 - A separate validation set (``data.val``) replaces the split; the whole data set then trains.
 
-Iterable (streaming) data sets are planned by ``workers.streams``; both plans offer the loop the
+Iterable (streaming) data sets are planned by ``baton.workers.training.streams``; both plans offer the loop the
 same small interface: ``batches_per_pass`` (None when unknown), ``train_batches``, ``end_pass``,
 ``val_loader``, and ``state_dict``/``load_state_dict`` for a position that is more than indices.
 """

@@ -7,7 +7,7 @@ window (by position, fixed) is validation and never trains.
 
 The training part is an IterableDataset: each pass visits its windows in an order drawn from a
 generator seeded by (seed, epoch), which is the data set's own state, as is its position, so
-``state_dict()`` is all a resume needs (see ``workers.streams``). Loader workers take every
+``state_dict()`` is all a resume needs (see ``baton.workers.training.streams``). Loader workers take every
 ``num_workers``-th window of that order.
 """
 from __future__ import annotations

@@ -42,7 +42,7 @@ from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 
-from . import metrics
+from . import prometheus
 
 _log = logging.getLogger("baton.tracking")
 
@@ -164,7 +164,7 @@ class MlflowTracker:
             self._queue.put_nowait((kind, value))
         except queue.Full:  # MLflow has been away for long: drop, count, say so at the end
             self._dropped += 1
-            metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+            prometheus.TRACKING_FAILURES.labels(TRACKER).inc()
 
     # --- the background thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -193,7 +193,7 @@ class MlflowTracker:
             except Exception as exc:  # tracking must never fail the job: logged, counted, retried
                 tries += 1
                 next_try = time.monotonic() + RETRY_S[min(tries, len(RETRY_S)) - 1]
-                metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+                prometheus.TRACKING_FAILURES.labels(TRACKER).inc()
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     self.log(f"MLflow: {type(exc).__name__}: {_short(exc)}; steps {self._unsent_steps()} held back and "
@@ -341,7 +341,7 @@ class MlflowTracker:
         return f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else (str(steps[0]) if steps else "(none yet)")
 
     def _gap(self, why: str) -> None:
-        metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+        prometheus.TRACKING_FAILURES.labels(TRACKER).inc()
         dropped = f"; {self._dropped} items dropped while MLflow was away" if self._dropped else ""
         self.log(f"MLflow: gap in run {self.run_id or '(not created)'}: steps {self._unsent_steps()} {why}{dropped}; "
                  f"metrics.jsonl has every row (the next attempt of this job sends what it finds missing)")

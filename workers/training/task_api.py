@@ -1,6 +1,6 @@
 """The task: how a batch becomes a training loss and how validation is scored.
 
-A task is any object with three methods (built-ins in ``workers.builtins.tasks``)::
+A task is any object with three methods (built-ins in ``baton.workers.training.builtins.tasks``)::
 
     loss(model, batch) -> Tensor          # training: a scalar loss, averaged over the batch
     metrics() -> dict[str, Metric]        # validation: fresh torchmetrics metrics, by name

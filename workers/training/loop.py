@@ -53,7 +53,7 @@ class TrainingLoop:
     progress: Progress = field(default_factory=Progress)
     best: Optional[BestTracker] = None
     metrics: list[dict] = field(default_factory=list)
-    group: Any = None  # a data-parallel job's RankGroup (workers.distributed); None for one process
+    group: Any = None  # a data-parallel job's RankGroup (baton.workers.parallel.distributed); None for one process
 
     def __post_init__(self) -> None:
         spec = self.parts.spec

@@ -15,8 +15,7 @@ import threading
 from typing import Callable
 
 from baton.schemas.errors import FencedOut
-
-from . import job_logs
+from baton.workers.tracking import job_logs
 
 _log = logging.getLogger("baton.worker")
 

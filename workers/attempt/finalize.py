@@ -25,9 +25,8 @@ from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.retry import retry_transient
 from baton.storage.rotation import collect_garbage
-
-from .curves import plot_curves
-from .report import build_report
+from baton.workers.tracking.curves import plot_curves
+from baton.workers.tracking.report import build_report
 
 WRITE_RETRY_S = 300.0
 """How long writing a final artifact is retried through transient storage errors."""

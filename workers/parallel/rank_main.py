@@ -1,4 +1,4 @@
-"""A rank 1..N-1 of a data-parallel attempt (started by ``workers.launcher``; rank 0 is its parent).
+"""A rank 1..N-1 of a data-parallel attempt (started by ``baton.workers.parallel.launcher``; rank 0 is its parent).
 
 It builds the same components as rank 0, joins the group, resumes from the checkpoint rank 0
 chose (reading and verifying it itself), and runs the same loop without a checkpointer: its RNG
@@ -54,12 +54,12 @@ def run_rank(args: dict) -> None:
     from baton.storage.checkpoint_io import load_bytes
     from baton.storage.layout import JobPaths
     from baton.storage.open import open_store
+    from baton.workers.training import rng, train_state
+    from baton.workers.training.components import build_components
+    from baton.workers.training.determinism import configure, prepare_process
+    from baton.workers.training.loop import TrainingLoop
 
-    from . import rng, train_state
-    from .components import build_components
-    from .determinism import configure, prepare_process
     from .distributed import RankGroup
-    from .loop import TrainingLoop
 
     prepare_process()
     rank, world_size = args["rank"], args["world_size"]

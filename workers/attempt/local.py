@@ -12,9 +12,9 @@ from baton.schemas.spec import JobSpec
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id
 from baton.storage.manifest_store import ManifestStore
+from baton.workers.training.control import LoopControl, StepReport, describe_row
+from baton.workers.training.determinism import prepare_process
 
-from .control import LoopControl, StepReport, describe_row
-from .determinism import prepare_process
 from .session import run_attempt
 
 EXIT_DONE = 0

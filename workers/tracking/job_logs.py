@@ -41,7 +41,7 @@ from baton.jobs.logs import BATON_STREAM, END_MARKER
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths
 
-from . import metrics
+from . import prometheus
 
 _log = logging.getLogger("baton.joblogs")
 
@@ -221,7 +221,7 @@ class JobLogCapture:
             for saved in self._saved.values():
                 os.close(saved)
         if self._flusher is not None and self._flusher.is_alive():
-            metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+            prometheus.TRACKING_FAILURES.labels(TRACKER).inc()
             _log.warning("job %s: the last lines of its log were not stored within %.0fs", self.paths.job_id, wait_s)
 
     # --- the reader thread: pipes -> console and log ---------------------------------------------------
@@ -281,7 +281,7 @@ class JobLogCapture:
         try:
             self.chunks.flush()
         except Exception as exc:  # the log must never fail the job: counted, logged once, retried next flush
-            metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+            prometheus.TRACKING_FAILURES.labels(TRACKER).inc()
             if not self._failing:
                 _log.warning("job %s: its log could not be stored (%s: %s); retried every %.0fs", self.paths.job_id,
                              type(exc).__name__, exc, FLUSH_S)

@@ -21,7 +21,7 @@ from .progress import BestTracker, Progress
 
 def capture(parts: Components, progress: Progress, best: BestTracker, metrics: list[dict], cpu_threads: int) -> dict[str, Any]:
     """The live state (tensors are references: snapshot it before the loop moves on). The metrics
-    rows are wrapped in ``Plain``: the snapshot does not walk them (``storage.snapshot.unwrap``)."""
+    rows are wrapped in ``Plain``: the snapshot does not walk them (``baton.storage.snapshot.unwrap``)."""
     return {
         "format": FORMAT_VERSION,
         "model": parts.model.state_dict(),

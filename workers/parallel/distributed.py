@@ -2,7 +2,7 @@
 
 One attempt is the whole group. Rank 0 is the process that runs the attempt (``baton run``, or a
 worker's task): it alone holds the lease, fences and commits, through the same checkpointer as a
-single-process job. Ranks 1..N-1 are child processes (``workers.launcher``, ``workers.rank_main``)
+single-process job. Ranks 1..N-1 are child processes (``launcher``, ``rank_main`` in this package)
 that run the same loop with no checkpointer of their own.
 
 - **Backends.** gloo on the CPU, NCCL on CUDA (one GPU per rank: rank r uses ``cuda:r`` of the
@@ -42,13 +42,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from baton.schemas.errors import PermanentError
 from baton.storage.checkpointer import AsyncCheckpointer, CheckpointerTotals, CheckpointRequest
-
-from . import rng
-from .components import Components
-from .control import LoopControl, StepReport
-from .data import derive_seed
-from .progress import Progress
-from .task_api import BoundTask
+from baton.workers.training import rng
+from baton.workers.training.components import Components
+from baton.workers.training.control import LoopControl, StepReport
+from baton.workers.training.data import derive_seed
+from baton.workers.training.progress import Progress
+from baton.workers.training.task_api import BoundTask
 
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("BATON_COLLECTIVE_TIMEOUT_S", "1800"))
 """How long any collective may wait for the other ranks. A rank that dies is noticed at once (its

@@ -30,9 +30,9 @@ from baton.storage.base import ObjectStore
 from baton.storage.checkpointer import CheckpointStats
 from baton.storage.layout import JobPaths
 from baton.storage.priority import lower_this_thread
+from baton.workers.training.control import LoopControl, StepReport
 
-from . import metrics
-from .control import LoopControl, StepReport
+from . import prometheus
 
 _log = logging.getLogger("baton.tracking")
 
@@ -54,7 +54,7 @@ def preload() -> None:
     """Import TensorBoard's writer now, before training starts. Imported by the tracker's thread at
     the first commit instead, it held the GIL against the training loop for its whole import (0.2 s
     alone here): on the spiral example that put ~3-4 ms on each epoch of a 60-epoch run's slope."""
-    from . import rng
+    from baton.workers.training import rng
 
     try:
         with rng.kept_through_imports():
@@ -89,7 +89,7 @@ class TensorBoardTracker:
         self._queue.put(("close", None))
         self._thread.join(wait_s)
         if self._thread.is_alive():
-            metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+            prometheus.TRACKING_FAILURES.labels(TRACKER).inc()
             _log.warning("job %s: the TensorBoard upload did not finish within %.0fs; the job goes on without it",
                          self.paths.job_id, wait_s)
 
@@ -127,7 +127,7 @@ class TensorBoardTracker:
             state.disabled = True
             self.log(MISSING)
         except Exception as exc:  # tracking must never fail the job: logged, counted, retried at the next commit
-            metrics.TRACKING_FAILURES.labels(TRACKER).inc()
+            prometheus.TRACKING_FAILURES.labels(TRACKER).inc()
             _log.warning("job %s: TensorBoard %s failed (%s: %s); training goes on", self.paths.job_id, what,
                          type(exc).__name__, exc)
 

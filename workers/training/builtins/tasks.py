@@ -1,5 +1,5 @@
 """Built-in tasks: ``builtin:classification`` (the default), ``builtin:regression``,
-``builtin:language_model``. See ``workers.task_api`` for the protocol.
+``builtin:language_model``. See ``baton.workers.training.task_api`` for the protocol.
 
 Each refuses outputs and targets it cannot score, naming their shapes, rather than training on a
 loss that is constant by construction (cross-entropy over one class is identically 0).
@@ -44,7 +44,7 @@ def _shape(t: Tensor) -> str:
 class BuiltinTask:
     """What the built-in tasks share: their metrics keep all their state in torchmetrics'
     ``add_state``, so ``reset()`` restores them exactly and baton reuses them (``reusable_metrics``
-    in ``workers.task_api``)."""
+    in ``baton.workers.training.task_api``)."""
 
     reusable_metrics = True
 

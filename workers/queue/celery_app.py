@@ -1,4 +1,4 @@
-"""The Celery app: ``celery -A baton.workers.celery_app worker`` works, and so does ``baton worker``.
+"""The Celery app: ``celery -A baton.workers.queue.celery_app worker`` works, and so does ``baton worker``.
 
 Importing this module does not import the training loop (tasks are loaded by the worker at
 start), so clients can publish with it.
@@ -15,7 +15,7 @@ RUN_JOB_TASK = "baton.run_job"
 
 
 def make_app(settings: BatonSettings) -> Celery:
-    celery = Celery("baton", include=["baton.workers.tasks", "baton.workers.bootstrap"])
+    celery = Celery("baton", include=["baton.workers.queue.tasks", "baton.workers.queue.bootstrap"])
     celery.conf.update(celery_settings(settings))
     return celery
 

@@ -14,10 +14,10 @@ from baton.jobs import keys
 from baton.jobs.records import JobRecords
 from baton.jobs.redis_conn import connect
 from baton.schemas.settings import BatonSettings
+from baton.workers.tracking import prometheus
+from baton.workers.training.determinism import prepare_process
 
-from . import metrics
 from .celery_app import app, publish_run
-from .determinism import prepare_process
 from .job_runner import WorkerContext
 from .preemption import PREEMPTION
 from .reaper import Reaper
@@ -54,9 +54,9 @@ def device_banner() -> str:
 
 def _count_reaped(job_id: str, action: str) -> None:
     if action == "requeue":
-        metrics.JOBS_RETRIED.labels("lost").inc()
+        prometheus.JOBS_RETRIED.labels("lost").inc()
     elif action == "outage":
-        metrics.JOBS_RETRIED.labels("redis").inc()
+        prometheus.JOBS_RETRIED.labels("redis").inc()
 
 
 @signals.worker_init.connect
@@ -77,5 +77,5 @@ def _on_ready(sender, **_) -> None:
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
     Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s, ctx.worker, on_action=_count_reaped,
            lease_ttl_s=ctx.settings.lease_ttl_s).start()
-    metrics.serve(ctx.settings.metrics_port)
+    prometheus.serve(ctx.settings.metrics_port)
     _log.warning("baton worker %s ready: %s", ctx.worker, device_banner())

@@ -21,7 +21,7 @@ from .. import rng
 class TensorPairs(TensorDataset):
     """Inputs and integer labels held in two tensors, with optional Gaussian jitter. A sample is
     torch's ``TensorDataset``'s ``(inputs[i], labels[i])``, so a batch without jitter is gathered
-    in one indexing of each tensor (``workers.data.TensorBatches``)."""
+    in one indexing of each tensor (``baton.workers.training.data.TensorBatches``)."""
 
     def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, jitter: float = 0.0):
         super().__init__(inputs, labels)

@@ -25,8 +25,9 @@ from baton.schemas.errors import FencedOut, LeaseUnconfirmed, ManifestAhead
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
+from baton.workers.tracking import prometheus
 
-from . import lease, metrics
+from . import lease
 from .redis_retry import while_leased
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def release_if_still_mine(control: "WorkerControl", attempt: int, publish: Calla
     if next_attempt < 0:
         _log.info("job %s: not released after the Redis outage: a reaper or another attempt has moved it on", job_id)
         return
-    metrics.JOBS_RETRIED.labels("redis").inc()
+    prometheus.JOBS_RETRIED.labels("redis").inc()
     publish(next_attempt)
     _log.warning("job %s: released after a Redis outage (not counted as a loss), queued as attempt %d",
                  job_id, next_attempt)

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Callable
 
-from . import job_logs
+from baton.workers.tracking import job_logs
 
 _log = logging.getLogger("baton.worker")
 

@@ -38,20 +38,20 @@ from baton.jobs.records import JobRecords
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.settings import BatonSettings
-from baton.storage.checkpointer import CheckpointStats
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
+from baton.storage.checkpointer import CheckpointStats
 from baton.storage.open import open_store
+from baton.workers.attempt.session import run_attempt
+from baton.workers.parallel.launcher import RankLost, devices_missing, offered_gpus
+from baton.workers.tracking import prometheus
+from baton.workers.training.control import LoopControl, StepReport, describe_row
 
 from . import lease
-from . import metrics
 from .claims import catch_up_with_manifest, release_if_still_mine
-from .control import LoopControl, StepReport, describe_row
-from .launcher import RankLost, devices_missing, offered_gpus
 from .preemption import Preemption
 from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
-from .session import run_attempt
 from .stall import StallWatchdog, exit_process
 
 _log = logging.getLogger("baton.worker")
@@ -141,12 +141,12 @@ class WorkerControl(LoopControl):
     def on_step(self, report: StepReport) -> None:
         if self.stall is not None:
             self.stall.progress()
-        metrics.STEPS.inc()
+        prometheus.STEPS.inc()
         elapsed = time.monotonic() - self._last_progress
         if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
             if self._last_step is not None:
-                metrics.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
-            metrics.SAMPLES_PER_S.set(report.samples_per_s)
+                prometheus.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
+            prometheus.SAMPLES_PER_S.set(report.samples_per_s)
             where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {})}
             if self._record_progress({**where, "step": report.step, "total_steps": report.total_steps,
                                       "loss": report.loss, "lr": report.lr,
@@ -158,9 +158,9 @@ class WorkerControl(LoopControl):
         self.log(describe_row(row))
 
     def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
-        metrics.CHECKPOINT_STALL.observe(stats.stall_s)
-        metrics.CHECKPOINT_WRITE.observe(stats.write_s)
-        metrics.CHECKPOINT_BYTES.inc(stats.bytes)
+        prometheus.CHECKPOINT_STALL.observe(stats.stall_s)
+        prometheus.CHECKPOINT_WRITE.observe(stats.write_s)
+        prometheus.CHECKPOINT_BYTES.inc(stats.bytes)
         fields = {"latest_checkpoint": manifest.latest.key}
         if manifest.best is not None:
             fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
@@ -180,7 +180,7 @@ def _release(ctx: WorkerContext, control: "WorkerControl", reason: str, kind: st
     next_attempt = control.leased(lambda: ctx.records.release(job_id, control.token, reason), "the release")
     if next_attempt < 0:
         return  # fenced out already: someone else owns it
-    metrics.JOBS_RETRIED.labels(kind).inc()
+    prometheus.JOBS_RETRIED.labels(kind).inc()
     _publish(ctx, job_id, next_attempt)
     _log.warning("job %s: released (%s), queued as attempt %d", job_id, reason, next_attempt)
 
@@ -195,7 +195,7 @@ def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks
             next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, stacks),
                                           "the release of a hung attempt")
             if next_attempt > 0:
-                metrics.JOBS_RETRIED.labels("stalled").inc()
+                prometheus.JOBS_RETRIED.labels("stalled").inc()
                 _publish(ctx, job_id, next_attempt)
     except (redis.RedisError, FencedOut) as exc:  # its lease expires once this process is gone: reaped instead
         _log.error("job %s: could not release the hung attempt (%s); its lease will expire", job_id, exc)
@@ -209,7 +209,7 @@ def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str) -> 
     next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, ""),
                                   "the release of a lost attempt")
     if next_attempt > 0:
-        metrics.JOBS_RETRIED.labels("rank_lost").inc()
+        prometheus.JOBS_RETRIED.labels("rank_lost").inc()
         _publish(ctx, job_id, next_attempt)
 
 
@@ -280,10 +280,10 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
         return "dropped"
     spec_data = json.loads(claimed.spec)
     heartbeat = lease.Heartbeat(ctx.redis, job_id, claimed.token, ctx.worker, ctx.settings.lease_ttl_s,
-                                ctx.settings.heartbeat_s, on_renew=metrics.LEASE_RENEWALS.inc)
+                                ctx.settings.heartbeat_s, on_renew=prometheus.LEASE_RENEWALS.inc)
     heartbeat.start()
-    metrics.JOBS_STARTED.inc()
-    metrics.JOBS_RUNNING.inc()
+    prometheus.JOBS_STARTED.inc()
+    prometheus.JOBS_RUNNING.inc()
     control = WorkerControl(ctx, job_id, heartbeat)
     ctx.preemption.register(job_id, lambda why: _release(ctx, control, why))
     if ctx.settings.stall_timeout_s > 0:
@@ -296,7 +296,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
         try:
             outcome = _train(ctx, job_id, attempt, nonce, spec_data, claimed.storage_url, control)
         except FencedOut as exc:  # Redis stayed away past the lease while the outcome was being recorded
-            metrics.FENCING_EVENTS.inc()
+            prometheus.FENCING_EVENTS.inc()
             _log.warning("job %s attempt %d: %s; its lease will bring it back", job_id, attempt, exc)
             outcome = "fenced"
         if outcome == "fenced" and heartbeat.unreachable.is_set():
@@ -308,8 +308,8 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
             control.stall.stop()
         heartbeat.stop()
         ctx.preemption.unregister(job_id)
-        metrics.JOBS_RUNNING.dec()
-        metrics.JOBS_FINISHED.labels(outcome).inc()
+        prometheus.JOBS_RUNNING.dec()
+        prometheus.JOBS_FINISHED.labels(outcome).inc()
 
 
 def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data: dict,
@@ -325,7 +325,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
                              allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
                              on_commit=control.on_commit, worker=ctx.worker, job_log=True)
     except FencedOut as exc:
-        metrics.FENCING_EVENTS.inc()
+        prometheus.FENCING_EVENTS.inc()
         _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)
         return "fenced"
     except TransientError as exc:

@@ -1,6 +1,6 @@
 """Starting, watching and ending the ranks 1..N-1 of a data-parallel attempt (rank 0 is this process).
 
-Each rank is ``python -m baton.workers.rank_main`` with its arguments in ``BATON_RANK_ARGS``. Rank 0
+Each rank is ``python -m baton.workers.parallel.rank_main`` with its arguments in ``BATON_RANK_ARGS``. Rank 0
 opens the rendezvous (a ``TCPStore`` on a free loopback port) before starting them, so there is no
 port to race for. No rank outlives its attempt:
 - a rank asks the kernel for SIGKILL when rank 0 dies (``PR_SET_PDEATHSIG``, set by the rank
@@ -69,7 +69,7 @@ class Ranks:
         for rank in range(1, world_size):
             rank_args = {**args, "rank": rank, "world_size": world_size, "host": HOST, "port": self.store.port,
                          "parent_pid": os.getpid()}
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.rank_main"],
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"],
                                                env={**os.environ, ARGS_ENV: json.dumps(rank_args)}))
         self.log(f"data-parallel: {world_size} ranks; ranks 1..{world_size - 1} are pids "
                  f"{', '.join(str(p.pid) for p in self.procs)}")

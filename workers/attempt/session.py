@@ -21,19 +21,19 @@ from baton.storage.base import ObjectStore
 from baton.storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
+from baton.workers.parallel.distributed import RankGroup, check_same_processes
+from baton.workers.parallel.launcher import Ranks, check_devices
+from baton.workers.tracking.job_logs import JobLogCapture
+from baton.workers.tracking.mlflow_tracking import MlflowTracker, tracking_uri
+from baton.workers.tracking.tensorboard import TensorBoardTracker, TrackedControl
+from baton.workers.training import rng, train_state
+from baton.workers.training.components import build_components
+from baton.workers.training.control import LoopControl
+from baton.workers.training.determinism import configure, resolve_device
+from baton.workers.training.loop import Outcome, TrainingLoop
 
-from . import rng, train_state
-from .components import build_components
-from .control import LoopControl
-from .determinism import configure, resolve_device
-from .distributed import RankGroup, check_same_processes
 from .finalize import finalize
-from .launcher import Ranks, check_devices
-from .loop import Outcome, TrainingLoop
 from .resume import load_latest_good, pin_resume_point
-from .job_logs import JobLogCapture
-from .mlflow_tracking import MlflowTracker, tracking_uri
-from .tracking import TensorBoardTracker, TrackedControl
 
 
 @dataclass
