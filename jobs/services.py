@@ -156,12 +156,13 @@ class WorkerProcess:
     env: dict[str, str]
     log_path: str
     queues: str = "default"
+    cwd: Optional[str] = None
     proc: Optional[subprocess.Popen] = None
 
     def start(self) -> "WorkerProcess":
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "baton", "worker", "--name", self.name, "--queues", self.queues],
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         return self
