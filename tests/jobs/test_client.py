@@ -66,7 +66,7 @@ def test_a_job_cancelled_while_queued_never_runs(cluster):
     job = cluster.client.submit(QUICK, "never")
     assert job.cancel() == "cancelled"
     worker, = cluster.start_workers(1)  # now its message is delivered: the claim drops it
-    from tests.workers.test_worker_loss import wait_for
+    from tests.workers.queue.test_worker_loss import wait_for
 
     wait_for(lambda: "job never attempt 1: dropped (state cancelled)" in worker.log(), timeout=20)
     assert job.status().state.value == "cancelled" and job.status().attempt == 0
@@ -80,7 +80,7 @@ def test_ids_are_unique(cluster):
 
 
 def test_a_job_goes_only_to_workers_serving_its_queue(cluster):
-    from tests.workers.test_worker_loss import wait_for
+    from tests.workers.queue.test_worker_loss import wait_for
 
     cluster.start_workers(1, queues="default")
     job = cluster.client.submit(make_spec(loop={"epochs": 1}, scheduler={"name": "none"}, resources={"queue": "gpu"}), "routed")

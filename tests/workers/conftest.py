@@ -45,9 +45,9 @@ def run_job(tmp_path):
 
 @pytest.fixture(scope="session")
 def ddp_reference(tmp_path_factory):
-    """tests.workers.test_ddp.SPEC2 (2 ranks) run uninterrupted in this process (rank 0 here, rank 1 a
+    """tests.workers.parallel.test_ddp.SPEC2 (2 ranks) run uninterrupted in this process (rank 0 here, rank 1 a
     child), job id ``reference``: shared by the data-parallel tests that resume it elsewhere."""
-    from tests.workers.test_ddp import SPEC2
+    from tests.workers.parallel.test_ddp import SPEC2
 
     store = FileStore(tmp_path_factory.mktemp("ddp-reference") / "store")
     result = run_attempt(JobSpec.parse(SPEC2), "reference", store, 1, Quiet(), allowed_prefixes=("tests",))

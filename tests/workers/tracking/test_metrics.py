@@ -6,7 +6,7 @@ import time
 import urllib.request
 
 from baton.jobs.services import free_port
-from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for
+from tests.workers.queue.test_worker_loss import SPEC, running_at_step, wait_for
 
 
 def scrape(port: int) -> dict[str, float]:

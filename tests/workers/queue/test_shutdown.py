@@ -8,7 +8,7 @@ import time
 from baton.schemas.settings import BatonSettings
 from tests.helpers import assert_same_training
 from tests.netfault import FaultyProxy
-from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for
+from tests.workers.queue.test_worker_loss import SPEC, running_at_step, wait_for
 
 EXIT_RELEASED = 75
 

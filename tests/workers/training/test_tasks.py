@@ -52,7 +52,7 @@ def _no_split(data: dict) -> dict:
 
 
 CASES = {
-    # the default task, on the classic spec (tests/workers/test_exact_resume.py kills it once)
+    # the default task, on the classic spec (tests/workers/attempt/test_exact_resume.py kills it once)
     "classification-spiral": make_spec(checkpoint={"every_steps": 4}),
     "regression-diabetes": make_spec(
         model={"target": "builtin:mlp", "kwargs": {"in_features": 10, "hidden": 32, "out_features": 1, "dropout": 0.1}},

@@ -22,7 +22,7 @@ from baton.jobs.services import _wait, die_with_parent, free_port
 from tests.conftest import Cluster
 from tests.helpers import assert_same_training, baton_env, read_manifest
 from tests.netfault import FaultyProxy
-from tests.workers.test_worker_loss import SPEC, running_at_step, wait_for
+from tests.workers.queue.test_worker_loss import SPEC, running_at_step, wait_for
 
 OUTAGE_S = 3.0
 """How long Redis stays away: well past a checkpoint commit and two heartbeats, well inside the lease."""

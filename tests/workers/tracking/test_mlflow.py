@@ -1,6 +1,6 @@
 """MLflow tracking against a real ``mlflow server`` (SQLite): an MLflow outage mid-run leaves the job
 unaffected and its gap logged, in the job's own log too. (A job SIGKILLed and resumed on workers is
-one run, each step once: tests/workers/test_job_logs.py.)"""
+one run, each step once: tests/workers/tracking/test_job_logs.py.)"""
 from __future__ import annotations
 
 import json

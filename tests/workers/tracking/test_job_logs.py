@@ -15,7 +15,7 @@ from baton.workers.tracking.job_logs import Redactor
 from baton.workers.tracking.mlflow_tracking import flatten, row_metrics
 
 from tests.helpers import BATON, REPO, committed_manifest, kill_when, make_spec, metrics_rows
-from tests.workers.test_worker_loss import running_at_step, wait_for
+from tests.workers.queue.test_worker_loss import running_at_step, wait_for
 
 TOKEN = "tok-5ecr3t-value"
 REDIS_PASSWORD = "hunter2-pass"

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from tests.helpers import assert_bit_equal, assert_same_training, final_state, read_manifest
-from tests.workers.test_ddp import SPEC2, alive
-from tests.workers.test_worker_loss import running_at_step, wait_for
+from tests.workers.parallel.test_ddp import SPEC2, alive
+from tests.workers.queue.test_worker_loss import running_at_step, wait_for
 
 pytestmark = pytest.mark.slow
 
