@@ -65,7 +65,8 @@ def run(
 ) -> None:
     """Run a job in this process (no Redis); run again with the same --id to resume it.
 
-    Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable).
+    Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable),
+    130 aborted by a second signal (the next run resumes from the last committed checkpoint).
     """
     from baton.storage.layout import new_job_id
     from baton.storage.open import open_store

@@ -16,7 +16,7 @@ TUNING_VARIABLES = frozenset({"BATON_BACKGROUND_NICE", "BATON_CHECKPOINT_WRITER"
                               "BATON_COLLECTIVE_TIMEOUT_S"})
 """BATON_* variables read where they act, by the training process (baton.storage.priority,
 baton.storage.checkpointer, baton.workers.parallel.launcher, baton.workers.parallel.distributed;
-the README's tuning table)."""
+the settings table in docs/workers.md)."""
 DEFAULT_STORAGE_URL = "file://./baton-data"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

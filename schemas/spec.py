@@ -46,7 +46,7 @@ class TargetSpec(_Spec):
     ``BUILTINS`` (its kwargs models), so a misspelled one is refused at submit."""
 
     BUILTINS: ClassVar[dict[str, type[BaseModel]]] = BUILTIN_DATA
-    target: str = Field(description="'builtin:NAME' (a built-in data set) or 'package.module:callable'.")
+    target: str = Field(description="'builtin:NAME' (where built-ins exist) or 'package.module:callable'.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the target.")
 
     @model_validator(mode="after")
@@ -65,7 +65,8 @@ class ModelSpec(TargetSpec):
 
 class DataSpec(_Spec):
     target: str = Field(
-        description="'builtin:spiral', 'builtin:digits' or 'package.module:callable' returning a Dataset: map-style "
+        description="'builtin:spiral', 'builtin:digits', 'builtin:diabetes', 'builtin:stdlib_text' or "
+        "'package.module:callable' returning a Dataset: map-style "
         "(__getitem__/__len__; samples of any structure of tensors) or an IterableDataset (a stream, whose position "
         "is restored through its state_dict()/load_state_dict()). It receives the job's seed as `seed` if it accepts one."
     )

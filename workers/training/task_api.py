@@ -22,7 +22,7 @@ the task, the method and the batch it was given: a job fails once, it is not ret
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -33,6 +33,21 @@ from baton.schemas.errors import UserCodeError
 from .batches import describe
 
 METRIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What a task provides (``from baton import Task``): annotate or subclass it, or just write the
+    three methods; baton checks for them, not for this type."""
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Training, in train mode under autocast: a scalar loss, averaged over the batch."""
+
+    def metrics(self) -> dict[str, Metric]:
+        """Fresh torchmetrics metrics by name; each ``NAME`` is reported as ``val_NAME``."""
+
+    def score(self, model: nn.Module, batch: Any, metrics: dict[str, Metric]) -> None:
+        """Validation, in eval mode without autograd: run the model on a batch, update the metrics."""
 
 
 class TaskError(UserCodeError):
