@@ -68,7 +68,7 @@ _BATCHES: dict[int, tuple] = {}
 
 
 def train_step(parts) -> None:
-    """One AdamW step on a fixed batch (the first of epoch 0)."""
+    """One AdamW step on a fixed batch (the first of the first epoch)."""
     if id(parts) not in _BATCHES:
         _BATCHES[id(parts)] = next(iter(parts.data.train_batches(0)))
     x, y = _BATCHES[id(parts)]

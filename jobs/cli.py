@@ -35,6 +35,19 @@ def _bad_spec(exc: SpecError) -> typer.Exit:
     return typer.Exit(EXIT_BAD_SPEC)
 
 
+def _id_or_exit(job_id: Optional[str], option: str = "--id") -> Optional[str]:
+    """A given job id, checked before anything runs: one line and exit 2 if it is not a valid id."""
+    from baton.storage.layout import check_job_id
+
+    if job_id is None:
+        return None
+    try:
+        return check_job_id(job_id)
+    except ValueError as exc:
+        typer.echo(f"{option}: {exc}", err=True)
+        raise typer.Exit(EXIT_BAD_SPEC)
+
+
 def _load_or_exit(spec_path: Path, settings: BatonSettings, sets: Optional[List[str]] = None):
     try:
         return load_spec(spec_path, settings.allowed_prefixes, sets)
@@ -73,18 +86,21 @@ def run(
     from baton.workers.attempt.local import run_local
 
     settings = _settings()
+    job_id = _id_or_exit(job_id)
     parsed = _load_or_exit(spec, settings, sets)
     store = open_store(storage or settings.storage_url)
     show_bar = sys.stdout.isatty() if progress is None else progress
+    job_id = job_id or new_job_id(parsed.name)
     try:
-        code = run_local(parsed, job_id or new_job_id(parsed.name), store, settings.allowed_prefixes, show_bar)
+        code = run_local(parsed, job_id, store, settings.allowed_prefixes, show_bar)
     except SpecError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(EXIT_BAD_SPEC)
-    except Exception:  # the traceback is the useful part: show it, exit 1
-        import traceback
+    except Exception as exc:  # the cause and the user's own frames; the whole traceback is in the job's log
+        from .display import failure
 
-        traceback.print_exc()
+        where = f"baton logs {job_id}" + ("" if store.url == settings.storage_url else f" --storage {store.url}")
+        typer.echo(failure(exc, settings.allowed_prefixes, where), err=True)
         raise typer.Exit(EXIT_FAILED)
     raise typer.Exit(code)
 
@@ -126,6 +142,7 @@ def submit(
     sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ) -> None:
     """Validate a spec and queue it (exit 2 naming each wrong field; nothing is queued then)."""
+    _id_or_exit(job_id)
     _load_or_exit(spec, _settings(), sets)
     try:
         job = _client().submit(spec, job_id, overrides=sets)
@@ -146,6 +163,7 @@ def sweep(
 ) -> None:
     """Queue one job per grid point, sharing a sweep id; all are validated first (exit 2 and nothing
     queued if any is invalid). Compare them with `baton list --sweep ID`."""
+    _id_or_exit(sweep_id)
     try:
         queued = _client().sweep(spec, grid, overrides=sets, sweep_id=sweep_id)
     except SpecError as exc:

@@ -62,7 +62,8 @@ class Job:
              on_change: Optional[Callable[[JobStatus], None]] = None) -> JobStatus:
         """Block until the job ends (succeeded, failed, cancelled); TimeoutError after ``timeout`` s.
         ``progress``: a live bar on a terminal (steps, loss, samples/s, attempt and worker).
-        ``on_change``: called with the status whenever its state, attempt, worker or epoch changes."""
+        ``on_change``: called with the status whenever its state, attempt, worker or epoch changes, or
+        the reason it waits (``status.waiting``: no live worker serves its queue)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         bar, seen = None, None
         try:
@@ -70,7 +71,7 @@ class Job:
                 status = self.status()
                 if progress and sys.stderr.isatty():
                     bar = _draw(bar, status)
-                key = (status.state, status.attempt, status.worker, status.epoch)
+                key = (status.state, status.attempt, status.worker, status.epoch, status.waiting)
                 if on_change is not None and key != seen:
                     seen = key
                     on_change(status)
@@ -153,7 +154,8 @@ def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:
     bar.n = status.step or 0
     bar.set_postfix_str(f"{status.state.value} attempt {status.attempt} on {status.worker or '-'} "
                         f"loss {status.loss if status.loss is not None else float('nan'):.4f} "
-                        f"{status.samples_per_s or 0:.0f} samples/s", refresh=True)
+                        f"{status.samples_per_s or 0:.0f} samples/s"
+                        + (f"; {status.waiting}" if status.waiting else ""), refresh=True)
     return bar
 
 
@@ -186,7 +188,10 @@ class JobClient:
         are applied to the spec's raw mapping before it is validated."""
         wanted = normalize(overrides)
         parsed = load_spec(spec, self.settings.allowed_prefixes, wanted)
-        job_id = check_job_id(job_id or new_job_id(parsed.name))
+        try:
+            job_id = check_job_id(job_id or new_job_id(parsed.name))
+        except ValueError as exc:
+            raise SpecError([f"job_id: {exc}"]) from None
         store = open_store(self.settings.storage_url)
         self._refuse_taken(store, [job_id])
         self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import traceback
 from typing import Optional
 
+from baton.schemas.errors import BatonError
 from baton.schemas.status import JobStatus
 
 
@@ -24,8 +26,19 @@ def _epoch(s: JobStatus) -> str:
 def progress_line(s: JobStatus) -> str:
     steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
     epoch = _epoch(s)
-    return (f"{s.id} {s.state.value} attempt {s.attempt} on {s.worker or '-'}: epoch {epoch} step {steps} "
+    line = (f"{s.id} {s.state.value} attempt {s.attempt} on {s.worker or '-'}: epoch {epoch} step {steps} "
             f"loss {_num(s.loss)} {_num(s.samples_per_s, '.0f')} samples/s")
+    return f"{line}; {s.waiting}" if s.waiting else line
+
+
+def _metric_rows(s: JobStatus) -> list[tuple[str, str]]:
+    """The last validation's metrics, the monitored one first; "-" for the monitor before any validation."""
+    metrics = dict(s.metrics) if s.metrics is not None else {
+        k: v for k, v in (("val_loss", s.val_loss), ("val_accuracy", s.val_accuracy)) if v is not None}
+    names = sorted(metrics, key=lambda name: name != s.monitor)
+    if s.monitor is not None and s.monitor not in metrics and s.monitor.startswith("val_"):
+        names.insert(0, s.monitor)
+    return [(f"{name} (monitored)" if name == s.monitor else name, _num(metrics.get(name))) for name in names]
 
 
 def details(s: JobStatus) -> str:
@@ -34,15 +47,21 @@ def details(s: JobStatus) -> str:
         ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"), ("worker", s.worker or "-"),
         ("epoch", _epoch(s)),
         ("step", f"{s.step}/{s.total_steps}" if s.total_steps else "-"),
-        ("loss", _num(s.loss)), ("val_loss", _num(s.val_loss)), ("val_accuracy", _num(s.val_accuracy)),
+        ("loss", _num(s.loss)), *_metric_rows(s),
         ("latest checkpoint", s.latest_checkpoint or "-"),
-        ("best checkpoint", f"{s.best_checkpoint} ({_num(s.best_value)})" if s.best_checkpoint else "-"),
+        ("best checkpoint", f"{s.best_checkpoint} ({s.monitor or 'monitored'} {_num(s.best_value)})"
+         if s.best_checkpoint else "-"),
         ("resumed from step", "-" if s.resumed_from is None else str(s.resumed_from)),
         ("storage", s.storage_url or "-"), ("created", _when(s.created_at)), ("updated", _when(s.updated_at)),
     ]
+    if s.waiting:
+        rows.append(("waiting", s.waiting))
+    if s.last_event and not s.state.terminal:
+        rows.append(("last event", s.last_event))
     if s.error:
         rows.append(("error", s.error))
-    text = "\n".join(f"{k:>18}: {v}" for k, v in rows)
+    width = max(18, *(len(k) for k, _ in rows))
+    text = "\n".join(f"{k:>{width}}: {v}" for k, v in rows)
     if s.traceback:
         text += "\n\n" + s.traceback.rstrip()
     return text
@@ -76,3 +95,50 @@ def sweep_table(entries: list) -> str:
     header = ["ID", "STATE", *axes, "STEP", best]
     widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *cells])
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, outermost first."""
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        chain.append(exc)
+        seen.add(id(exc))
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return chain
+
+
+def _frames(exc: BaseException) -> list[tuple[str, traceback.FrameSummary]]:
+    """(module name, frame) of each frame ``exc`` passed through, outermost first."""
+    tbs = []
+    tb = exc.__traceback__
+    while tb is not None:
+        tbs.append(tb)
+        tb = tb.tb_next
+    summaries = traceback.extract_tb(exc.__traceback__)
+    return [(t.tb_frame.f_globals.get("__name__", ""), s) for t, s in zip(tbs, summaries)]
+
+
+def _is_users(module: str, user_modules: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in user_modules)
+
+
+def failure(exc: BaseException, user_modules: tuple[str, ...], full_traceback_at: str) -> str:
+    """A failed job for a terminal: the cause first, with where it happened (the exception's notes),
+    then only the frames of the user's own code (modules under ``user_modules``; the innermost
+    frame when none is), then where the whole traceback is kept."""
+    chain = _chain(exc)
+    lines = [f"error: {type(exc).__name__}: {exc}"]
+    for inner in chain[1:]:
+        lines.append(f"  raised from {type(inner).__name__}: {inner}")
+    for note in [n for e in chain for n in getattr(e, "__notes__", ())]:
+        lines.append(f"  {note}")
+    frames = [(m, f) for e in reversed(chain) for m, f in _frames(e)]
+    mine = [f for m, f in frames if _is_users(m, user_modules)]
+    if mine:
+        lines.append("Traceback (your code's frames, most recent call last):")
+    elif frames and not isinstance(chain[-1], BatonError):  # baton's own errors say all in their message
+        mine = [frames[-1][1]]
+        lines.append("Traceback (the innermost frame; none is in your code):")
+    lines += [line.rstrip("\n") for line in traceback.format_list(mine)]
+    lines.append(f"the whole traceback is in the job's log: {full_traceback_at}")
+    return "\n".join(lines)

@@ -34,3 +34,9 @@ def sweep(sweep_id: str) -> str:
 def worker_stopping(worker: str) -> str:
     """Set while the worker named ``worker`` is shutting down (its jobs checkpoint and leave)."""
     return f"{PREFIX}:worker:{worker}:stopping"
+
+
+def queue_workers(queue: str) -> str:
+    """Sorted set of the workers serving ``queue``, each scored by the Redis time (s) its announcement
+    lapses at: a worker that stops announcing (gone, SIGKILLed) drops out by itself."""
+    return f"{PREFIX}:queue:{queue}:workers"

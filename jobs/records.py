@@ -159,8 +159,12 @@ def now() -> str:
 def spec_fields(spec: JobSpec, storage_url: str) -> dict[str, str]:
     """The record fields a job's spec decides (at submit, and again when a lost record is recovered)."""
     return {"name": spec.name, "spec": spec.model_dump_json(), "queue": spec.resources.queue,
-            "max_attempts": str(spec.retry.max_attempts), "storage_url": storage_url,
+            "max_attempts": str(spec.retry.max_attempts), "storage_url": storage_url, "monitor": spec.checkpoint.monitor,
             **({"epochs": str(spec.loop.epochs)} if spec.loop.epochs is not None else {})}
+
+
+UNSERVED_AFTER_S = 10.0
+"""How long a job waits before its status says that no live worker serves its queue."""
 
 
 class JobRecords:
@@ -229,7 +233,22 @@ class JobRecords:
         return record
 
     def status(self, job_id: str) -> JobStatus:
-        return JobStatus.model_validate(self.raw(job_id))
+        status = JobStatus.model_validate(self.raw(job_id))
+        if status.state in (JobState.queued, JobState.retrying):
+            status.waiting = self._why_waiting(status)
+        return status
+
+    def _why_waiting(self, status: JobStatus) -> Optional[str]:
+        """What baton can tell about a job that waits: that no live worker serves its queue (once it
+        has waited ``UNSERVED_AFTER_S``: a worker may be starting)."""
+        seconds, micros = self.redis.time()
+        now = seconds + micros / 1e6
+        if status.updated_at is not None and now - status.updated_at < UNSERVED_AFTER_S:
+            return None
+        if self.redis.zcount(keys.queue_workers(status.queue), now, "+inf"):
+            return None
+        return (f"no live worker serves queue {status.queue!r}: start one with `baton worker --queues {status.queue}` "
+                "(with the same BATON_REDIS_URL)")
 
     def list_ids(self, limit: int = 100) -> list[str]:
         """Newest first."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import inspect
 import json
 from pathlib import Path
 from typing import Any, Union
@@ -68,25 +69,73 @@ def check_spec(raw: Any, allowed_prefixes: tuple[str, ...] = ()) -> JobSpec:
 
 def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
     """For each user target: (a note, None) when it is checked or cannot be checked here, or
-    (field, problem) when its module imports here but has no such callable (a misspelling)."""
+    (field, problem) when it would fail at job start: its module is missing from a package that
+    imports here, the module has no such callable (a misspelling), or the callable does not take
+    the spec's kwargs."""
     results = []
     for field, text in spec.user_targets().items():
         target = parse_target(text)
         if target.is_builtin:
             continue
-        try:
-            found = importlib.util.find_spec(target.module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            results.append((f"{field}: module {target.module!r} is not importable here; it is checked on the worker", None))
+        if not _importable(target.module):
+            package = target.module.split(".")[0]
+            if package != target.module and _importable(package):
+                results.append((field, f"{field}: module {target.module!r} does not exist (its package {package!r} "
+                                       "imports here)"))
+            else:
+                results.append((f"{field}: module {target.module!r} is not importable here; it is checked on the "
+                                "worker", None))
             continue
         module = importlib.import_module(target.module)
-        if callable(getattr(module, target.attr, None)):
-            results.append((f"{field}: {text} found", None))
+        fn = getattr(module, target.attr, None)
+        if callable(fn):
+            problem = kwargs_problem(field, text, fn, _kwargs_of(spec, field))
+            results.append((field, problem) if problem else (f"{field}: {text} found", None))
             continue
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         close = difflib.get_close_matches(target.attr, names, n=3)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         results.append((field, f"{field}: module {target.module!r} has no callable {target.attr!r}{hint}"))
     return results
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _kwargs_of(spec: JobSpec, field: str) -> dict:
+    """The kwargs beside a target (``data.collate.target`` -> ``spec.data.collate.kwargs``)."""
+    part: Any = spec
+    for name in field.split(".")[:-1]:
+        part = getattr(part, name)
+    return dict(part.kwargs)
+
+
+CALLED_WITH = {"data.target": ((), ("seed",)), "data.val.target": ((), ("seed",)), "data.collate.target": (("samples",), ())}
+"""How each target is called besides its kwargs: (positional arguments, keywords baton adds when the
+callable takes them). A collate function gets the samples first; a data set gets the job's seed."""
+
+
+def kwargs_problem(field: str, text: str, fn: Any, kwargs: dict) -> "str | None":
+    """Why ``fn(**kwargs)`` (as baton calls it) would fail on its arguments; None if it would not, or
+    if its signature cannot be read."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional, added = CALLED_WITH.get(field, ((), ()))
+    kwargs_field = field.rsplit(".", 1)[0] + ".kwargs"
+    params = params[len(positional):] if len(params) >= len(positional) else []
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes = ", ".join(p.name for p in named) or "no keyword arguments"
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        unknown = [k for k in kwargs if k not in {p.name for p in named}]
+        if unknown:
+            return f"{kwargs_field}: {text} takes no argument {', '.join(repr(k) for k in unknown)} (it takes: {takes})"
+    missing = [p.name for p in named if p.default is p.empty and p.name not in kwargs and p.name not in added]
+    if missing:
+        return f"{kwargs_field}: {text} needs {', '.join(repr(m) for m in missing)} (it takes: {takes})"
+    return None

@@ -30,7 +30,8 @@ class MetricsRow(BaseModel):
     # extra fields are the task's metrics, each val_NAME: a number (checked below)
     model_config = ConfigDict(extra="allow")
 
-    epoch: int = Field(description="Epoch (pass over the training data) of this validation, 0-based.")
+    epoch: int = Field(description="Epoch (pass over the training data) of this validation, counting from 1 as "
+                       "everything baton shows does.")
     step: int = Field(description="Optimizer steps completed.")
     train_loss: float = Field(description="Mean training loss since the previous validation (the epoch), weighted by batch size.")
     lr: float = Field(description="Learning rate of the last optimizer step before this validation.")

@@ -169,6 +169,22 @@ class SchedulerSpec(_Spec):
         return self.name in PER_STEP_SCHEDULERS
 
 
+def schedule_problems(scheduler: SchedulerSpec, max_steps: Optional[int]) -> list[str]:
+    """A per-step schedule that cannot fit a step-based run (checked again at job start, where an
+    epoch-based run's length becomes known)."""
+    if max_steps is None:
+        return []
+    if scheduler.name in ("warmup_cosine", "constant_warmup") and scheduler.warmup_steps is not None \
+            and scheduler.warmup_steps >= max_steps:
+        return [f"scheduler.warmup_steps: a warmup of {scheduler.warmup_steps} steps leaves none of the run's "
+                f"{max_steps} (loop.max_steps) for the schedule; shorten the warmup or train longer"]
+    if scheduler.name == "onecycle" and (scheduler.warmup_fraction * max_steps < 2
+                                         or (1 - scheduler.warmup_fraction) * max_steps < 2):
+        return [f"scheduler.warmup_fraction: {scheduler.warmup_fraction} of the run's {max_steps} steps "
+                "(loop.max_steps) leaves fewer than 2 steps for warmup or for annealing"]
+    return []
+
+
 class LoopSpec(_Spec):
     epochs: Optional[int] = Field(
         None, gt=0, le=100_000, description="Passes over the training data; validation after each. Give epochs or max_steps.")
@@ -220,7 +236,8 @@ class ResourcesSpec(_Spec):
     queue: str = Field("default", pattern=NAME_PATTERN, description="Celery queue the job is routed to.")
     cpu_threads: Optional[int] = Field(
         None, gt=0, le=1024,
-        description="torch intra-op threads; null: the first attempt's count, re-applied on every resume.",
+        description="torch intra-op threads per process; null: the first attempt's count (the machine's cores, "
+                    "divided among the ranks of a data-parallel job on the CPU), re-applied on every resume.",
     )
     processes: int = Field(
         1, ge=1, le=64,
@@ -285,6 +302,7 @@ class JobSpec(_Spec):
         if self.loop.max_steps is not None and self.scheduler.name in ("cosine", "step"):
             problems.add("scheduler.name", f"{self.scheduler.name} steps once per epoch; a step-based run (loop.max_steps) "
                                            "needs a per-step schedule: warmup_cosine, constant_warmup, onecycle or none")
+        problems.lines.extend(schedule_problems(self.scheduler, self.loop.max_steps))
         if self.resources.processes > 1 and self.loop.nonfinite == "skip":
             problems.add("loop.nonfinite", "skip is not supported with resources.processes > 1 (a rank skipping its "
                                            "backward would desynchronise the ranks' gradient all-reduce); use fail")

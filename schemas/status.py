@@ -40,6 +40,9 @@ class JobStatus(BaseModel):
     samples_per_s: Optional[float] = None
     val_loss: Optional[float] = None
     val_accuracy: Optional[float] = None
+    metrics: Optional[Json[dict[str, float]]] = Field(
+        None, description="The last validation's metrics, every val_NAME the job's task reports.")
+    monitor: Optional[str] = Field(None, description="The metric the best checkpoint is chosen by (checkpoint.monitor).")
     latest_checkpoint: Optional[str] = None
     best_checkpoint: Optional[str] = None
     best_value: Optional[float] = None
@@ -49,6 +52,8 @@ class JobStatus(BaseModel):
     overrides: Optional[Json[dict[str, Any]]] = Field(
         None, description="The --set overrides (or grid point) applied to its spec file, {dotted.path: value}.")
     last_event: Optional[str] = Field(None, description="Why the job last went back to the queue.")
+    waiting: Optional[str] = Field(None, description="Why a waiting job is not running, where baton can tell: no "
+                                   "live worker serves its queue. Worked out when the status is read.")
     stall_stacks: Optional[str] = Field(None, description="Every thread's stack when an attempt was last stopped "
                                         "for making no optimizer step in BATON_STALL_TIMEOUT_S.")
     error: Optional[str] = None

@@ -134,3 +134,22 @@ class _HangingMLP(RecordingMLP):
 def hanging_mlp(hang_after: int = 5, **kwargs) -> nn.Module:
     """Trains ``hang_after`` micro-batches, then its forward never returns (in every process it runs in)."""
     return _HangingMLP(hang_after, **kwargs)
+
+
+class _FailingAt(Dataset):
+    """Blobs whose sample ``index`` raises, as a corrupt record in real data would."""
+
+    def __init__(self, seed: int, index: int, n: int):
+        self.data, self.index = blobs(seed, n), index
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        if i == self.index:
+            raise ValueError(f"record {i} is corrupt")
+        return self.data[i]
+
+
+def failing_at(seed: int = 0, index: int = 0, n: int = 300) -> Dataset:
+    return _FailingAt(seed, index, n)

@@ -80,3 +80,36 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits_3(tmp_path):
     latest = read_manifest(store, "t")["checkpoints"][-1]
     assert latest["kind"] in ("stop", "epoch") and not read_manifest(store, "t")["completed"]
     assert "run again with --id t to resume" in (tmp_path / "log").read_text()
+
+
+@pytest.mark.parametrize("command", [["run", "--storage", "file://{store}"], ["submit"], ["sweep", "--grid", "seed=1,2"]])
+def test_a_job_id_that_is_not_one_is_refused_in_one_line(tmp_path, command):
+    spec = write_spec(tmp_path, make_spec())
+    name, *options = [part.format(store=tmp_path / "store") for part in command]
+    done = run_baton(name, str(spec), "--id", "team/x", *options)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "--id: job id must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ (got 'team/x')"], done.stderr
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("index,where", [
+    (0, r"while loading sample 0 of the training set .*\n  while training step \d+ \(epoch 1, its batch \d+\)"),
+    (7, r"while loading sample 7 of the validation set .*\n  while validating after step \d+ \(epoch 1\)"),
+])
+def test_a_failing_data_set_shows_the_cause_where_and_the_users_frames_first(tmp_path, index, where):
+    import re
+
+    spec = write_spec(tmp_path, make_spec(data={"target": "tests.probes:failing_at", "kwargs": {"index": index}}))
+    url = f"file://{tmp_path / 'store'}"
+    done = run_baton("run", str(spec), "--id", "bad", "--storage", url)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == f"error: ValueError: record {index} is corrupt", done.stderr
+    assert re.search(where, done.stderr), done.stderr
+    assert "Traceback (your code's frames, most recent call last):" in done.stderr
+    frames = re.findall(r'File "([^"]+)"', done.stderr)
+    assert frames and all(path.endswith("tests/probes.py") for path in frames), done.stderr
+    assert lines[-1] == f"the whole traceback is in the job's log: baton logs bad --storage {url}"
+    log = run_baton("logs", "bad", "--storage", url).stdout
+    assert "workers/training/data.py" in log and "tests/probes.py" in log and f"record {index} is corrupt" in log

@@ -47,7 +47,7 @@ def test_submit_wait_status_list_metrics_and_fetch(cluster, tmp_path):
     assert "quick" in run_baton("list", env=cluster.env).stdout
 
     rows = job.metrics()
-    assert [r["epoch"] for r in rows] == [0, 1] and rows[-1]["step"] == status.total_steps
+    assert [r["epoch"] for r in rows] == [1, 2] and rows[-1]["step"] == status.total_steps
 
     best = job.download(tmp_path / "out", which="best")
     state = load_bytes(best.read_bytes())

@@ -18,3 +18,34 @@ def test_a_module_not_importable_here_is_left_to_the_worker_and_said_so(tmp_path
     result = run_baton("validate", str(spec), env=baton_env(BATON_ALLOWED_MODULES="tests,teamcode"))
     assert result.returncode == 0, result.stderr
     assert "task.target: module 'teamcode.tasks' is not importable here; it is checked on the worker" in result.stdout
+
+
+def test_kwargs_the_callable_does_not_take_are_refused_naming_what_it_takes(tmp_path):
+    spec = write_spec(tmp_path, make_spec(model={"target": "tests.probes:linear", "kwargs": {"in_feature": 2}}))
+    result = run_baton("validate", str(spec))
+    assert result.returncode == 2
+    assert ("model.kwargs: tests.probes:linear takes no argument 'in_feature' (it takes: in_features, out_features)"
+            in result.stderr), result.stderr
+
+
+def test_a_required_argument_left_out_is_refused_but_the_seed_baton_passes_is_not(tmp_path):
+    spec = write_spec(tmp_path, make_spec(data={"target": "tests.tasks:pairs_to_dicts", "kwargs": {}}))
+    result = run_baton("validate", str(spec))
+    assert result.returncode == 2 and "data.kwargs: tests.tasks:pairs_to_dicts needs 'samples'" in result.stderr
+    seeded = write_spec(tmp_path, make_spec(data={"target": "tests.probes:blobs", "kwargs": {"n": 90}}), "seeded.yaml")
+    assert run_baton("validate", str(seeded)).returncode == 0
+
+
+def test_a_module_missing_from_a_package_that_imports_here_is_refused(tmp_path):
+    spec = write_spec(tmp_path, make_spec(model={"target": "tests.no_such_module:net", "kwargs": {}}))
+    result = run_baton("validate", str(spec))
+    assert result.returncode == 2
+    assert "model.target: module 'tests.no_such_module' does not exist (its package 'tests' imports here)" in result.stderr
+
+
+def test_a_warmup_as_long_as_a_step_based_run_is_refused(tmp_path):
+    spec = write_spec(tmp_path, make_spec(loop={"epochs": None, "max_steps": 40},
+                                          scheduler={"name": "warmup_cosine", "warmup_steps": 40}))
+    result = run_baton("validate", str(spec))
+    assert result.returncode == 2
+    assert "scheduler.warmup_steps: a warmup of 40 steps leaves none of the run's 40 (loop.max_steps)" in result.stderr

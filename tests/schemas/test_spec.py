@@ -107,7 +107,7 @@ def test_json_and_yaml_and_dict_load_the_same_spec(tmp_path):
 
 
 def test_module_outside_the_allowlist_is_refused_with_how_to_allow_it():
-    spec = make_spec(model={"target": "os.path:join", "kwargs": {}})
+    spec = make_spec(model={"target": "os.path:join", "kwargs": {"a": "x"}})  # join(a="x"): the arguments fit
     with pytest.raises(SpecError) as caught:
         load_spec(spec, allowed_prefixes=("mycompany",))
     assert caught.value.problems[0].startswith("model.target: module 'os.path' is not allowed")

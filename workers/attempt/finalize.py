@@ -10,11 +10,10 @@ resumes from the final checkpoint, trains no further, and writes its own.
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 from typing import Callable
 
 import safetensors.torch
+import torch
 from torch import nn
 
 from baton.schemas.errors import FencedOut
@@ -33,11 +32,17 @@ WRITE_RETRY_S = 300.0
 
 
 def export_weights(model: nn.Module) -> bytes:
-    """The model's state_dict as safetensors (shared tensors are written once)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.safetensors"
-        safetensors.torch.save_model(model, str(path))
-        return path.read_bytes()
+    """The model's whole state_dict as safetensors: every key, so that ``model.load_state_dict(
+    safetensors.torch.load_file(path))`` loads it strictly. Tensors that share memory (tied weights:
+    a language model's head and its token embedding) are written under each of their names, a copy
+    each after the first (safetensors refuses shared memory; ``save_model`` keeps only one name)."""
+    tensors, written = {}, set()
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu()
+        storage = (tensor.untyped_storage().data_ptr(), tensor.device)
+        tensors[name] = tensor.clone(memory_format=torch.contiguous_format) if storage in written else tensor.contiguous()
+        written.add(storage)
+    return safetensors.torch.save(tensors)
 
 
 def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, model: nn.Module,

@@ -29,12 +29,15 @@ class LocalControl(LoopControl):
     def __init__(self, job_id: str, progress_bar: bool):
         self.job_id = job_id
         self._stop: Optional[str] = None
+        self._finished = False
         self._bar: Optional[tqdm] = None
         self._progress_bar = progress_bar
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame) -> None:
+        if self._finished:  # the job is done: a signal only cuts the closing printout short
+            raise SystemExit(EXIT_DONE)
         if self._stop is not None:
             raise SystemExit(128 + signum)
         self._stop = "interrupted"
@@ -57,13 +60,17 @@ class LocalControl(LoopControl):
         self.log(describe_row(row))
 
     def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
-        self.log(f"resuming {self.job_id} from step {step} (epoch {epoch}, batch {batch_in_epoch}) as attempt {attempt}")
+        self.log(f"resuming {self.job_id} from step {step} (epoch {epoch + 1}, batch {batch_in_epoch}) as attempt {attempt}")
 
     def log(self, message: str) -> None:
         if self._bar is not None:
             self._bar.write(message)
         else:
             print(message, flush=True)
+
+    def finished(self) -> None:
+        """The job has completed: from now on a signal ends the process with exit 0."""
+        self._finished = True
 
     def close(self) -> None:
         if self._bar is not None:
@@ -98,8 +105,16 @@ def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: 
     try:
         result = run_attempt(spec, job_id, store, manifest.attempt + 1, control, allowed_prefixes=allowed_prefixes,
                              job_log=True)
+    except SystemExit:  # a second signal: an abort, unless the job had completed before it came
+        if not ManifestStore(store, paths).read().completed:
+            raise
+        control.finished()
+        print(f"job {job_id} finished; artifacts under {store.url}/{paths.root}")
+        return EXIT_DONE
     finally:
         control.close()
+    if result.outcome.completed:
+        control.finished()
     if not result.outcome.completed:
         print(f"job {job_id} stopped ({result.outcome.reason}) after a checkpoint; "
               f"run again with --id {job_id} to resume")

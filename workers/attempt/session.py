@@ -166,7 +166,7 @@ def _attempt(
     pin_resume_point(manifests, attempt, entry, control.log)
 
     check_same_processes(state, spec.resources.processes)
-    threads = spec.resources.cpu_threads or (state["config"]["cpu_threads"] if state else torch.get_num_threads())
+    threads = spec.resources.cpu_threads or (state["config"]["cpu_threads"] if state else default_threads(spec))
     configure(spec.loop.deterministic, threads)
     train = functools.partial(_train, spec, job_id, store, attempt, control, state, entry, threads,
                               allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
@@ -186,6 +186,15 @@ def _attempt(
     ranks.finish()
     group.close()
     return result
+
+
+def default_threads(spec: JobSpec) -> int:
+    """Intra-op threads when the spec sets none: torch's default (the machine's cores), shared out among
+    the ranks of a data-parallel job on the CPU (ranks that each took every core would contend)."""
+    threads = torch.get_num_threads()
+    if spec.resources.processes > 1 and resolve_device(spec.resources.device).type == "cpu":
+        return max(1, threads // spec.resources.processes)
+    return threads
 
 
 def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control: LoopControl,

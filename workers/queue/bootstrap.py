@@ -1,11 +1,13 @@
 """What a worker process sets up once: Redis, the reaper, signal handling, the start banner."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
 from typing import Optional
 
+import redis
 import torch
 from celery import signals
 from celery.worker import state as celery_state
@@ -17,6 +19,7 @@ from baton.schemas.settings import BatonSettings
 from baton.workers.tracking import prometheus
 from baton.workers.training.determinism import prepare_process
 
+from . import presence
 from .celery_app import app, publish_run
 from .job_runner import WorkerContext
 from .preemption import PREEMPTION
@@ -75,7 +78,18 @@ def _on_ready(sender, **_) -> None:
     warm_up(ctx.settings.storage_url)
     ctx.redis.delete(keys.worker_stopping(ctx.worker))  # a previous run under this name may have left it
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
+    queues = sorted(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)
+    announce = functools.partial(presence.announce, ctx.redis, ctx.worker, queues, ctx.settings.reaper_period_s)
+    announce()
     Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s, ctx.worker, on_action=_count_reaped,
-           lease_ttl_s=ctx.settings.lease_ttl_s).start()
+           lease_ttl_s=ctx.settings.lease_ttl_s, every_pass=announce).start()
+
+    def withdraw(**_) -> None:
+        try:
+            presence.withdraw(ctx.redis, ctx.worker, queues)
+        except redis.RedisError as exc:  # its announcement lapses by itself
+            _log.warning("could not withdraw this worker's queues (%s: %s)", type(exc).__name__, exc)
+
+    signals.worker_shutdown.connect(withdraw, weak=False)
     prometheus.serve(ctx.settings.metrics_port)
     _log.warning("baton worker %s ready: %s", ctx.worker, device_banner())

@@ -37,6 +37,7 @@ from baton.jobs import keys
 from baton.jobs.records import JobRecords
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
 from baton.schemas.manifest import CheckpointManifest
+from baton.schemas.metrics import val_metrics
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
@@ -47,6 +48,7 @@ from baton.workers.attempt.session import run_attempt
 from baton.workers.parallel.launcher import RankLost, devices_missing, offered_gpus
 from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport, describe_row
+from baton.workers.training.targets import unavailable
 
 from . import lease
 from .claims import catch_up_with_manifest, release_if_still_mine
@@ -154,7 +156,9 @@ class WorkerControl(LoopControl):
                 self._last_progress, self._last_step = time.monotonic(), report.step
 
     def on_epoch(self, row: dict) -> None:
-        self._record({k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "the epoch's metrics")
+        metrics = val_metrics(row)
+        self._record({**{k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "metrics": json.dumps(metrics)},
+                     "the epoch's metrics")
         self.log(describe_row(row))
 
     def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
@@ -168,7 +172,7 @@ class WorkerControl(LoopControl):
 
     def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
         self._record({"resumed_from": step}, "the resume point")
-        self.log(f"resuming from step {step} (epoch {epoch}, batch {batch_in_epoch}) as attempt {attempt}")
+        self.log(f"resuming from step {step} (epoch {epoch + 1}, batch {batch_in_epoch}) as attempt {attempt}")
 
     def log(self, message: str) -> None:
         _log.info("job %s: %s", self.job_id, message)
@@ -233,16 +237,27 @@ PASS_ON_WAIT_S = 10.0
 
 
 def _cannot_host(ctx: WorkerContext, job_id: str) -> Optional[str]:
-    """Why this worker cannot give the job what it needs (GPUs for each of its ranks); None if it can,
-    or if the record cannot tell (the claim then decides, as for any job)."""
+    """Why this worker cannot give the job what it needs (GPUs for each of its ranks; its code: modules
+    this worker's BATON_ALLOWED_MODULES allows, from packages installed here); None if it can, or if
+    the record cannot tell (the claim then decides, as for any job)."""
     try:
         raw = ctx.redis.hget(keys.job(job_id), "spec")
-        resources = json.loads(raw)["resources"] if raw else None
+        data = json.loads(raw) if raw else None
+        resources = data["resources"] if data else None
     except (redis.RedisError, ValueError, KeyError, TypeError):
         return None
     if not resources:
         return None
-    return devices_missing(str(resources.get("device", "auto")), int(resources.get("processes", 1)), ctx.offered_gpus())
+    missing = devices_missing(str(resources.get("device", "auto")), int(resources.get("processes", 1)),
+                              ctx.offered_gpus())
+    if missing is not None:
+        return missing
+    try:
+        targets = JobSpec.parse(data).user_targets()
+    except SpecError:
+        return None  # the claim fails it, naming what is wrong
+    why = unavailable(targets, ctx.settings.allowed_prefixes)
+    return None if why is None else f"{why} on {ctx.worker}"
 
 
 def _pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str) -> str:
@@ -342,6 +357,8 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
     outcome = result.outcome
     if not outcome.completed:
         _log.info("job %s: stopped at step %s after a committed checkpoint (%s)", job_id, outcome.step, outcome.reason)
+        # progress writes are spaced out: the last one may be older than the checkpoint the job stopped with
+        control._record({"step": outcome.step}, "the step it stopped at")
     if outcome.completed:
         _finish(control, JobState.succeeded)
         _log.info("job %s: succeeded", job_id)

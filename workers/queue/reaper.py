@@ -140,9 +140,11 @@ class Reaper(threading.Thread):
     no expired lease as a loss, and how long a message may wait for its claim."""
 
     def __init__(self, client: redis.Redis, publish: Publish, period_s: float, worker: str,
-                 on_action: OnAction = lambda job_id, action: None, lease_ttl_s: float = UNCLAIMED_AFTER_S):
+                 on_action: OnAction = lambda job_id, action: None, lease_ttl_s: float = UNCLAIMED_AFTER_S,
+                 every_pass: Callable[[], None] = lambda: None):
         super().__init__(name="baton-reaper", daemon=True)
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
+        self._every_pass = every_pass  # the worker's other periodic duty: announcing the queues it serves
         self._worker, self._lease_ttl_s = worker, lease_ttl_s
         self._records = JobRecords(client)
         self._stopping = threading.Event()
@@ -166,6 +168,7 @@ class Reaper(threading.Thread):
 
     def make_pass(self) -> None:
         started = time.monotonic()
+        self._every_pass()
         run_id = self._client.info("server")["run_id"]
         turn = take_turn(self._client, self._worker, self._period_s)
         restarted = self._run_id is not None and run_id != self._run_id

@@ -115,7 +115,7 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
     return {
         "job_id": job_id,
         "name": spec.get("name"),
-        "epochs": last["epoch"] + 1,
+        "epochs": last["epoch"],
         "validations": len(rows),
         "steps": last["step"],
         "monitor": metric,

@@ -37,8 +37,9 @@ class LoopControl:
         """Called after every validation with its metrics row."""
 
     def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
-        """Called once when an attempt resumes from a checkpoint."""
-        self.log(f"resuming from step {step} (epoch {epoch}, batch {batch_in_epoch}) as attempt {attempt}")
+        """Called once when an attempt resumes from a checkpoint: at ``epoch`` (an index: shown from 1) after
+        ``batch_in_epoch`` of its batches."""
+        self.log(f"resuming from step {step} (epoch {epoch + 1}, batch {batch_in_epoch}) as attempt {attempt}")
 
     def log(self, message: str) -> None:
         print(message, flush=True)

@@ -75,11 +75,19 @@ def tensor_columns(base: Dataset) -> Optional[tuple[torch.Tensor, ...]]:
     return columns
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """Say where an exception happened, beside its message (Python 3.11's notes; printed with its traceback)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+
+
 class SplitView(Dataset):
     """What the training and validation views share: samples ``indices`` of ``base``, nothing to
-    augment unless a subclass says so, and the two faster ways to a batch."""
+    augment unless a subclass says so, and the two faster ways to a batch. A data set's exception
+    is noted with the index of the sample it failed on."""
 
     _augment: Optional[Callable] = None
+    kind = "data"
 
     def __init__(self, base: Dataset, indices: list[int], seed: int = 0):
         self.base, self.indices, self.seed = base, indices, seed
@@ -93,7 +101,12 @@ class SplitView(Dataset):
         ``__getitem__`` sample by sample, which seeds each sample's RNGs."""
         if self._augment is None and get_worker_info() is None:
             base, indices = self.base, self.indices
-            return [base[indices[p]] for p in positions]
+            index = None
+            try:
+                return [base[(index := indices[p])] for p in positions]
+            except Exception as exc:
+                add_note(exc, f"while loading sample {index} of the {self.kind} set (its index in your data set)")
+                raise
         return [self[p] for p in positions]
 
     def tensor_batches(self) -> Optional["TensorBatches"]:
@@ -136,6 +149,8 @@ def whole_batch(batch: list[torch.Tensor]) -> list[torch.Tensor]:
 class TrainView(SplitView):
     """The training split of ``base`` in one epoch, with per-sample seeded augmentation."""
 
+    kind = "training"
+
     def __init__(self, base: Dataset, indices: list[int], seed: int, epoch: int):
         super().__init__(base, indices, seed)
         self.epoch = epoch
@@ -145,24 +160,36 @@ class TrainView(SplitView):
         index = self.indices[position]
         if get_worker_info() is not None:  # a loader worker: its RNGs would restart from its seed on resume
             seed_sample_rngs(self.seed, self.epoch, index)
-        sample = self.base[index]
-        if self._augment is None:
-            return sample
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "augment", self.epoch, index))
-        if isinstance(sample, tuple) and len(sample) == 2:  # (input, target): augment the input
-            return self._augment(sample[0], generator), sample[1]
-        return self._augment(sample, generator)  # any other sample is augmented whole
+        doing = "loading"
+        try:
+            sample = self.base[index]
+            if self._augment is None:
+                return sample
+            doing = "augmenting"
+            generator = torch.Generator().manual_seed(derive_seed(self.seed, "augment", self.epoch, index))
+            if isinstance(sample, tuple) and len(sample) == 2:  # (input, target): augment the input
+                return self._augment(sample[0], generator), sample[1]
+            return self._augment(sample, generator)  # any other sample is augmented whole
+        except Exception as exc:
+            add_note(exc, f"while {doing} sample {index} of the training set (its index in your data set)")
+            raise
 
 
 class EvalView(SplitView):
     """Validation samples in order; in a loader worker, the global RNGs are seeded per sample from
     (seed, index), the same for every validation."""
 
+    kind = "validation"
+
     def __getitem__(self, position: int):
         index = self.indices[position]
         if get_worker_info() is not None:
             seed_sample_rngs(self.seed, -1, index)  # epoch -1: validation, never a training epoch
-        return self.base[index]
+        try:
+            return self.base[index]
+        except Exception as exc:
+            add_note(exc, f"while loading sample {index} of the validation set (its index in your data set)")
+            raise
 
 
 class EpochBatches(Sampler[list[int]]):

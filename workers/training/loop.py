@@ -32,6 +32,7 @@ from .amp import optimizer_step_norm_tensor
 from .batches import batch_size, to_device
 from .components import Components
 from .control import LoopControl, StepReport
+from .data import add_note
 from .evaluate import evaluate
 from .progress import BestTracker, Progress
 from .readings import PendingReadings
@@ -67,9 +68,18 @@ class TrainingLoop:
         self._last_loss = math.nan
         self._pending = PendingReadings()  # losses and norms still on the device (read once per step)
         self._scaling = self.parts.scaler.is_enabled()  # a disabled GradScaler's scale() returns the loss as is
+        self._validating = False
 
     # --- phases ----------------------------------------------------------------------------
     def run(self) -> Outcome:
+        """Train to the end or to a stop; an exception is noted with where it happened (epoch, step)."""
+        try:
+            return self._run()
+        except Exception as exc:
+            add_note(exc, self._where())
+            raise
+
+    def _run(self) -> Outcome:
         p = self.progress
         while not self.finished():
             reason = self.train_pass()
@@ -139,8 +149,8 @@ class TrainingLoop:
             if not math.isfinite(reading.value):
                 if self.parts.spec.loop.nonfinite == "fail":
                     raise NonFiniteLossError(
-                        f"training loss is {reading.value} at epoch {reading.epoch}, batch {reading.batch_in_epoch} "
-                        f"(step {reading.step}); policy loop.nonfinite: fail"
+                        f"training loss is {reading.value} at epoch {reading.epoch + 1}, batch "
+                        f"{reading.batch_in_epoch + 1} (step {reading.step + 1}); policy loop.nonfinite: fail"
                     )
                 self._group_nonfinite = True
                 continue
@@ -181,15 +191,17 @@ class TrainingLoop:
         """Score the validation set, record the row and the best, checkpoint (mandatory)."""
         p, parts = self.progress, self.parts
         self._absorb_readings()
+        self._validating = True
         values = evaluate(parts.model, parts.data.val_loader(), parts.device, parts.precision, parts.task)
+        self._validating = False
         lr = self._lr()
         if kind == "epoch" and parts.scheduler is not None and not parts.spec.scheduler.per_step:
             parts.scheduler.step()
         train_loss = self._train_loss()
         values["train_loss"] = train_loss
-        is_best = self.best.update(values[self.best.metric], p.global_step, p.epoch)
+        is_best = self.best.update(values[self.best.metric], p.global_step, p.epoch + 1)
         row = MetricsRow(
-            epoch=p.epoch, step=p.global_step, train_loss=train_loss, lr=lr,
+            epoch=p.epoch + 1, step=p.global_step, train_loss=train_loss, lr=lr,
             grad_norm=p.epoch_grad_norm_sum / p.epoch_steps if p.epoch_steps else math.nan,
             grad_norm_max=p.epoch_grad_norm_max, nonfinite_steps=p.nonfinite_steps,
             samples_per_s=self._throughput(), epoch_s=time.perf_counter() - self._clock, time=time.time(),
@@ -268,6 +280,14 @@ class TrainingLoop:
             "ckpt_write_s": sum(s.write_s for s in done),
             "ckpt_bytes": sum(s.bytes for s in done),
         }
+
+    def _where(self) -> str:
+        """Where the loop is, for people: epochs, steps and batches counted from 1."""
+        p = self.progress
+        unit = "epoch" if self.parts.spec.loop.epochs is not None else "pass over the data"
+        if self._validating:
+            return f"while validating after step {p.global_step} ({unit} {p.epoch + 1})"
+        return f"while training step {p.global_step + 1} ({unit} {p.epoch + 1}, its batch {p.batch_in_epoch + 1})"
 
     # --- small readings --------------------------------------------------------------------
     def _train_loss(self) -> float:

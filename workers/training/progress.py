@@ -63,7 +63,7 @@ class BestTracker:
     mode: str  # min | max
     value: Optional[float] = None
     step: Optional[int] = None
-    epoch: Optional[int] = None
+    epoch: Optional[int] = None  # the epoch it was reached in, counting from 1
 
     def improves(self, value: float) -> bool:
         if not math.isfinite(value):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 from typing import Any, Callable, Optional
 
@@ -29,6 +30,27 @@ def resolve(target: str, builtin_registry: dict[str, Callable], allowed_prefixes
     if not callable(fn):
         raise PermanentError(f"{target}: module {parsed.module!r} has no callable {parsed.attr!r}")
     return fn
+
+
+def unavailable(targets: dict[str, str], allowed_prefixes: tuple[str, ...]) -> Optional[str]:
+    """Why this process could not import one of a job's targets (``{"model.target": "pkg.mod:fn"}``):
+    its module is outside this process's allowlist, or its package is not installed here. None if
+    every one may be imported. Imports nothing (a top-level package is only looked up)."""
+    for field, text in targets.items():
+        target = parse_target(text)
+        if target.is_builtin:
+            continue
+        if not module_allowed(target.module, allowed_prefixes):
+            allowed = ",".join(allowed_prefixes) or "(unset)"
+            return f"{field}: module {target.module!r} is not allowed here (BATON_ALLOWED_MODULES={allowed})"
+        package = target.module.split(".")[0]
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return f"{field}: package {package!r} is not installed here"
+    return None
 
 
 def _accepts(fn: Callable, name: str) -> bool:

@@ -33,7 +33,7 @@ def capture(parts: Components, progress: Progress, best: BestTracker, metrics: l
         "data": parts.data.state_dict(),
         "best": best.state_dict(),
         "metrics": Plain(list(metrics)),  # rows are never modified once appended
-        "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type},
+        "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type, "epochs_from": 1},
     }
 
 
@@ -56,4 +56,8 @@ def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTra
         parts.scaler.load_state_dict(state["scaler"])
     parts.data.load_state_dict(state.get("data"))
     rng.restore(state["rng"], parts.device)
-    return Progress.from_state(state["progress"]), BestTracker.from_state(state["best"]), rows_of(state["metrics"])
+    best, rows = BestTracker.from_state(state["best"]), rows_of(state["metrics"])
+    if state["config"].get("epochs_from") != 1:  # written before rows and the best counted epochs from 1
+        rows = [{**row, "epoch": row["epoch"] + 1} for row in rows]
+        best.epoch = None if best.epoch is None else best.epoch + 1
+    return Progress.from_state(state["progress"]), best, rows

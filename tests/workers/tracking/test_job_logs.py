@@ -54,7 +54,7 @@ def test_logs_of_a_killed_and_resumed_job_in_order_followed_live_secrets_redacte
     def mid_epoch_1_with_its_first_validation_logged(manifest: dict) -> bool:
         latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None
         return (latest is not None and latest["kind"] == "step" and latest["epoch"] == 1 and latest["batch_in_epoch"] > 0
-                and "epoch 0: step" in read_log(store, "chatty", 1) and a_row_in_mlflow())
+                and "epoch 1: step" in read_log(store, "chatty", 1) and a_row_in_mlflow())
 
     kill_when(holder.proc, store, "chatty", mid_epoch_1_with_its_first_validation_logged)  # SIGKILL, whole group
     final = job.wait(timeout=120, progress=False)
@@ -77,7 +77,7 @@ def test_logs_of_a_killed_and_resumed_job_in_order_followed_live_secrets_redacte
         assert re.search(r" stdout chatty: stdout sample \d+ in pid \d+", text)
         assert " stderr chatty: stderr sample " in text
         assert re.search(r" stderr .*WARNING chatty\.user: chatty: logging sample \d+", text)
-    assert "epoch 2: step" in "\n".join(second) and "epoch 0: step" in "\n".join(first)
+    assert "epoch 3: step" in "\n".join(second) and "epoch 1: step" in "\n".join(first)  # epochs count from 1
 
     # secrets from the worker's environment never reach the stored log, nor the worker's own
     assert "chatty: my token is *** and my redis is redis://:***@db.internal:6379/0" in log

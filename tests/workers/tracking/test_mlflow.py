@@ -46,7 +46,7 @@ class _CutMlflowMidRun(LoopControl):
         self.lines: list[str] = []
 
     def on_epoch(self, row: dict) -> None:
-        if row["epoch"] == 1:
+        if row["epoch"] == 2:  # the second validation (epochs count from 1)
             deadline = time.monotonic() + 30
             while not self._first_row_logged() and time.monotonic() < deadline:
                 time.sleep(0.1)

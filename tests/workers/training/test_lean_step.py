@@ -71,13 +71,13 @@ def test_no_device_read_per_micro_batch_only_one_per_optimizer_step(run_job, mon
 def test_a_nonfinite_loss_in_the_middle_of_a_group_fails_naming_its_micro_batch(run_job):
     """Under ``fail``, the error names the micro-batch whose loss was not finite, as it did when
     each loss was read at once, although the check now happens at the group's step."""
-    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at epoch 0, batch (\d+) \(step (\d+)\)") as info:
+    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at epoch 1, batch (\d+) \(step (\d+)\)") as info:
         run_job(make_spec(data={**BLOBS, "target": "tests.probes:with_nan", "kwargs": {"bad_every": 1000}},
                           scheduler={"name": "none"}, loop={"epochs": 1, "grad_accum_steps": 4, "nonfinite": "fail"}))
     import re
 
     batch, step = map(int, re.search(r"batch (\d+) \(step (\d+)\)", str(info.value)).groups())
-    assert step == batch // 4  # the step the micro-batch belonged to, not the one after
+    assert step - 1 == (batch - 1) // 4  # the step the micro-batch belonged to, not the one after (both from 1)
 
 
 def test_the_one_transfer_path_reads_the_values_item_gives():

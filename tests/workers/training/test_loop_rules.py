@@ -225,7 +225,7 @@ def test_best_checkpoint_follows_the_monitored_held_out_metric_not_the_last_epoc
     values = [r[monitor] for r in rows]
     best_epoch = values.index(min(values) if mode == "min" else max(values))
     assert best_epoch != len(rows) - 1, "the probe must make the last epoch worse than the best"
-    assert result.report["best"]["epoch"] == best_epoch
+    assert result.report["best"]["epoch"] == best_epoch + 1  # epochs count from 1; best_epoch is an index
     best_entry = ManifestStore(FileStore(root), JobPaths(job)).read().best
     best = load_bytes(FileStore(root).get_bytes(best_entry.key), best_entry.sha256)
     assert best["progress"]["epoch"] == best_epoch + 1 and best["progress"]["global_step"] == rows[best_epoch]["step"]

@@ -26,7 +26,7 @@ def test_a_step_based_run_stops_at_max_steps_and_validates_every_n_and_at_the_en
                                           loop={"epochs": None, "max_steps": 17, "eval_every_steps": 5}))
     rows = read_rows(root, job)
     assert [r["step"] for r in rows] == [5, 10, 15, 17]
-    assert [r["epoch"] for r in rows] == [0, 1, 2, 3]  # 5 batches a pass: step 17 is in the fourth pass
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4]  # 5 batches a pass: step 17 is in the fourth pass
     state = final_state(FileStore(root), job)
     assert state["progress"]["global_step"] == 17 and result.outcome.completed
 

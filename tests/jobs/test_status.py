@@ -1,0 +1,58 @@
+"""What `baton status` tells about a job on real workers: the task's own metrics, the monitored one
+first; epochs counted from 1 in log lines as in the status; the step of the checkpoint a cancelled job
+stopped with; and, for a job that waits, that no live worker serves its queue."""
+from __future__ import annotations
+
+import re
+
+from baton.jobs import records
+from baton.jobs.display import details
+from tests.helpers import make_spec
+from tests.workers.conftest import SPEC
+from tests.workers.queue.test_worker_loss import running_at_step, wait_for
+
+REGRESSION = make_spec(model={"target": "builtin:mlp", "kwargs": {"in_features": 10, "hidden": 16, "out_features": 1}},
+                       data={"target": "builtin:diabetes", "kwargs": {}, "batch_size": 64},
+                       task={"target": "builtin:regression"}, scheduler={"name": "none"}, loop={"epochs": 3},
+                       checkpoint={"every_steps": None, "monitor": "val_mae", "mode": "min"})
+
+
+def test_status_shows_the_tasks_own_metrics_the_monitored_one_first(cluster):
+    cluster.start_workers(1)
+    job = cluster.client.submit(REGRESSION, "regress")
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert final.monitor == "val_mae" and set(final.metrics) == {"val_loss", "val_mae"}
+    shown = [line.split(":")[0].strip() for line in details(final).splitlines()]
+    assert shown[shown.index("loss") + 1:shown.index("loss") + 3] == ["val_mae (monitored)", "val_loss"]
+    assert "val_accuracy" not in shown
+    assert re.search(r"best checkpoint: \S+ \(val_mae \d", details(final))
+    log = job.logs()
+    assert re.search(r"epoch 1: step \d+ train_loss", log) and not re.search(r"epoch 0: step", log)
+    assert final.epoch == final.epochs == 3 and re.search(r"epoch 3: step \d+ train_loss", log)
+
+
+def test_a_cancelled_jobs_status_shows_the_step_of_the_checkpoint_it_stopped_with(cluster):
+    cluster.start_workers(1)
+    job = cluster.client.submit(SPEC, "stopped")
+    wait_for(running_at_step(job, 3))
+    assert job.cancel() == "requested"
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "cancelled"
+    assert final.latest_checkpoint.endswith(f"/step-{final.step}.pt"), (final.step, final.latest_checkpoint)
+
+
+def test_a_job_on_a_queue_no_live_worker_serves_says_so_until_one_does(cluster, monkeypatch):
+    monkeypatch.setattr(records, "UNSERVED_AFTER_S", 1.0)
+    cluster.start_workers(1, queues="default")
+    quick = make_spec(loop={"epochs": 1}, scheduler={"name": "none"})
+    waiting = cluster.client.submit({**quick, "resources": {**quick["resources"], "queue": "gpu"}}, "unserved")
+    served = cluster.client.submit(quick, "served")
+    status = wait_for(lambda: waiting.status().waiting and waiting.status(), timeout=30)
+    assert status.state.value == "queued"
+    assert status.waiting.startswith("no live worker serves queue 'gpu': start one with `baton worker --queues gpu`")
+    assert "no live worker serves" in details(status)
+    assert served.wait(timeout=60, progress=False).waiting is None
+    cluster.start_workers(1, queues="gpu")
+    wait_for(lambda: waiting.status().waiting is None, timeout=30)
+    assert waiting.wait(timeout=60, progress=False).state.value == "succeeded"
