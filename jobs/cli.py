@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from baton.schemas.errors import SpecError
+from baton.schemas.errors import FencedOut, RunningElsewhere, SpecError
 from baton.schemas.settings import BatonSettings
 
 from .specfile import check_user_targets, load_spec
@@ -21,6 +21,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-p
 
 EXIT_FAILED = 1
 EXIT_BAD_SPEC = 2
+EXIT_RUNNING_ELSEWHERE = 4
 
 
 def _settings() -> BatonSettings:
@@ -79,7 +80,8 @@ def run(
     """Run a job in this process (no Redis); run again with the same --id to resume it.
 
     Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable),
-    130 aborted by a second signal (the next run resumes from the last committed checkpoint).
+    4 the job is running in another `baton run` (nothing done), 130 aborted by a second signal (the next
+    run resumes from the last committed checkpoint).
     """
     from baton.storage.layout import new_job_id
     from baton.storage.open import open_store
@@ -96,6 +98,12 @@ def run(
     except SpecError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(EXIT_BAD_SPEC)
+    except RunningElsewhere as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_RUNNING_ELSEWHERE)
+    except FencedOut as exc:  # another run took the job over (this one was thought gone): it committed nothing more
+        typer.echo(f"stopped: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED)
     except Exception as exc:  # the cause and the user's own frames; the whole traceback is in the job's log
         from .display import failure
 
@@ -286,6 +294,8 @@ def logs(
         raise typer.Exit(1)
     if follow:
         source.follow(attempt, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        if source.stopped:
+            typer.echo(source.stopped, err=True)
     else:
         text = source.read(attempt)
         if not text:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
-from baton.schemas.errors import JobNotFound, SpecError
+from baton.schemas.errors import JobNotFound, PreconditionFailed, SpecError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
@@ -241,8 +241,12 @@ class JobClient:
             raise SpecError([f"id: a job {job_id!r} already exists" for job_id in taken])
 
     def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
-        """Store spec.json and a queued record (marked for publishing)."""
-        store.put_bytes(JobPaths(job_id).spec, parsed.model_dump_json(indent=2).encode())
+        """Store spec.json and a queued record (marked for publishing). spec.json is a conditional
+        create: of two clients racing on one id, the one whose spec is stored is the one that goes on."""
+        try:
+            store.put_if(JobPaths(job_id).spec, parsed.model_dump_json(indent=2).encode(), None)
+        except PreconditionFailed:
+            raise SpecError([f"id: a job {job_id!r} already exists"]) from None
         created = self.records.create(job_id, {**spec_fields(parsed, store.url), **extra})
         if not created:
             raise SpecError([f"id: a job {job_id!r} already exists"])

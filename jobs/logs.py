@@ -95,11 +95,13 @@ def attempt_ended(store: ObjectStore, job_id: str) -> bool:
 
 @dataclass
 class JobLog:
-    """Where a job's log is read from, and how to know that nothing more will come."""
+    """Where a job's log is read from, and how to know that nothing more will come (``stopped``
+    then says why, where the reason is not the job's own end)."""
 
     store: ObjectStore
     job_id: str
     done: Callable[[], bool]
+    stopped: Optional[str] = None
 
     def read(self, attempt: Optional[int] = None) -> str:
         return read_log(self.store, self.job_id, attempt)
@@ -129,4 +131,20 @@ def open_job_log(job_id: str, storage_url: Optional[str], settings: "BatonSettin
     store = open_store(storage_url)
     if not store.exists(JobPaths(job_id).spec) and not log_chunks(store, job_id):
         raise FileNotFoundError(f"no job {job_id!r} (no record, and nothing under {store.url}/{JobPaths(job_id).root})")
-    return JobLog(store, job_id, lambda: attempt_ended(store, job_id))
+    log = JobLog(store, job_id, lambda: False)
+    log.done = lambda: _run_over(log)
+    return log
+
+
+def _run_over(log: JobLog) -> bool:
+    """A job with no record is over when its newest attempt's log has its end line, or when no live
+    ``baton run`` holds it (the process writing it was killed outright, or none runs it now)."""
+    from baton.storage.run_lease import held
+
+    if attempt_ended(log.store, log.job_id):
+        return True
+    if not held(log.store, JobPaths(log.job_id)):
+        log.stopped = (f"job {log.job_id}: no run holds it now (its process is gone, or it is not running): "
+                       "stopped following; `baton run` with its --id resumes it")
+        return True
+    return False

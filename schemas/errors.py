@@ -81,6 +81,10 @@ class LeaseUnconfirmed(FencedOut):
     the job is released or reaped, never failed."""
 
 
+class RunningElsewhere(BatonError):
+    """Another live ``baton run`` holds this job: this one starts nothing."""
+
+
 class JobNotFound(BatonError):
     """No job with this id exists."""
 

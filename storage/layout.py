@@ -93,6 +93,11 @@ class JobPaths:
         return f"{self.root}/manifest.json"
 
     @property
+    def run_lease(self) -> str:
+        """``baton run``'s hold on the job while a process trains it in place (no Redis)."""
+        return f"{self.root}/run-lease.json"
+
+    @property
     def mlflow_run(self) -> str:
         """The job's MLflow run (tracking URI without credentials, experiment and run id), created
         once by the first attempt that reaches MLflow (a conditional create) and read by every later

@@ -7,11 +7,12 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from baton.schemas.errors import SpecError
+from baton.schemas.errors import FencedOut, PreconditionFailed, SpecError
 from baton.schemas.spec import JobSpec
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id
 from baton.storage.manifest_store import ManifestStore
+from baton.storage.run_lease import LocalLease
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 from baton.workers.training.determinism import prepare_process
 
@@ -20,14 +21,16 @@ from .session import run_attempt
 EXIT_DONE = 0
 EXIT_STOPPED = 3
 """Stopped by a signal after a committed checkpoint: the same --id resumes it."""
+EXIT_RUNNING_ELSEWHERE = 4
+"""Another live ``baton run`` holds the job: nothing was done."""
 
 
 class LocalControl(LoopControl):
     """Signals and a progress bar. The first SIGINT/SIGTERM stops at the next step boundary after a
     checkpoint; a second one exits at once."""
 
-    def __init__(self, job_id: str, progress_bar: bool):
-        self.job_id = job_id
+    def __init__(self, job_id: str, progress_bar: bool, lease: Optional[LocalLease] = None):
+        self.job_id, self.lease = job_id, lease
         self._stop: Optional[str] = None
         self._finished = False
         self._bar: Optional[tqdm] = None
@@ -44,6 +47,8 @@ class LocalControl(LoopControl):
         self.log(f"{signal.Signals(signum).name}: checkpointing at the next step, then stopping (again to abort)")
 
     def stop_reason(self) -> Optional[str]:
+        if self.lease is not None and self.lease.lost.is_set():
+            raise FencedOut(f"job {self.job_id}: another run took it over")
         return self._stop
 
     def on_step(self, report: StepReport) -> None:
@@ -78,7 +83,14 @@ class LocalControl(LoopControl):
 
 
 def register_spec(store: ObjectStore, paths: JobPaths, spec: JobSpec) -> None:
-    """Store spec.json, or check that the job's stored spec is this one (a resume must not change it)."""
+    """Store spec.json (a conditional create: of two runs racing, one spec is stored), or check that
+    the job's stored spec is this one (a resume must not change it)."""
+    if not store.exists(paths.spec):
+        try:
+            store.put_if(paths.spec, spec.model_dump_json(indent=2).encode(), None)
+            return
+        except PreconditionFailed:
+            pass  # another run stored its spec first: it must be this one
     if store.exists(paths.spec):
         stored = JobSpec.parse(json.loads(store.get_bytes(paths.spec)))
         if stored.resources.processes != spec.resources.processes:
@@ -87,8 +99,6 @@ def register_spec(store: ObjectStore, paths: JobPaths, spec: JobSpec) -> None:
                              "(each rank's RNG and data share are in its checkpoints); use a new --id"])
         if stored != spec:
             raise SpecError([f"spec: job {paths.job_id} already exists with a different spec; use a new --id"])
-        return
-    store.put_bytes(paths.spec, spec.model_dump_json(indent=2).encode())
 
 
 def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: tuple[str, ...],
@@ -97,14 +107,26 @@ def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: 
     check_job_id(job_id)
     paths = JobPaths(job_id)
     register_spec(store, paths, spec)
-    manifest = ManifestStore(store, paths).read()
+    if ManifestStore(store, paths).read().completed:
+        print(f"job {job_id} already finished; its artifacts are under {store.url}/{paths.root}")
+        return EXIT_DONE
+    lease = LocalLease(store, paths).acquire()  # RunningElsewhere while another live run holds the job
+    try:
+        return _run_held(spec, job_id, store, paths, lease, allowed_prefixes, progress_bar)
+    finally:
+        lease.release()
+
+
+def _run_held(spec: JobSpec, job_id: str, store: ObjectStore, paths: JobPaths, lease: LocalLease,
+              allowed_prefixes: tuple[str, ...], progress_bar: bool) -> int:
+    manifest = ManifestStore(store, paths).read()  # read under the lease: no other run moves it now
     if manifest.completed:
         print(f"job {job_id} already finished; its artifacts are under {store.url}/{paths.root}")
         return EXIT_DONE
-    control = LocalControl(job_id, progress_bar)
+    control = LocalControl(job_id, progress_bar, lease)
     try:
         result = run_attempt(spec, job_id, store, manifest.attempt + 1, control, allowed_prefixes=allowed_prefixes,
-                             job_log=True)
+                             job_log=True, claim=lease.nonce)
     except SystemExit:  # a second signal: an abort, unless the job had completed before it came
         if not ManifestStore(store, paths).read().completed:
             raise

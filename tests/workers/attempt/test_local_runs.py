@@ -1,0 +1,104 @@
+"""`baton run` of one job id in two processes at once: one trains, the other refuses in one line (exit
+4) while the first is alive; the one that trains ends bit-exact and loses no committed checkpoint. A
+run whose process is gone (SIGKILL) is taken over at once on the same machine."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from baton.storage.file_store import FileStore
+from tests.helpers import (
+    BATON,
+    REPO,
+    assert_same_training,
+    baton_env,
+    kill_when,
+    make_spec,
+    read_manifest,
+    run_reference,
+    run_baton,
+    write_spec,
+)
+from tests.workers.conftest import SPEC
+
+RUNNING_ELSEWHERE = 4
+
+
+def _start(spec_path, url: str, job_id: str) -> subprocess.Popen:
+    return subprocess.Popen([*BATON, "run", str(spec_path), "--id", job_id, "--storage", url, "--no-progress"],
+                            env=baton_env(), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _every_referenced_checkpoint_exists(store: FileStore, job_id: str) -> None:
+    manifest = read_manifest(store, job_id)
+    keys = [e["key"] for e in manifest["checkpoints"]] + ([manifest["best"]["key"]] if manifest["best"] else [])
+    missing = [key for key in keys if not store.exists(key)]
+    assert not missing, f"committed checkpoints deleted: {missing}"
+
+
+def test_two_runs_started_together_one_trains_the_other_refuses_and_a_third_mid_run_refuses(tmp_path):
+    slower = make_spec(data={**SPEC["data"], "kwargs": {"n_per_class": 300, "delay_s": 0.01}}, loop={"epochs": 2},
+                       checkpoint=SPEC["checkpoint"])  # ~0.3 s a step: the third comes well before the end
+    reference = run_reference(tmp_path / "reference", slower)
+    spec_path = write_spec(tmp_path, slower)
+    url = f"file://{tmp_path / 'store'}"
+    store = FileStore(tmp_path / "store")
+    a, b = _start(spec_path, url, "twice"), _start(spec_path, url, "twice")
+    loser = None
+    while loser is None:
+        time.sleep(0.05)
+        loser = next((p for p in (a, b) if p.poll() is not None), None)
+    winner = b if loser is a else a
+    out, err = loser.communicate()
+    assert loser.returncode == RUNNING_ELSEWHERE, out + err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("job twice is running elsewhere: "), err
+
+    while not (read_manifest(store, "twice") or {}).get("checkpoints"):  # a third, once checkpoints exist
+        assert winner.poll() is None, winner.communicate()
+        time.sleep(0.05)
+    third = run_baton("run", str(spec_path), "--id", "twice", "--storage", url)
+    assert third.returncode == RUNNING_ELSEWHERE and third.stderr.startswith("job twice is running elsewhere: ")
+
+    out, err = winner.communicate(timeout=240)
+    assert winner.returncode == 0, out + err
+    _every_referenced_checkpoint_exists(store, "twice")
+    assert_same_training(reference, "reference", store, "twice")
+
+
+def test_a_run_killed_outright_is_taken_over_at_once_and_ends_bit_exact(tmp_path, reference):
+    spec_path = write_spec(tmp_path, SPEC)
+    url = f"file://{tmp_path / 'store'}"
+    store = FileStore(tmp_path / "store")
+    first = _start(spec_path, url, "taken")
+    kill_when(first, store, "taken", lambda m: bool(m["checkpoints"]))
+    assert first.returncode == -signal.SIGKILL
+    again = run_baton("run", str(spec_path), "--id", "taken", "--storage", url)
+    assert again.returncode == 0, again.stdout + again.stderr
+    _every_referenced_checkpoint_exists(store, "taken")
+    assert_same_training(reference, "reference", store, "taken")
+
+
+def test_following_the_log_of_a_run_killed_outright_stops_and_says_so(tmp_path):
+    from baton.jobs.logs import log_chunks
+
+    slower = make_spec(data={**SPEC["data"], "kwargs": {"n_per_class": 300, "delay_s": 0.01}}, loop={"epochs": 2})
+    spec_path = write_spec(tmp_path, slower)
+    url = f"file://{tmp_path / 'store'}"
+    store = FileStore(tmp_path / "store")
+    run = _start(spec_path, url, "followed")
+    while not log_chunks(store, "followed"):
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.1)
+    follower = subprocess.Popen([*BATON, "logs", "followed", "-f", "--storage", url], env=baton_env(), cwd=REPO,
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(3)
+    assert follower.poll() is None, "it follows while the run lives"
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    out, err = follower.communicate(timeout=30)  # before: it polled for ever
+    assert follower.returncode == 0, err
+    assert "job followed: no run holds it now (its process is gone, or it is not running): stopped following" in err
+    assert "attempt 1 of job followed started" in out
