@@ -106,9 +106,10 @@ def run(
         raise typer.Exit(EXIT_FAILED)
     except Exception as exc:  # the cause and the user's own frames; the whole traceback is in the job's log
         from .display import failure
+        from .redaction import Redactor
 
         where = f"baton logs {job_id}" + ("" if store.url == settings.storage_url else f" --storage {store.url}")
-        typer.echo(failure(exc, settings.allowed_prefixes, where), err=True)
+        typer.echo(Redactor()(failure(exc, settings.allowed_prefixes, where)), err=True)
         raise typer.Exit(EXIT_FAILED)
     raise typer.Exit(code)
 

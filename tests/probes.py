@@ -153,3 +153,10 @@ class _FailingAt(Dataset):
 
 def failing_at(seed: int = 0, index: int = 0, n: int = 300) -> Dataset:
     return _FailingAt(seed, index, n)
+
+
+def secret_quoting(variable: str = "MY_API_TOKEN", **kwargs) -> nn.Module:
+    """User code whose error quotes a secret of its environment, as a failed login often does."""
+    import os
+
+    raise RuntimeError(f"login refused for token {os.environ.get(variable)}")

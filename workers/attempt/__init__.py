@@ -3,5 +3,5 @@
 ``local`` is ``baton run``: an attempt in this process, with no Redis.
 
 May import ``training``, ``parallel``, ``tracking``, ``baton.schemas``, ``baton.storage`` and
-``baton.jobs.logs``; never the queue side.
+``baton.jobs.logs`` and ``baton.jobs.redaction``; never the queue side.
 """

@@ -14,6 +14,7 @@ from celery.worker import state as celery_state
 
 from baton.jobs import keys
 from baton.jobs.records import JobRecords
+from baton.jobs.redaction import RedactingFilter, Redactor
 from baton.jobs.redis_conn import connect
 from baton.schemas.settings import BatonSettings
 from baton.workers.tracking import prometheus
@@ -65,6 +66,15 @@ def _count_reaped(job_id: str, action: str) -> None:
 @signals.worker_init.connect
 def _before_start(**_) -> None:
     prepare_process()
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _redact_logs(logger: logging.Logger, **_) -> None:
+    """The worker's own log shows no secret of its environment (a job's error may quote one)."""
+    redacting = RedactingFilter(Redactor())
+    for handler in logger.handlers:
+        handler.addFilter(redacting)
 
 
 @signals.worker_ready.connect

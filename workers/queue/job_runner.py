@@ -27,7 +27,7 @@ import json
 import logging
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, TypeVar
 
 import redis
@@ -35,6 +35,7 @@ from kombu.exceptions import KombuError
 
 from baton.jobs import keys
 from baton.jobs.records import JobRecords
+from baton.jobs.redaction import Redactor
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
@@ -74,6 +75,7 @@ class WorkerContext:
     preemption: Preemption
     worker: str
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
+    redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
 
 
 class WorkerControl(LoopControl):
@@ -181,6 +183,7 @@ class WorkerControl(LoopControl):
 def _release(ctx: WorkerContext, control: "WorkerControl", reason: str, kind: str = "preempted") -> None:
     """Give the job back for another worker now, as its next attempt."""
     job_id = control.job_id
+    reason = ctx.redact(reason)
     next_attempt = control.leased(lambda: ctx.records.release(job_id, control.token, reason), "the release")
     if next_attempt < 0:
         return  # fenced out already: someone else owns it
@@ -193,6 +196,7 @@ def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks
     """The stall watchdog fired: give the job back as a worker loss, then leave this process."""
     job_id = control.job_id
     reason = f"no optimizer step for {idle_s:.0f}s on {ctx.worker} (BATON_STALL_TIMEOUT_S); stopped as hung"
+    stacks = ctx.redact(stacks)
     _log.error("job %s: %s; every thread's stack:\n%s", job_id, reason, stacks)
     try:
         if not control.heartbeat.fenced.is_set():
@@ -209,6 +213,7 @@ def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks
 def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str) -> None:
     """Give the job back as a worker loss (counted against retry.max_attempts), for another worker now."""
     job_id = control.job_id
+    reason = ctx.redact(reason)
     _log.error("job %s: %s; released as a worker loss", job_id, reason)
     next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, ""),
                                   "the release of a lost attempt")
@@ -350,8 +355,8 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         _release_lost(ctx, control, f"{exc} on {ctx.worker}")
         return "lost"
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
-        _finish(control, JobState.failed, {"error": f"{type(exc).__name__}: {exc}",
-                                            "traceback": traceback.format_exc()})
+        _finish(control, JobState.failed, {"error": ctx.redact(f"{type(exc).__name__}: {exc}"),
+                                            "traceback": ctx.redact(traceback.format_exc())})
         _log.error("job %s: failed: %s: %s", job_id, type(exc).__name__, exc)
         return "failed"
     outcome = result.outcome

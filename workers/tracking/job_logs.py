@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from typing import Mapping, Optional
 
 from baton.jobs.logs import BATON_STREAM, END_MARKER
+from baton.jobs.redaction import Redactor
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths
 
@@ -56,30 +57,6 @@ PARTIAL_MAX_BYTES = 64 << 10
 """Most of an unfinished line kept (a progress bar redrawn with \\r and never ended)."""
 CLOSE_WAIT_S = 10.0
 """Longest an attempt waits at its end for its last flush."""
-
-SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_KEY", re.IGNORECASE)
-URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<password>[^@\s/]+)@")
-MIN_SECRET_CHARS = 4
-"""Shorter values are not redacted (hiding every "1" would hide the log, not a secret)."""
-REDACTED = "***"
-
-
-class Redactor:
-    """Replaces the secrets of an environment, and any URL's password, in text."""
-
-    def __init__(self, environ: Mapping[str, str] = os.environ):
-        secrets = set()
-        for name, value in environ.items():
-            if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_CHARS:
-                secrets.add(value)
-            secrets.update(m["password"] for m in URL_PASSWORD.finditer(value) if len(m["password"]) >= MIN_SECRET_CHARS)
-        self._secrets = sorted(secrets, key=len, reverse=True)  # a longer secret first: it may hold a shorter
-        self._pattern = re.compile("|".join(re.escape(s) for s in self._secrets)) if self._secrets else None
-
-    def __call__(self, text: str) -> str:
-        text = URL_PASSWORD.sub(lambda m: f"{m['head']}{REDACTED}@", text)
-        return self._pattern.sub(REDACTED, text) if self._pattern is not None else text
-
 
 def stamp(now: Optional[float] = None) -> str:
     """UTC time to the millisecond: ``2026-11-22T07:54:19.875Z``."""

@@ -67,7 +67,7 @@ checkpoint is a tag. Fields starting with ``_`` are bookkeeping, never metrics."
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 """Retries are this module's own (no jitter from the global ``random``); a request never hangs long."""
-_CREDENTIALS = re.compile(r"(?<=://)[^/@]*@")
+_CREDENTIALS = re.compile(r"(?<=://)[^/\s]*@(?=[^@/\s]*(?:[/\s?#]|$))")  # user info ends at the last '@' 
 
 
 def tracking_uri(environ=os.environ) -> Optional[str]:

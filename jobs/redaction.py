@@ -1,0 +1,56 @@
+"""Redacting secrets from whatever is shown about a job: its log, its status's error and traceback, the
+worker's own log, a URL quoted in a message.
+
+A secret is the value of an environment variable whose name says so (``SECRET``, ``TOKEN``,
+``PASSWORD``...), or the password of any URL (``scheme://user:PASSWORD@host``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Mapping
+
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_KEY", re.IGNORECASE)
+URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<password>[^\s/]+)@(?=[^@\s/]*(?:[/\s?#]|$))")
+"""``scheme://user:PASSWORD@host``: the user info ends at the authority's *last* '@' (as urlparse and
+redis-py read it), so a password may hold '@'."""
+MIN_SECRET_CHARS = 4
+"""Shorter values are not redacted (hiding every "1" would hide the log, not a secret)."""
+REDACTED = "***"
+
+
+class Redactor:
+    """Replaces the secrets of an environment, and any URL's password, in text."""
+
+    def __init__(self, environ: Mapping[str, str] = os.environ):
+        secrets = set()
+        for name, value in environ.items():
+            if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_CHARS:
+                secrets.add(value)
+                # text is redacted line by line: each line of a multi-line secret (a PEM key, a JSON credential)
+                secrets.update(line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_SECRET_CHARS)
+            secrets.update(m["password"] for m in URL_PASSWORD.finditer(value) if len(m["password"]) >= MIN_SECRET_CHARS)
+        self._secrets = sorted(secrets, key=len, reverse=True)  # a longer secret first: it may hold a shorter
+        self._pattern = re.compile("|".join(re.escape(s) for s in self._secrets)) if self._secrets else None
+
+    def __call__(self, text: str) -> str:
+        text = URL_PASSWORD.sub(lambda m: f"{m['head']}{REDACTED}@", text)
+        return self._pattern.sub(REDACTED, text) if self._pattern is not None else text
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts every record a handler writes: its message and its traceback (a worker's own log)."""
+
+    def __init__(self, redact: Redactor):
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        shown = self.redact(message)
+        if shown != message:
+            record.msg, record.args = shown, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.redact(logging.Formatter().formatException(record.exc_info))
+        return True
