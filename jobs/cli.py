@@ -361,6 +361,12 @@ def main() -> None:
 
     from baton.schemas.settings import unknown_variables
 
+    # your packages in the directory you run baton from import as they would under `python -m`
+    # (uvicorn and gunicorn do the same for their app); baton's own live under `baton.`, so a folder of
+    # yours named jobs/ or workers/ shadows nothing of baton's
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in unknown_variables(os.environ):
         typer.echo(f"warning: {name} is not a baton setting (misspelled?); it is ignored", err=True)

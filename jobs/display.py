@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import re
+import sys
 import traceback
 from typing import Optional
 
@@ -122,10 +125,61 @@ def _is_users(module: str, user_modules: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in user_modules)
 
 
+LOADER_WORKER = re.compile(r"Caught (?P<type>\w+) in DataLoader worker process (?P<worker>\d+)\.\n"
+                           r"Original Traceback \(most recent call last\):\n(?P<traceback>.*)", re.S)
+"""How torch re-raises an exception of a DataLoader worker process: its traceback, as text."""
+_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<name>.*)$')
+
+
+def _loader_worker_failure(exc: BaseException, user_modules: tuple[str, ...]) -> Optional[list[str]]:
+    """The lines of ``failure`` for an exception torch re-raised from a DataLoader worker process: the
+    original exception first, its notes, then the user's frames read from the worker's traceback."""
+    match = LOADER_WORKER.match(str(exc))
+    if match is None:
+        return None
+    text = match["traceback"].rstrip("\n").splitlines()
+    frames, i = [], 0
+    while i < len(text) and (found := _FRAME.match(text[i])):
+        i += 1
+        code = text[i].strip() if i < len(text) and text[i].startswith("    ") else ""
+        while i < len(text) and text[i].startswith("    "):  # the code line, and 3.11's carets under it
+            i += 1
+        frames.append((found["path"], found["line"], found["name"], code))
+    cause, notes = (text[i], text[i + 1:]) if i < len(text) else (f"{match['type']}", [])
+    users_files = {getattr(m, "__file__", None) for name, m in list(sys.modules.items()) if _is_users(name, user_modules)}
+    mine = [f for f in frames if f[0] in users_files]
+    lines = [f"error: {cause} (in DataLoader worker process {match['worker']})"]
+    lines += [f"  {note.strip()}" for note in notes if note.strip()]
+    lines += [f"  {note}" for note in getattr(exc, "__notes__", ())]
+    if mine or frames:
+        lines.append("Traceback (your code's frames, most recent call last):" if mine
+                     else "Traceback (the innermost frame; none is in your code):")
+        for path, line, name, code in mine or frames[-1:]:
+            lines.append(f'  File "{path}", line {line}, in {name}')
+            if code:
+                lines.append(f"    {code}")
+    return lines
+
+
+def summary(exc: BaseException, user_modules: tuple[str, ...]) -> str:
+    """A failure in one line, for a job's status: the cause and where it happened (``failure``'s head)."""
+    from_worker = _loader_worker_failure(exc, user_modules)
+    if from_worker is not None:
+        head = list(itertools.takewhile(lambda line: not line.startswith("Traceback ("), from_worker))
+    else:
+        chain = _chain(exc)
+        head = [f"error: {type(exc).__name__}: {exc}", *(f"  {n}" for e in chain for n in getattr(e, "__notes__", ()))]
+    return "; ".join(line.strip() for line in head)[len("error: "):]
+
+
 def failure(exc: BaseException, user_modules: tuple[str, ...], full_traceback_at: str) -> str:
     """A failed job for a terminal: the cause first, with where it happened (the exception's notes),
     then only the frames of the user's own code (modules under ``user_modules``; the innermost
-    frame when none is), then where the whole traceback is kept."""
+    frame when none is), then where the whole traceback is kept. An exception re-raised from a
+    DataLoader worker process is shown as the worker raised it."""
+    from_worker = _loader_worker_failure(exc, user_modules)
+    if from_worker is not None:
+        return "\n".join([*from_worker, f"the whole traceback is in the job's log: {full_traceback_at}"])
     chain = _chain(exc)
     lines = [f"error: {type(exc).__name__}: {exc}"]
     for inner in chain[1:]:

@@ -97,15 +97,20 @@ def test_a_job_id_that_is_not_one_is_refused_in_one_line(tmp_path, command):
     (0, r"while loading sample 0 of the training set .*\n  while training step \d+ \(epoch 1, its batch \d+\)"),
     (7, r"while loading sample 7 of the validation set .*\n  while validating after step \d+ \(epoch 1\)"),
 ])
-def test_a_failing_data_set_shows_the_cause_where_and_the_users_frames_first(tmp_path, index, where):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failing_data_set_shows_the_cause_where_and_the_users_frames_first(tmp_path, index, where, num_workers):
+    """With loader workers, torch re-raises the worker's exception with its traceback as text: shown the same."""
     import re
 
-    spec = write_spec(tmp_path, make_spec(data={"target": "tests.probes:failing_at", "kwargs": {"index": index}}))
+    spec = write_spec(tmp_path, make_spec(data={"target": "tests.probes:failing_at", "kwargs": {"index": index},
+                                                "num_workers": num_workers}))
     url = f"file://{tmp_path / 'store'}"
     done = run_baton("run", str(spec), "--id", "bad", "--storage", url)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
-    assert lines[0] == f"error: ValueError: record {index} is corrupt", done.stderr
+    headline = f"error: ValueError: record {index} is corrupt"
+    expected = headline if num_workers == 0 else f"{headline} (in DataLoader worker process "
+    assert lines[0].startswith(expected) and (num_workers or lines[0] == headline), done.stderr
     assert re.search(where, done.stderr), done.stderr
     assert "Traceback (your code's frames, most recent call last):" in done.stderr
     frames = re.findall(r'File "([^"]+)"', done.stderr)

@@ -56,3 +56,17 @@ def test_a_job_on_a_queue_no_live_worker_serves_says_so_until_one_does(cluster, 
     cluster.start_workers(1, queues="gpu")
     wait_for(lambda: waiting.status().waiting is None, timeout=30)
     assert waiting.wait(timeout=60, progress=False).state.value == "succeeded"
+
+
+def test_a_failed_jobs_status_says_where_it_failed_and_at_which_step(cluster):
+    cluster.start_workers(1)
+    spec = make_spec(data={"target": "tests.probes:failing_at", "kwargs": {"index": 0}, "num_workers": 2},
+                     loop={"epochs": 2})
+    final = cluster.client.submit(spec, "broken").wait(timeout=120, progress=False)
+    assert final.state.value == "failed"
+    assert final.error.startswith("ValueError: record 0 is corrupt (in DataLoader worker process "), final.error
+    where = re.search(r"; while loading sample 0 of the training set \(its index in your data set\); "
+                      r"while training step (\d+) \(epoch 1, its batch \d+\)$", final.error)
+    assert where, final.error
+    assert final.step == int(where[1]) - 1  # the steps completed before it, not the last progress written
+    assert "Traceback (most recent call last)" in final.traceback

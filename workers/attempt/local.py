@@ -39,8 +39,6 @@ class LocalControl(LoopControl):
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame) -> None:
-        if self._finished:  # the job is done: a signal only cuts the closing printout short
-            raise SystemExit(EXIT_DONE)
         if self._stop is not None:
             raise SystemExit(128 + signum)
         self._stop = "interrupted"
@@ -74,8 +72,12 @@ class LocalControl(LoopControl):
             print(message, flush=True)
 
     def finished(self) -> None:
-        """The job has completed: from now on a signal ends the process with exit 0."""
+        """The job has completed: from now on SIGINT and SIGTERM are ignored, to the process's very end
+        (late in the interpreter's shutdown Python restores the default handlers, but not an ignored
+        signal's), so that a finished job always exits 0."""
         self._finished = True
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
     def close(self) -> None:
         if self._bar is not None:

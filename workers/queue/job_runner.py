@@ -34,6 +34,7 @@ import redis
 from kombu.exceptions import KombuError
 
 from baton.jobs import keys
+from baton.jobs.display import summary
 from baton.jobs.records import JobRecords
 from baton.jobs.redaction import Redactor
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
@@ -85,6 +86,7 @@ class WorkerControl(LoopControl):
         self.ctx, self.job_id, self.heartbeat = ctx, job_id, heartbeat
         self._last_progress = 0.0
         self._last_step = None
+        self.step_now: Optional[int] = None  # the last optimizer step completed (progress records are spaced out)
         self._progress_failing = False
         self.stall: Optional[StallWatchdog] = None
 
@@ -143,6 +145,7 @@ class WorkerControl(LoopControl):
         return None
 
     def on_step(self, report: StepReport) -> None:
+        self.step_now = report.step
         if self.stall is not None:
             self.stall.progress()
         prometheus.STEPS.inc()
@@ -355,8 +358,9 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         _release_lost(ctx, control, f"{exc} on {ctx.worker}")
         return "lost"
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
-        _finish(control, JobState.failed, {"error": ctx.redact(f"{type(exc).__name__}: {exc}"),
-                                            "traceback": ctx.redact(traceback.format_exc())})
+        where = {} if control.step_now is None else {"step": control.step_now}
+        _finish(control, JobState.failed, {"error": ctx.redact(summary(exc, ctx.settings.allowed_prefixes)),
+                                            "traceback": ctx.redact(traceback.format_exc()), **where})
         _log.error("job %s: failed: %s: %s", job_id, type(exc).__name__, exc)
         return "failed"
     outcome = result.outcome

@@ -24,8 +24,15 @@ def resolve(target: str, builtin_registry: dict[str, Callable], allowed_prefixes
         return builtin_registry[parsed.attr]
     if not module_allowed(parsed.module, allowed_prefixes):
         raise PermanentError(f"{target}: {disallowed_message(parsed.module)}")
-    with rng.kept_through_imports():
-        module = importlib.import_module(parsed.module)
+    try:
+        with rng.kept_through_imports():
+            module = importlib.import_module(parsed.module)
+    except ModuleNotFoundError as exc:
+        if hasattr(exc, "add_note") and exc.name is not None and parsed.module.startswith(exc.name):
+            exc.add_note(f"while importing {target}: baton imports your code from the directory it runs in and "
+                         "from installed packages; run it from your project's directory, `pip install -e` your "
+                         "project, or set PYTHONPATH (on every worker too)")
+        raise
     fn = getattr(module, parsed.attr, None)
     if not callable(fn):
         raise PermanentError(f"{target}: module {parsed.module!r} has no callable {parsed.attr!r}")
