@@ -76,3 +76,23 @@ def test_user_docs_speak_of_baton_as_it_is_not_of_its_history():
             if HISTORY.search(line):
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_committed_reference_tables_are_those_the_code_generates():
+    """The tables are committed between their markers (GitHub shows the pages whole); a change to a
+    field's description or a CLI option's help must be followed by `python docs/hooks/reference.py`."""
+    import importlib.util
+
+    loaded = importlib.util.spec_from_file_location("reference_hook", REPO / "docs" / "hooks" / "reference.py")
+    hook = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(hook)
+    tables, held, stale = hook.generate(), set(), []
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        text = page.read_text()
+        filled, found = hook.fill(text, tables)
+        held |= found
+        if filled != text:
+            stale.append(str(page.relative_to(REPO)))
+    assert not stale, f"stale generated tables in {stale}: run `python docs/hooks/reference.py`"
+    assert held == set(hook.MARKERS), f"no page holds {set(hook.MARKERS) - held}"
+    assert all(tables[m].strip() for m in held)

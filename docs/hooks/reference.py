@@ -1,7 +1,7 @@
-"""MkDocs hook: reference tables generated from baton's own code, so the docs cannot drift from it.
+"""Reference tables generated from baton's own code, so the docs cannot drift from it.
 
-A page asks for a table with a marker, an HTML comment on a line of its own; ``on_page_markdown``
-replaces it with Markdown generated at build time (``on_pre_build`` generates it once per build):
+A page asks for a table with a pair of markers, HTML comments on lines of their own, and the
+generated Markdown sits between them, committed, so the pages read whole on GitHub too:
 
     <!-- spec-reference -->       every JobSpec field, one table per section (Field descriptions)
     <!-- builtins-reference -->   the kwargs of every built-in model, data set and task
@@ -10,9 +10,13 @@ replaces it with Markdown generated at build time (``on_pre_build`` generates it
     <!-- manifest-reference -->   the fields of manifest.json (CheckpointManifest)
     <!-- cli-reference -->        every `baton` command, its arguments and options (the Typer app)
 
-baton must be installed where the site is built (``pip install -e ".[docs]"``: an editable install
-reads this checkout). A marker no page holds is a warning, and a table that cannot be generated an
-error, so ``mkdocs build --strict`` fails on either.
+each closed by the same comment with a slash (``<!-- /spec-reference -->``). Refresh the pages
+after changing the code with ``python docs/hooks/reference.py``. As an MkDocs hook the file
+builds the site from freshly generated tables and warns for each page whose committed tables are
+stale, and for a marker no page holds, so ``mkdocs build --strict`` fails on either.
+
+baton must be installed where this runs (``pip install -e ".[docs]"``: an editable install reads
+this checkout).
 """
 from __future__ import annotations
 
@@ -363,6 +367,33 @@ MARKERS: dict[str, Callable[[], str]] = {
 
 
 # --------------------------------------------------------------------------------------------
+# Filling pages
+# --------------------------------------------------------------------------------------------
+
+def _block(marker: str) -> re.Pattern:
+    """A marker pair standing on lines of their own, and what lies between (a marker quoted in prose
+    is left alone)."""
+    name = marker[len("<!-- "):-len(" -->")]
+    return re.compile(rf"^([ \t]*{re.escape(marker)}[ \t]*\n)(.*?)^([ \t]*<!-- /{re.escape(name)} -->[ \t]*)$",
+                      re.M | re.S)
+
+
+def fill(markdown: str, generated: dict[str, str]) -> tuple[str, set[str]]:
+    """The page with every marker pair's contents replaced by the generated table, and the markers
+    it holds."""
+    found: set[str] = set()
+    for marker, text in generated.items():
+        markdown, count = _block(marker).subn(lambda m: f"{m[1]}\n{text}\n{m[3]}", markdown)
+        if count:
+            found.add(marker)
+    return markdown, found
+
+
+def generate() -> dict[str, str]:
+    return {marker: make() for marker, make in MARKERS.items()}
+
+
+# --------------------------------------------------------------------------------------------
 # MkDocs events
 # --------------------------------------------------------------------------------------------
 
@@ -370,21 +401,31 @@ def on_pre_build(config: Any, **kwargs: Any) -> None:
     """Generate every table once per build."""
     _generated.clear()
     _used.clear()
-    for marker, make in MARKERS.items():
-        _generated[marker] = make()
+    _generated.update(generate())
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Replace each marker that stands on a line of its own (a marker quoted in prose is left alone)."""
-    for marker, text in _generated.items():
-        pattern = re.compile(rf"^[ \t]*{re.escape(marker)}[ \t]*$", re.M)
-        markdown, found = pattern.subn(lambda _: text, markdown)
-        if found:
-            _used.add(marker)
-    return markdown
+    filled, found = fill(markdown, _generated)
+    _used.update(found)
+    if filled != markdown:
+        log.warning("reference hook: the generated tables in %s are stale: run `python docs/hooks/reference.py`",
+                    page.file.src_path)
+    return filled
 
 
 def on_post_build(config: Any, **kwargs: Any) -> None:
     for marker in MARKERS:
         if marker not in _used:
-            log.warning("reference hook: no page holds the marker %s", marker)
+            log.warning("reference hook: no page holds the marker pair %s", marker)
+
+
+if __name__ == "__main__":  # refresh the committed tables in every page
+    import pathlib
+
+    tables = generate()
+    for page in sorted((pathlib.Path(__file__).resolve().parents[1]).rglob("*.md")):
+        text = page.read_text()
+        filled, _ = fill(text, tables)
+        if filled != text:
+            page.write_text(filled)
+            print(f"refreshed {page}")
