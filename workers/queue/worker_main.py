@@ -32,8 +32,13 @@ POLL_S = 0.2
 """How often the supervisor looks at its children."""
 
 
-def default_name() -> str:
-    return f"baton-{os.getpid()}@{socket.gethostname()}"
+def node_name(name: Optional[str]) -> str:
+    """The worker's name as Celery, baton status and the job records show it: ``NAME@HOST``. A name
+    given without a host gets this machine's (Celery would read a bare ``w1`` as the host, giving
+    ``celery@w1``); none at all is ``baton-PID@HOST``."""
+    if not name:
+        return f"baton-{os.getpid()}@{socket.gethostname()}"
+    return name if "@" in name else f"{name}@{socket.gethostname()}"
 
 
 def celery_argv(name: str, queues: str, loglevel: str) -> list[str]:
@@ -148,7 +153,7 @@ def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str
     if refusal is not None:
         print(refusal, file=sys.stderr, flush=True)
         return 2
-    name = name or default_name()
+    name = node_name(name)
     device_count = 0
     if gpus is not None:
         import torch
