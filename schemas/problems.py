@@ -1,7 +1,11 @@
 """Turns Pydantic's validation errors into one ``dotted.path: message`` line per wrong field."""
 from __future__ import annotations
 
-from pydantic import ValidationError
+import difflib
+import typing
+from typing import Any, Optional
+
+from pydantic import BaseModel, ValidationError
 
 # Validators that check several fields at once raise ValueError whose text is one
 # "relative.path: message" line per problem; PROBLEM_SEP joins them.
@@ -49,11 +53,48 @@ def _message(err: dict) -> str:
     return err["msg"]
 
 
-def problems_from(error: ValidationError, prefix: str = "") -> list[str]:
-    """One line per problem, each naming the field's dotted path from the spec's root."""
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The Pydantic models an annotation may hold (``Optional[X]``, ``X | Y``, ``X``)."""
+    candidates = typing.get_args(annotation) or (annotation,)
+    return [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> Optional[type[BaseModel]]:
+    """The model that holds the field at ``loc`` (None where the path leaves the models)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        inner = _models_in(field.annotation) if field is not None else []
+        if len(inner) != 1:
+            return None
+        model = inner[0]
+    return model
+
+
+def suggestion(model: Optional[type[BaseModel]], loc: tuple) -> str:
+    """`` (did you mean `x`?)`` for an unknown field at ``loc``: its closest sibling, or a section's
+    field of that very name (``epochs`` at the top is ``loop.epochs``); empty when nothing is close."""
+    parent = _model_at(model, loc[:-1]) if model is not None and loc else None
+    if parent is None:
+        return ""
+    name = str(loc[-1])
+    close = difflib.get_close_matches(name, list(parent.model_fields), n=1, cutoff=0.7)
+    if close:
+        return f" (did you mean `{close[0]}`?)"
+    for section, field in parent.model_fields.items():
+        if any(name in inner.model_fields for inner in _models_in(field.annotation)):
+            return f" (did you mean `{section}.{name}`?)"
+    return ""
+
+
+def problems_from(error: ValidationError, prefix: str = "", model: Optional[type[BaseModel]] = None) -> list[str]:
+    """One line per problem, each naming the field's dotted path from the spec's root; an unknown
+    field of ``model`` (the model validated) gets the field it was likely meant to be."""
     lines: list[str] = []
     for err in error.errors(include_url=False):
         where = _join(prefix, _path(err["loc"]))
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown field{suggestion(model, err['loc'])}")
+            continue
         if err["type"] == "value_error":
             text = str(err["ctx"]["error"]) if "error" in err.get("ctx", {}) else err["msg"]
             for line in text.split(PROBLEM_SEP):

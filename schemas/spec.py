@@ -38,7 +38,7 @@ def _check_target(problems: Problems, target: str, kwargs: dict, registry: dict)
     try:
         registry[parsed.attr].model_validate(kwargs)
     except ValidationError as exc:
-        problems.lines.extend(problems_from(exc, prefix="kwargs"))
+        problems.lines.extend(problems_from(exc, prefix="kwargs", model=registry[parsed.attr]))
 
 
 class TargetSpec(_Spec):
@@ -337,5 +337,5 @@ class JobSpec(_Spec):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            lines = problems_from(exc)
+            lines = problems_from(exc, model=cls)
             raise SpecError(lines + [p for p in _monitor_problems_of_raw(data) if p not in lines]) from None

@@ -41,7 +41,7 @@ def test_overrides_apply_to_the_raw_mapping_then_validate_as_the_spec():
     assert raw["optimizer"]["lr"] == 0.01  # the caller's mapping is not changed
     with pytest.raises(SpecError) as bad:
         JobSpec.parse(apply_overrides(raw, {"optimizer.lrr": 0.1, "loop.epochs": "five"}))
-    assert "optimizer.lrr: unknown field" in bad.value.problems
+    assert "optimizer.lrr: unknown field (did you mean `lr`?)" in bad.value.problems
     assert any(p.startswith("loop.epochs: must be an integer") for p in bad.value.problems)
     with pytest.raises(SpecError, match=r"optimizer.lr.x: optimizer.lr is float"):
         apply_overrides(raw, {"optimizer.lr.x": 1})
