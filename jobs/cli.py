@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from baton.schemas.errors import FencedOut, RunningElsewhere, SpecError
+from baton.schemas.errors import CheckpointWriteFailed, FencedOut, RunningElsewhere, SpecError
 from baton.schemas.settings import BatonSettings
 
 from .specfile import check_user_targets, load_spec
@@ -103,6 +103,10 @@ def run(
         raise typer.Exit(EXIT_RUNNING_ELSEWHERE)
     except FencedOut as exc:  # another run took the job over (this one was thought gone): it committed nothing more
         typer.echo(f"stopped: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    except CheckpointWriteFailed as exc:  # this machine's fault: nothing committed is lost
+        typer.echo(f"error: {exc}\nthe job did not fail: free some space and run again with --id {job_id} to resume "
+                   "from its last committed checkpoint", err=True)
         raise typer.Exit(EXIT_FAILED)
     except Exception as exc:  # the cause and the user's own frames; the whole traceback is in the job's log
         from .display import failure

@@ -5,6 +5,8 @@ Whether an error is retried is decided by its type, never by matching its text:
 - ``TransientError``: infrastructure that may come back (storage throttling, a dropped connection).
   Retried with backoff where it happens; if it outlives the retries the job is *lost*, not failed.
 - ``PermanentError``: a configuration or access problem that retrying cannot fix.
+- ``CheckpointWriteFailed``: this machine could not write a checkpoint's local copy (a full disk or
+  /dev/shm, an I/O error). The job is released as a loss, for another worker: never failed.
 """
 from __future__ import annotations
 
@@ -93,6 +95,12 @@ class CheckpointUnloadable(PermanentError):
     """A checkpoint whose bytes match the committed sha256 cannot be loaded here (another torch
     version, out of memory...): the environment is wrong, not the checkpoint. Never fall back from
     it or delete it."""
+
+
+class CheckpointWriteFailed(BatonError):
+    """The worker's machine could not write a checkpoint's local copy (its snapshot buffers or its
+    spooled file): a full disk or tmpfs, an I/O error. The machine's fault, not the job's: the attempt
+    is given up as a worker loss and the job resumes from its last committed checkpoint elsewhere."""
 
 
 class CheckpointCancelled(BatonError):

@@ -20,9 +20,9 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Optional
 
-from baton.schemas.errors import CheckpointCorrupt, CheckpointUnloadable
+from baton.schemas.errors import CheckpointCorrupt, CheckpointUnloadable, CheckpointWriteFailed
 
 FORMAT_VERSION = 1
 ROWS_KEY = "metrics"
@@ -53,12 +53,14 @@ def rows_of(stored: Any) -> list[dict]:
 
 
 class _HashingWriter(io.RawIOBase):
-    """A write-only file that hashes and counts what passes through to the real file."""
+    """A write-only file that hashes and counts what passes through to the real file, and keeps the
+    OSError a write met (torch.save reports it as a RuntimeError of its own: "unexpected pos")."""
 
     def __init__(self, fh: BinaryIO):
         self._fh = fh
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self.error: Optional[OSError] = None
 
     def writable(self) -> bool:
         return True
@@ -67,7 +69,11 @@ class _HashingWriter(io.RawIOBase):
         view = memoryview(data)
         self.sha256.update(view)
         self.size += view.nbytes
-        self._fh.write(view)
+        try:
+            self._fh.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
         return view.nbytes
 
     def flush(self) -> None:
@@ -75,14 +81,23 @@ class _HashingWriter(io.RawIOBase):
 
 
 def save_to_file(state: dict[str, Any], path: Path) -> tuple[int, str]:
-    """Serialize ``state`` to ``path``; returns ``(size, sha256 hex)`` of the bytes written."""
+    """Serialize ``state`` to ``path``; returns ``(size, sha256 hex)`` of the bytes written. A file
+    this machine cannot write (a full disk, an I/O error) is CheckpointWriteFailed."""
     import torch
 
-    with open(path, "wb") as fh:
-        writer = _HashingWriter(fh)
-        torch.save(state, writer)
-        writer.flush()
-        return writer.size, writer.sha256.hexdigest()
+    writer = None
+    try:
+        with open(path, "wb") as fh:
+            writer = _HashingWriter(fh)
+            torch.save(state, writer)
+            writer.flush()
+            return writer.size, writer.sha256.hexdigest()
+    except OSError as exc:
+        raise CheckpointWriteFailed(f"could not write the checkpoint file {path}: {exc}") from exc
+    except RuntimeError as exc:
+        if writer is None or writer.error is None:
+            raise
+        raise CheckpointWriteFailed(f"could not write the checkpoint file {path}: {writer.error}") from exc
 
 
 def sha256_of(data: bytes) -> str:

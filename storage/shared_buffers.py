@@ -28,6 +28,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from baton.schemas.errors import CheckpointWriteFailed
+
 from .snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
@@ -79,8 +81,8 @@ class SharedBuffers:
                 break
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or len(self.dirs) == 1:
-                    raise OSError(exc.errno, f"no room for a {nbytes}-byte snapshot buffer in {self.dir}: "
-                                             f"{exc.strerror}") from exc
+                    raise CheckpointWriteFailed(f"no room for a {nbytes}-byte snapshot buffer in {self.dir}: "
+                                                f"{exc.strerror}") from exc
                 full = self.dirs.pop(0)
                 self.log(f"{full.parent} has no room for the checkpoint's snapshot buffers; they go to "
                          f"{self.dir.parent} instead (page cache; give the container a larger /dev/shm)")

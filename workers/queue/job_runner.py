@@ -37,7 +37,7 @@ from baton.jobs import keys
 from baton.jobs.display import summary
 from baton.jobs.records import JobRecords
 from baton.jobs.redaction import Redactor
-from baton.schemas.errors import FencedOut, LeaseUnconfirmed, SpecError, TransientError
+from baton.schemas.errors import CheckpointWriteFailed, FencedOut, LeaseUnconfirmed, SpecError, TransientError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
 from baton.schemas.settings import BatonSettings
@@ -213,7 +213,7 @@ def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks
     exit_process(f"job {job_id} hung; a fresh worker process must take over")
 
 
-def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str) -> None:
+def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str, metric_reason: str = "rank_lost") -> None:
     """Give the job back as a worker loss (counted against retry.max_attempts), for another worker now."""
     job_id = control.job_id
     reason = ctx.redact(reason)
@@ -221,7 +221,7 @@ def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str) -> 
     next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, ""),
                                   "the release of a lost attempt")
     if next_attempt > 0:
-        prometheus.JOBS_RETRIED.labels("rank_lost").inc()
+        prometheus.JOBS_RETRIED.labels(metric_reason).inc()
         _publish(ctx, job_id, next_attempt)
 
 
@@ -356,6 +356,9 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         return "released"
     except RankLost as exc:  # a data-parallel rank died: infrastructure, counted as a worker loss
         _release_lost(ctx, control, f"{exc} on {ctx.worker}")
+        return "lost"
+    except CheckpointWriteFailed as exc:  # this machine's disk or /dev/shm: another worker resumes the job
+        _release_lost(ctx, control, f"{exc} on {ctx.worker}", metric_reason="checkpoint_write")
         return "lost"
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
         where = {} if control.step_now is None else {"step": control.step_now}
