@@ -360,6 +360,23 @@ def demo(
     raise typer.Exit(run_demo(spec, out, redis_url, storage_url))
 
 
+def _show_baton_warnings() -> None:
+    """baton's own warnings as one `warning: ...` line on stderr (Python's format adds a file and a line)."""
+    import warnings
+
+    from baton.schemas.errors import LocalStoreWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, LocalStoreWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main() -> None:
     import os
 
@@ -371,6 +388,7 @@ def main() -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
 
+    _show_baton_warnings()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in unknown_variables(os.environ):
         typer.echo(f"warning: {name} is not a baton setting (misspelled?); it is ignored", err=True)

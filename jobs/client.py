@@ -15,13 +15,14 @@ import json
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
-from baton.schemas.errors import JobNotFound, PreconditionFailed, SpecError
+from baton.schemas.errors import JobNotFound, LocalStoreWarning, PreconditionFailed, SpecError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
@@ -167,6 +168,13 @@ class Sweep:
     jobs: list[Job]
 
 
+def _warn_if_local(store: ObjectStore) -> None:
+    if store.url.startswith("file://"):
+        warnings.warn(f"the job is stored under {store.url}, a directory of this machine: only workers here whose "
+                      "BATON_STORAGE_URL is that directory will run it (the others pass it on); to queue jobs for "
+                      "workers elsewhere, use a store they all share (s3://...)", LocalStoreWarning, stacklevel=3)
+
+
 class JobClient:
     def __init__(self, redis_url: Optional[str] = None, storage_url: Optional[str] = None):
         overrides = {k: v for k, v in (("redis_url", redis_url), ("storage_url", storage_url)) if v}
@@ -193,6 +201,7 @@ class JobClient:
         except ValueError as exc:
             raise SpecError([f"job_id: {exc}"]) from None
         store = open_store(self.settings.storage_url)
+        _warn_if_local(store)
         self._refuse_taken(store, [job_id])
         self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})
         self._publish(job_id, 1)
@@ -212,6 +221,7 @@ class JobClient:
             raise SpecError([f"sweep_id: {exc}"]) from None
         jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, normalize(overrides))
         store = open_store(self.settings.storage_url)
+        _warn_if_local(store)
         self._refuse_taken(store, [job.job_id for job in jobs])
         self.records.add_to_sweep(sweep_id, [job.job_id for job in jobs])
         for job in jobs:

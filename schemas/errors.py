@@ -87,6 +87,11 @@ class RunningElsewhere(BatonError):
     """Another live ``baton run`` holds this job: this one starts nothing."""
 
 
+class LocalStoreWarning(UserWarning):
+    """A job queued with a ``file://`` store: only workers on this machine whose own store is that
+    directory may run it (the others pass it on)."""
+
+
 class JobNotFound(BatonError):
     """No job with this id exists."""
 

@@ -54,6 +54,7 @@ from baton.workers.training.targets import unavailable
 
 from . import lease
 from .claims import catch_up_with_manifest, release_if_still_mine
+from .job_store import StoreChecks
 from .preemption import Preemption
 from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
 from .stall import StallWatchdog, exit_process
@@ -77,6 +78,11 @@ class WorkerContext:
     worker: str
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
     redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
+    stores: Optional[StoreChecks] = None  # the stores this worker probed (its own: BATON_STORAGE_URL)
+
+    def __post_init__(self) -> None:
+        if self.stores is None:
+            self.stores = StoreChecks(self.settings.storage_url)
 
 
 class WorkerControl(LoopControl):
@@ -246,10 +252,11 @@ PASS_ON_WAIT_S = 10.0
 
 def _cannot_host(ctx: WorkerContext, job_id: str) -> Optional[str]:
     """Why this worker cannot give the job what it needs (GPUs for each of its ranks; its code: modules
-    this worker's BATON_ALLOWED_MODULES allows, from packages installed here); None if it can, or if
-    the record cannot tell (the claim then decides, as for any job)."""
+    this worker's BATON_ALLOWED_MODULES allows, from packages installed here; a store it has probed,
+    holding the job's spec: job_store.py); None if it can, or if the record cannot tell (the claim
+    then decides, as for any job)."""
     try:
-        raw = ctx.redis.hget(keys.job(job_id), "spec")
+        raw, storage_url = ctx.redis.hmget(keys.job(job_id), ["spec", "storage_url"])
         data = json.loads(raw) if raw else None
         resources = data["resources"] if data else None
     except (redis.RedisError, ValueError, KeyError, TypeError):
@@ -265,6 +272,8 @@ def _cannot_host(ctx: WorkerContext, job_id: str) -> Optional[str]:
     except SpecError:
         return None  # the claim fails it, naming what is wrong
     why = unavailable(targets, ctx.settings.allowed_prefixes)
+    if why is None and storage_url:
+        why = ctx.stores.refusal(job_id, storage_url)
     return None if why is None else f"{why} on {ctx.worker}"
 
 
