@@ -257,6 +257,7 @@ class JobClient:
             store.put_if(JobPaths(job_id).spec, parsed.model_dump_json(indent=2).encode(), None)
         except PreconditionFailed:
             raise SpecError([f"id: a job {job_id!r} already exists"]) from None
+        store.put_bytes(JobPaths(job_id).queued, json.dumps({"queue": parsed.resources.queue}).encode())
         created = self.records.create(job_id, {**spec_fields(parsed, store.url), **extra})
         if not created:
             raise SpecError([f"id: a job {job_id!r} already exists"])

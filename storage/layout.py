@@ -93,6 +93,11 @@ class JobPaths:
         return f"{self.root}/manifest.json"
 
     @property
+    def queued(self) -> str:
+        """Written at submit: the job belongs to a queue, whose workers run it (``baton run`` refuses it)."""
+        return f"{self.root}/queued.json"
+
+    @property
     def run_lease(self) -> str:
         """``baton run``'s hold on the job while a process trains it in place (no Redis)."""
         return f"{self.root}/run-lease.json"

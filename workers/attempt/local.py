@@ -7,7 +7,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from baton.schemas.errors import FencedOut, PreconditionFailed, SpecError
+from baton.schemas.errors import FencedOut, PreconditionFailed, RunningElsewhere, SpecError
 from baton.schemas.spec import JobSpec
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id
@@ -108,6 +108,9 @@ def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: 
     prepare_process()
     check_job_id(job_id)
     paths = JobPaths(job_id)
+    if store.exists(paths.queued):  # its workers would be fenced out by this run, and this run by their next claim
+        raise RunningElsewhere(f"job {job_id} was submitted to a queue, whose workers run it (baton status {job_id}); "
+                               "baton run runs only the jobs it started: use a new --id to train it here")
     register_spec(store, paths, spec)
     if ManifestStore(store, paths).read().completed:
         print(f"job {job_id} already finished; its artifacts are under {store.url}/{paths.root}")

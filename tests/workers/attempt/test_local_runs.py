@@ -102,3 +102,18 @@ def test_following_the_log_of_a_run_killed_outright_stops_and_says_so(tmp_path):
     assert follower.returncode == 0, err
     assert "job followed: no run holds it now (its process is gone, or it is not running): stopped following" in err
     assert "attempt 1 of job followed started" in out
+
+
+def test_baton_run_refuses_a_job_submitted_to_a_queue(cluster, tmp_path):
+    """A queue's job is its workers': a `baton run` of it would claim the next attempt, fencing out the
+    worker that holds it (and be fenced out by the next claim), running the job twice over."""
+    from tests.helpers import make_spec, run_baton, write_spec
+
+    spec = make_spec(loop={"epochs": 1}, scheduler={"name": "none"})
+    cluster.client.submit(spec, "queued-one")
+    done = run_baton("run", str(write_spec(tmp_path, spec)), "--id", "queued-one", "--storage", cluster.storage_url,
+                     "--no-progress", env=cluster.env)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert done.stderr.strip() == ("job queued-one was submitted to a queue, whose workers run it (baton status "
+                                   "queued-one); baton run runs only the jobs it started: use a new --id to train it here")
+    assert not cluster.store().exists("jobs/queued-one/manifest.json")  # nothing trained, nothing claimed
