@@ -49,7 +49,9 @@ class FinalArtifacts(BaseModel):
     attempt: int = Field(description="The attempt that finished the job.")
     model: ObjectRef = Field(description="model.safetensors: the last step's weights only, for consumers.")
     best_model: Optional[ObjectRef] = Field(
-        None, description="best.safetensors: the best checkpoint's weights only (None when no value was ever finite).")
+        None, description="best.safetensors: the best checkpoint's weights only; when that checkpoint no longer "
+        "verifies, the best committed one's that does (report.json's best.weights_note says so). None when no value "
+        "was ever finite or no such checkpoint verifies.")
     report: ObjectRef = Field(description="report.json: the run's summary.")
     curves: ObjectRef = Field(description="curves.png.")
 

@@ -2,6 +2,7 @@
 with state_dict(), and tasks that break the protocol. Imported by jobs as ``tests.tasks:NAME``."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -74,6 +75,43 @@ class BlobStream(IterableDataset):
 
 def blob_stream(n: int = 400, seed: int = 0) -> IterableDataset:
     return BlobStream(n, seed)
+
+
+class NumpyStateStream(BlobStream):
+    """BlobStream counting in numpy scalars, as numpy-based data code does: its position and epoch are
+    numpy.int64, and its state also carries a numpy.float32. Its load_state_dict takes them back only
+    as the very types it gave (it relies on numpy's arithmetic, not Python's)."""
+
+    def __init__(self, n: int = 400, seed: int = 0):
+        super().__init__(n, seed)
+        self.epoch, self.position, self.noise = np.int64(0), np.int64(0), np.float32(0.1)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.position = np.int64(epoch), np.int64(0)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "noise": self.noise}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, kind in (("epoch", np.int64), ("position", np.int64), ("noise", np.float32)):
+            if type(state[name]) is not kind:
+                raise TypeError(f"state[{name!r}] is a {type(state[name]).__name__}, not a {kind.__name__}")
+        self.epoch, self.position, self.noise = state["epoch"], state["position"], state["noise"]
+
+
+def numpy_state_stream(n: int = 400, seed: int = 0) -> IterableDataset:
+    return NumpyStateStream(n, seed)
+
+
+class NumpyGeneratorStream(BlobStream):
+    """Keeps a numpy Generator object itself in its state (torch.load(weights_only=True) refuses it)."""
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "rng": np.random.default_rng(self.seed)}
+
+
+def numpy_generator_stream(n: int = 400, seed: int = 0) -> IterableDataset:
+    return NumpyGeneratorStream(n, seed)
 
 
 class StreamWithoutState(IterableDataset):

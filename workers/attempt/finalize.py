@@ -5,7 +5,8 @@ The artifacts are written under this attempt's own keys, then the fenced manifes
 compare-and-swap that sets ``completed`` refers to them (``final``): readers find them only
 through it, so ``completed: true`` means every artifact exists, and an attempt fenced out
 meanwhile overwrites nothing a reader can reach. A crash in between is harmless: the next attempt
-resumes from the final checkpoint, trains no further, and writes its own.
+resumes from the final checkpoint, trains no further, and writes its own. A best checkpoint that
+is corrupt or gone by then does not fail the job: ``best_weights.py`` picks the weights instead.
 """
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from torch import nn
 from baton.schemas.errors import FencedOut
 from baton.schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
 from baton.storage.base import ObjectStore
-from baton.storage.checkpoint_io import load_bytes, sha256_of
+from baton.storage.checkpoint_io import sha256_of
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.retry import retry_transient
 from baton.storage.rotation import collect_garbage
 from baton.workers.tracking.curves import plot_curves
 from baton.workers.tracking.report import build_report
+
+from .best_weights import choose_best_weights
 
 WRITE_RETRY_S = 300.0
 """How long writing a final artifact is retried through transient storage errors."""
@@ -56,15 +59,15 @@ def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, mode
     current = ManifestStore(store, paths).read()
     if current.attempt > attempt:  # the commit below would be refused: write nothing at all
         raise FencedOut(f"job {paths.job_id}: attempt {current.attempt} owns it; attempt {attempt} writes no final artifacts")
-    best_entry = current.best
+    chosen = choose_best_weights(store, current, rows, best["mode"], log)  # never fails the finished job
     report = build_report(paths.job_id, spec, rows, best, resumed_attempts=attempt,
-                          best_key=best_entry.key if best_entry is not None else None)
+                          best_key=current.best.key if current.best is not None else None,
+                          weights_key=chosen.entry.key if chosen.entry is not None else None, weights_note=chosen.note)
     fence()
     last_weights = export_weights(model)
     best_weights = None
-    if best_entry is not None:  # the training is over: the live model may take the best weights now
-        state = load_bytes(store.get_bytes(best_entry.key), best_entry.sha256, where=best_entry.key)
-        model.load_state_dict(state["model"])
+    if chosen.model is not None:  # the training is over: the live model may take the best weights now
+        model.load_state_dict(chosen.model)
         best_weights = put(own.best_model, export_weights(model))
     final = FinalArtifacts(
         attempt=attempt,

@@ -84,8 +84,11 @@ def _curves(rows: list[dict]) -> str:
 
 
 def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_attempts: int,
-                 best_key: Optional[str] = None) -> dict[str, Any]:
-    """``best_key``: the object key of the best checkpoint (the manifest's ``best.key``)."""
+                 best_key: Optional[str] = None, weights_key: Optional[str] = None,
+                 weights_note: Optional[str] = None) -> dict[str, Any]:
+    """``best_key``: the object key of the best checkpoint (the manifest's ``best.key``).
+    ``weights_key``: the checkpoint whose weights best.safetensors holds (None: there is none);
+    ``weights_note``: why that is not the best checkpoint, when it is not."""
     if not rows:
         raise ValueError("no validation rows: nothing to report")
     by_step = (spec.get("loop") or {}).get("max_steps") is not None
@@ -111,6 +114,8 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
         "stable enough to trust" if stable else "not stable: see failure patterns",
         f"first failure pattern: {patterns[0][1]}" if patterns else "no failure pattern seen",
     ]
+    if weights_note is not None:
+        note.append(f"best weights: {weights_note}")
     overfit = _overfitting_from(rows)
     return {
         "job_id": job_id,
@@ -121,7 +126,8 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
         "monitor": metric,
         "best": {**best, "step": best_row["step"] if best["value"] is not None else None,
                  **val_metrics(best_row), "train_loss": best_row["train_loss"],
-                 "checkpoint": best_key if best["value"] is not None else None, "why": why},
+                 "checkpoint": best_key if best["value"] is not None else None, "why": why,
+                 "weights": weights_key, "weights_note": weights_note},
         "last": {"epoch": last["epoch"], "step": last["step"], "train_loss": last["train_loss"], **val_metrics(last)},
         "stability": {
             "stable": stable,

@@ -26,6 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from baton.schemas.errors import PermanentError
 
 from .data import Loading, derive_seed
+from .stream_state import from_checkpoint, to_checkpoint
 
 
 @dataclass
@@ -82,8 +83,11 @@ class StreamPlan:
         return self.loading.val_loader(self.val_set)
 
     def state_dict(self) -> Optional[dict[str, Any]]:
-        """The loader's position after the last batch it yielded (None before a pass starts)."""
-        return self._loader.state_dict() if self._loader is not None else None
+        """The loader's position after the last batch it yielded (None before a pass starts), fit for
+        a checkpoint (``stream_state.py``: numpy values stored exactly, unloadable ones refused)."""
+        if self._loader is None:
+            return None
+        return to_checkpoint(self._loader.state_dict(), self.loading.spec.target)
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
-        self._resume_state = state
+        self._resume_state = from_checkpoint(state)
