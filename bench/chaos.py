@@ -10,6 +10,12 @@ cut it off, real `baton worker` processes (replaced when they exit), real signal
 - s3:        the S3 endpoint unreachable for OUTAGE_S (every connection reset)
 - corrupt:   freeze the holder, overwrite the latest checkpoint's bytes, SIGKILL it (so a resume must read them)
 - duplicate: publish the running attempt's message again
+- fullspool: the holder's checkpoint writer may write no file past 1 KiB (RLIMIT_FSIZE, set on the
+             running process as a disk filling up would): its next checkpoint cannot be spooled
+- corruptbest: freeze the holder, overwrite the best checkpoint's bytes, let it go on (its finalize
+             must fall back, not fail the job)
+- duprun:    `baton run` of the job, on the same store, while a worker holds it (it must refuse)
+- finalize:  SIGKILL redis-server as training ends, start it again OUTAGE_S later (always the last)
 
 After each fault it waits until the job trains past the step it had reached. At the end: the
 final state compared bit for bit (torch.equal on every tensor, equal losses) with an
@@ -52,7 +58,10 @@ from baton.workers.queue.celery_app import make_app, publish_run  # noqa: E402
 from tests.helpers import assert_same_training, make_spec, read_manifest, run_baton, write_spec  # noqa: E402
 from tests.netfault import FaultyProxy  # noqa: E402
 
-KINDS = ("sigkill", "sigterm", "sigstop", "redis", "s3", "corrupt", "duplicate")
+KINDS = ("sigkill", "sigterm", "sigstop", "redis", "s3", "corrupt", "duplicate", "fullspool", "corruptbest", "duprun",
+         "finalize")
+FULL_SPOOL_BYTES = 1024
+"""The file size the holder's checkpoint writer is held to by a fullspool fault."""
 OUTAGE_S = 3.0
 """How long S3 is unreachable, and Redis is down, per fault."""
 RECOVERY_TIMEOUT_S = 180.0
@@ -64,7 +73,7 @@ JOB = "chaos"
 def chaos_spec(faults: int) -> dict:
     """~0.1 s per optimizer step (slow data, as real data is), long enough for every fault."""
     steps_per_epoch = 23  # 720 training samples in batches of 32
-    epochs = max(2, math.ceil((faults * 12 + 30) / steps_per_epoch))
+    epochs = max(2, math.ceil((faults * 20 + 30) / steps_per_epoch))
     return make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
                      loop={"epochs": epochs}, checkpoint={"every_steps": 4, "keep_last": 3},
                      retry={"max_attempts": 100})  # the job is meant to lose its worker many times
@@ -113,6 +122,7 @@ class Harness:
         self.client = JobClient(redis_url=self.redis.url, storage_url=self.storage_url)
         self.store = open_store(self.storage_url)
         self.watch = Watch()
+        self.duprun_codes: list[int] = []
         self._stop = threading.Event()
 
     # --- the pool --------------------------------------------------------------------------
@@ -196,9 +206,34 @@ def _wait(predicate, timeout_s: float, every_s: float = 0.05):
     return None
 
 
+def _writer_processes(holder: WorkerProcess) -> list[int]:
+    """The pids of the holder's checkpoint writer processes (in its process group)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) == holder.proc.pid and \
+                    b"baton.storage.writer_process" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return pids
+
+
+def _set_file_limit(pids: list[int], limit: int) -> None:
+    import resource
+
+    for pid in pids:
+        try:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def inject(h: Harness, kind: str, status) -> str:
     holder = h.holder(status.worker)
-    if kind in ("sigkill", "sigterm", "sigstop", "corrupt") and holder is None:
+    if kind in ("sigkill", "sigterm", "sigstop", "corrupt", "fullspool", "corruptbest") and holder is None:
         return "no live holder"
     if kind == "sigkill":
         holder.signal(signal.SIGKILL)
@@ -230,11 +265,59 @@ def inject(h: Harness, kind: str, status) -> str:
         return f"overwrote {latest['key']}"
     elif kind == "duplicate":
         publish_run(make_app(BatonSettings(redis_url=h.redis.url)), JOB, status.attempt, status.queue)
+    elif kind == "fullspool":
+        writers = _wait(lambda: _writer_processes(holder), 30, 0.2)  # it starts beside the attempt's first steps
+        if not writers:
+            return "no checkpoint writer process in 30 s; nothing injected"
+        _set_file_limit(writers, FULL_SPOOL_BYTES)
+        taken = _wait(lambda: h.status().attempt > status.attempt, 60)
+        _set_file_limit(writers, resource_unlimited())  # the disk has room again
+        return "given up as a loss, taken over" if taken else "not given up in 60 s"
+    elif kind == "corruptbest":
+        holder.signal(signal.SIGSTOP)  # nothing commits while the best is chosen and overwritten
+        manifest = read_manifest(h.store, JOB)
+        best = manifest and manifest.get("best")
+        if not best:
+            holder.signal(signal.SIGCONT)
+            return "no best checkpoint yet"
+        h.watch.corrupted.add(best["key"])
+        h.store.put_bytes(best["key"], os.urandom(best["size"]))
+        holder.signal(signal.SIGCONT)
+        return f"overwrote the best, {best['key']}"
+    elif kind == "duprun":
+        done = run_baton("run", str(h.workdir / "job.yaml"), "--id", JOB, "--storage", h.storage_url, "--no-progress",
+                         env={k: v for k, v in h.env.items() if k != "AWS_ENDPOINT_URL"} | h.s3.env())
+        h.duprun_codes.append(done.returncode)
+        return f"baton run exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:80]}"
+    elif kind == "finalize":
+        h.redis.kill()
+        time.sleep(OUTAGE_S)
+        h.redis.start()
     return ""
 
 
+def resource_unlimited() -> int:
+    import resource
+
+    return resource.RLIM_INFINITY
+
+
 def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optional[Fault]:
-    """Wait until the job trains ``gap_steps`` past ``after_step``, inject ``kind``, wait for recovery."""
+    """Wait until the job trains ``gap_steps`` past ``after_step`` (for ``finalize``, until its last
+    steps), inject ``kind``, wait for recovery (for ``finalize``, the job's end)."""
+    if kind == "finalize":
+        status = _wait(lambda: (s := h.status()).state.terminal and s or
+                       (s.state.value == "running" and s.total_steps and (s.step or 0) >= s.total_steps - 3 and s),
+                       600, 0.02)
+        if status is None or status.state.terminal:
+            return None
+        fault = Fault(kind, status.attempt, status.step or 0, time.monotonic())
+        fault.note = inject(h, kind, status)
+        final = _wait(lambda: (s := h.status()).state.terminal and s, RECOVERY_TIMEOUT_S, 0.1)
+        fault.survived = final is not None and final.state.value == "succeeded"
+        fault.recovered_s = time.monotonic() - fault.injected_at if final else None
+        fault.attempt_after = final.attempt if final else None
+        return fault
     status = _wait(lambda: (s := h.status()).state.terminal and s or
                    (s.state.value == "running" and (s.step or 0) >= after_step + gap_steps and s), 300)
     if status is None or status.state.terminal:
@@ -243,8 +326,20 @@ def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optiona
     step_at = max(status.step or 0, committed["checkpoints"][-1]["step"] if committed and committed["checkpoints"] else 0)
     fault = Fault(kind, status.attempt, step_at, time.monotonic())
     fault.note = inject(h, kind, status)
-    recovered = _wait(lambda: (s := h.status()).state.terminal and s or
-                      (s.state.value == "running" and (s.step or 0) > step_at and s), RECOVERY_TIMEOUT_S, 0.1)
+    first_seen: dict[int, Optional[int]] = {}
+
+    def recovered_now():
+        s = h.status()
+        if s.state.terminal:
+            return s
+        if s.state.value != "running":
+            return None
+        # a new attempt's record holds the old attempt's step until its own first progress write
+        if s.attempt != status.attempt and first_seen.setdefault(s.attempt, s.step) == s.step:
+            return None
+        return s if (s.step or 0) > step_at else None
+
+    recovered = _wait(recovered_now, RECOVERY_TIMEOUT_S, 0.1)
     if recovered is not None:
         fault.survived = recovered.state.value in ("running", "succeeded")
         fault.recovered_s = time.monotonic() - fault.injected_at
@@ -255,6 +350,8 @@ def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optiona
             fault.steps_lost = step_at
     if kind == "duplicate" and fault.attempt_after is not None and fault.attempt_after != fault.attempt_before:
         fault.survived, fault.note = False, "a duplicate message started a new attempt"
+    if kind == "duprun" and not (h.duprun_codes and h.duprun_codes[-1] == 4 and fault.attempt_after == fault.attempt_before):
+        fault.survived = False  # it must refuse (exit 4), leaving the worker's attempt alone
     return fault
 
 
@@ -262,11 +359,13 @@ def plan(faults: int, seed: int, kinds: tuple[str, ...]) -> list[tuple[str, int]
     """``faults`` (kind, gap in steps): every kind once per round, each round shuffled by ``seed``."""
     rng = random.Random(seed)
     order: list[str] = []
-    while len(order) < faults:
-        round_ = list(kinds)
+    rounds = [k for k in kinds if k != "finalize"] or list(kinds)
+    last = ["finalize"] if "finalize" in kinds else []
+    while len(order) < faults - len(last):
+        round_ = list(rounds)
         rng.shuffle(round_)
         order += round_
-    return [(kind, rng.randint(3, 8)) for kind in order[:faults]]
+    return [(kind, rng.randint(3, 8)) for kind in order[:faults - len(last)] + last]
 
 
 # --- the run --------------------------------------------------------------------------------
