@@ -26,8 +26,8 @@ from tests.helpers import (
     write_spec,
 )
 
-DICT_TASK = {"target": "tests.tasks:dict_task", "kwargs": {}}
-DICT_MODEL = {"target": "builtin:mlp", "kwargs": {"in_features": 2, "hidden": 32, "out_features": 3, "dropout": 0.2}}
+from tests.workers.training.test_tasks import DICT_MODEL, DICT_TASK
+
 VAL = {"target": "tests.tasks:dict_blobs", "kwargs": {"n": 120, "offset": 10_000}}
 
 
