@@ -290,8 +290,11 @@ def main(argv: list[str]) -> None:
     from .shared_buffers import MappedBuffers
 
     torch.set_num_threads(1)
-    with open(config["cancel_file"], "r+b") as fh:
-        flag = mmap.mmap(fh.fileno(), 1)
+    try:
+        with open(config["cancel_file"], "r+b") as fh:
+            flag = mmap.mmap(fh.fileno(), 1)
+    except FileNotFoundError:  # the attempt ended (its spool removed) while this process started: nothing to write
+        return
     buffers = MappedBuffers()
 
     def gate(swap: Callable[[], Any]) -> Any:
