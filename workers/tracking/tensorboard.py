@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import queue
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
+from baton.storage import owned_dirs
 from baton.storage.base import ObjectStore
 from baton.storage.checkpointer import CheckpointStats
 from baton.storage.layout import JobPaths
@@ -42,6 +42,9 @@ ROW_SCALARS = ("train_loss", "lr", "grad_norm", "samples_per_s")
 CLOSE_WAIT_S = 30.0
 """Longest an attempt waits at its end for the last event file upload (then it goes without)."""
 EVENT_FILE_PREFIX = "events.out.tfevents."
+LOCAL_DIR_PREFIX = "baton-tensorboard-"
+"""The local directories' names (``owned_dirs.py``: those of a process killed outright are removed by
+the next worker or ``baton run`` started on the machine)."""
 MISSING = "TensorBoard is not installed: no event files for this job (pip install 'baton[tensorboard]')"
 
 
@@ -148,7 +151,7 @@ class _WriterState:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # optional: baton[tensorboard]
 
-            self._dir = Path(tempfile.mkdtemp(prefix="baton-tensorboard-"))
+            self._dir = owned_dirs.make(LOCAL_DIR_PREFIX)
             self._writer = SummaryWriter(log_dir=str(self._dir))
         return self._writer
 
