@@ -27,18 +27,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Collection, Optional
 
 from baton.schemas.manifest import CheckpointManifest
 
 from .base import ObjectStore
 from .commit_work import CheckpointRequest, Committed, CommitWork
+from . import owned_dirs
 from .layout import JobPaths
 from .priority import background_nice as nice_setting, lower_this_thread
 from .shared_buffers import SharedBuffers
@@ -46,6 +45,9 @@ from .snapshot import Copies, HostSnapshot
 
 UPLOAD_RETRY_S = 600.0
 """How long one checkpoint's upload and commit are retried through transient storage errors."""
+SPOOL_PREFIX = "baton-spool-"
+"""The spool directories' names (``owned_dirs.py``: those of a process killed outright are removed
+by the next worker or ``baton run`` started on the machine)."""
 WRITER_ENV = "BATON_CHECKPOINT_WRITER"
 """``process`` (the default where it can be), or ``thread``: where a checkpoint's commit runs."""
 
@@ -107,7 +109,7 @@ class AsyncCheckpointer:
         self.on_commit = on_commit
         self.log = log
         self.totals = CheckpointerTotals()
-        self._spool = Path(tempfile.mkdtemp(prefix="baton-spool-", dir=store.scratch_dir()))
+        self._spool = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
         self._inflight: Optional[_InFlight] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()  # held while a manifest write may be under way

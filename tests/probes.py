@@ -160,3 +160,37 @@ def secret_quoting(variable: str = "MY_API_TOKEN", **kwargs) -> nn.Module:
     import os
 
     raise RuntimeError(f"login refused for token {os.environ.get(variable)}")
+
+
+class _HangingInLoader(Dataset):
+    """Spiral samples whose loading hangs for good inside a DataLoader worker process (a read from a
+    dead mount) after ``hang_after`` samples there. Each loader worker appends its pid to ``pid_file``
+    at its first sample, and ``hanging_file`` once it hangs: a test can then look for those processes."""
+
+    def __init__(self, base: Dataset, pid_file: str, hanging_file: str, hang_after: int):
+        self.base, self.pid_file, self.hanging_file, self.hang_after = base, pid_file, hanging_file, hang_after
+        self.loaded = 0
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            import os
+
+            if self.loaded == 0:
+                with open(self.pid_file, "a") as fh:
+                    fh.write(f"{os.getpid()}\n")
+            self.loaded += 1
+            if self.loaded > self.hang_after:
+                with open(self.hanging_file, "a") as fh:
+                    fh.write(f"{os.getpid()}\n")
+                _hang_forever()
+        return self.base[index]
+
+
+def hanging_in_loader(seed: int = 0, pid_file: str = "", hanging_file: str = "", hang_after: int = 64,
+                      **kwargs) -> Dataset:
+    return _HangingInLoader(spiral(seed=seed, **kwargs), pid_file, hanging_file, hang_after)

@@ -34,6 +34,7 @@ from baton.workers.training.loop import Outcome, TrainingLoop
 
 from .finalize import finalize
 from .resume import load_latest_good, pin_resume_point
+from .scratch import remove_orphaned_scratch
 
 
 @dataclass
@@ -61,6 +62,7 @@ def run_attempt(
     it runs (MLflow's ``baton.worker`` tag). ``job_log``: every line the process writes meanwhile
     goes into the attempt's own log in object storage (``job_logs.py``; ``baton logs``)."""
     where = worker or f"local@{socket.gethostname()}"
+    remove_orphaned_scratch(store, control.log)  # a process killed outright on this machine left them
     capture = None
     if job_log:
         try:

@@ -17,6 +17,8 @@ from baton.jobs.records import JobRecords
 from baton.jobs.redaction import RedactingFilter, Redactor
 from baton.jobs.redis_conn import connect
 from baton.schemas.settings import BatonSettings
+from baton.storage.open import open_store
+from baton.workers.attempt.scratch import remove_orphaned_scratch
 from baton.workers.tracking import prometheus
 from baton.workers.training.determinism import prepare_process
 
@@ -86,6 +88,8 @@ def _on_ready(sender, **_) -> None:
         ctx.redis.set(keys.worker_stopping(ctx.worker), "1", ex=int(ctx.settings.preempt_grace_s) + 60)
 
     warm_up(ctx.settings.storage_url)
+    # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool and event files
+    remove_orphaned_scratch(open_store(ctx.settings.storage_url), _log.warning)
     ctx.redis.delete(keys.worker_stopping(ctx.worker))  # a previous run under this name may have left it
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
     queues = sorted(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)

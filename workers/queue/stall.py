@@ -5,7 +5,9 @@ the lease alone would keep a hung job "running" forever. The loop reports every 
 (``LoopControl.on_step``); when none has come for the timeout, the watchdog records every
 thread's stack, hands the job back as a worker loss (counted against ``retry.max_attempts``: a
 hang that repeats must end), and exits the process: a hung thread cannot be interrupted, so the
-worker's supervisor (Kubernetes, compose, ``baton worker --gpus``) starts a fresh one.
+worker's supervisor (Kubernetes, compose, ``baton worker --gpus``) starts a fresh one. Every process
+below the worker is killed first (``process_tree.py``): a DataLoader worker hung in the data set's
+code would otherwise outlive it as an orphan.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import traceback
 from typing import Callable
 
 from baton.workers.tracking import job_logs
+
+from .process_tree import kill_descendants
 
 _log = logging.getLogger("baton.worker")
 
@@ -59,8 +63,12 @@ class StallWatchdog(threading.Thread):
 
 
 def exit_process(why: str) -> None:
-    """Leave now, whatever the hung thread is doing."""
+    """Leave now, whatever the hung thread is doing, and take this process's children along."""
     _log.error("exiting: %s", why)
+    killed = kill_descendants()
+    if killed:
+        _log.error("killed the %d process(es) below this worker (DataLoader workers, the checkpoint writer, ...): %s",
+                   len(killed), " ".join(map(str, sorted(killed))))
     job_logs.close_all_before_exit(why)
     logging.shutdown()
     os._exit(EXIT_STALLED)

@@ -7,8 +7,12 @@ uploaded through the ObjectStore to ``jobs/<id>/attempt-<n>/tensorboard/<file>``
 
 A row is written only once a checkpoint at or after its step is committed: a row that no commit
 covers is produced again by the next attempt (which resumes before it), so writing it early would
-put that step in two event files. A resumed attempt writes only rows after its resume step. Then
-each step is in exactly one event file across the attempts.
+put that step in two event files. At its first commit an attempt also reconciles with the attempts
+before it, as the MLflow tracker does: it reads the committed rows (``metrics.jsonl`` through the
+manifest) and the steps the earlier attempts' event files hold (``tensorboard_history.py``), and
+writes every committed row whose step no earlier event file holds, its own and its predecessors'
+(one killed between a commit and its upload), and no other (one trained again after a fallback past
+a corrupt checkpoint). Then each committed row is in exactly one event file across the attempts.
 
 Tracking never fails or slows a job: the loop and the checkpointer only put items on a queue; one
 background thread imports TensorBoard, writes and uploads. Its failures are logged and counted
@@ -19,20 +23,23 @@ from __future__ import annotations
 import logging
 import queue
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
+from baton.storage import owned_dirs
+from baton.storage.artifacts import read_metrics
 from baton.storage.base import ObjectStore
 from baton.storage.checkpointer import CheckpointStats
 from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 from baton.storage.priority import lower_this_thread
 from baton.workers.training.control import LoopControl, StepReport
 
 from . import prometheus
+from .tensorboard_history import EVENT_FILE_PREFIX, steps_written_before
 
 _log = logging.getLogger("baton.tracking")
 
@@ -41,7 +48,9 @@ ROW_SCALARS = ("train_loss", "lr", "grad_norm", "samples_per_s")
 """The fixed fields of a row written as scalars, besides every val_NAME."""
 CLOSE_WAIT_S = 30.0
 """Longest an attempt waits at its end for the last event file upload (then it goes without)."""
-EVENT_FILE_PREFIX = "events.out.tfevents."
+LOCAL_DIR_PREFIX = "baton-tensorboard-"
+"""The local directories' names (``owned_dirs.py``: those of a process killed outright are removed by
+the next worker or ``baton run`` started on the machine)."""
 MISSING = "TensorBoard is not installed: no event files for this job (pip install 'baton[tensorboard]')"
 
 
@@ -59,6 +68,7 @@ def preload() -> None:
     try:
         with rng.kept_through_imports():
             import torch.utils.tensorboard  # noqa: F401  optional: baton[tensorboard]
+            from tensorboard.backend.event_processing import event_accumulator  # noqa: F401  reads earlier attempts'
     except Exception as exc:  # not installed, or a broken install (protobuf, numpy): tracking never fails a job
         _log.debug("TensorBoard not preloaded (%s: %s); the tracker's thread says why at its first write",
                    type(exc).__name__, exc)
@@ -76,7 +86,8 @@ class TensorBoardTracker:
 
     # --- called from the loop and the checkpointer ---------------------------------------------
     def resumed_from(self, step: int) -> None:
-        self._queue.put(("resume", step))
+        """Nothing to do: the committed rows and the earlier attempts' event files decide what this
+        attempt writes, not where it resumed (a killed predecessor's last rows may be in no file)."""
 
     def row(self, row: dict) -> None:
         self._queue.put(("row", dict(row)))
@@ -106,13 +117,10 @@ class TensorBoardTracker:
                 if kind == "close":
                     self._guard(state, lambda: state.upload(self.store), "upload")
                     return
-                if kind == "resume":
-                    state.resume_step = value
-                elif kind == "row":
-                    if value["step"] > state.resume_step:
-                        state.pending.append(value)
+                if kind == "row":
+                    state.pending.append(value)
                 elif kind == "commit":
-                    self._guard(state, lambda: state.write_committed(value), "write")
+                    self._guard(state, lambda: state.write_committed(value, self.store), "write")
                     if self._queue.empty():  # a burst of commits uploads once
                         self._guard(state, lambda: state.upload(self.store), "upload")
         finally:
@@ -133,36 +141,57 @@ class TensorBoardTracker:
 
 
 class _WriterState:
-    """What only the tracker's thread touches: the SummaryWriter, the rows not yet committed."""
+    """What only the tracker's thread touches: the SummaryWriter, the rows not yet committed, the
+    steps already in an event file."""
 
     def __init__(self, paths: JobPaths):
         self.paths = paths
-        self.resume_step = -1
         self.pending: list[dict] = []
+        self.written: Optional[set[int]] = None  # steps in an event file: None until reconciled
         self.disabled = False
         self.dirty = False
         self._dir: Optional[Path] = None
         self._writer = None
 
+    def _local(self) -> Path:
+        if self._dir is None:
+            self._dir = owned_dirs.make(LOCAL_DIR_PREFIX)
+        return self._dir
+
     def _open(self):
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # optional: baton[tensorboard]
 
-            self._dir = Path(tempfile.mkdtemp(prefix="baton-tensorboard-"))
-            self._writer = SummaryWriter(log_dir=str(self._dir))
+            self._writer = SummaryWriter(log_dir=str(self._local()))
         return self._writer
 
-    def write_committed(self, step: int) -> None:
-        """Write the rows a commit at ``step`` covers (their steps are <= it)."""
+    def _reconcile(self, store: ObjectStore) -> None:
+        """Once, at the first commit: the committed rows join the pending ones (a killed
+        predecessor's among them), and the steps earlier event files hold are never written again.
+        A failure is retried at the next commit."""
+        import tensorboard  # noqa: F401  without it nothing is written: say so (ImportError) before reading
+
+        held = steps_written_before(store, self.paths, self._local() / "earlier")
+        pending = {row["step"] for row in self.pending}
+        committed = read_metrics(store, ManifestStore(store, self.paths).read())
+        self.pending = sorted(self.pending + [row for row in committed if row["step"] not in pending],
+                              key=lambda row: row["step"])
+        self.written = held
+
+    def write_committed(self, step: int, store: ObjectStore) -> None:
+        """Write the rows a commit at ``step`` covers (their steps are <= it) that no event file holds."""
+        if self.written is None:
+            self._reconcile(store)
         ready = [row for row in self.pending if row["step"] <= step]
-        if not ready:
-            return
-        writer = self._open()
+        self.pending = [row for row in self.pending if row["step"] > step]
         for row in ready:
+            if row["step"] in self.written:
+                continue
+            writer = self._open()
             for tag, value in row_scalars(row).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     writer.add_scalar(tag, value, global_step=row["step"])
-            self.pending.remove(row)
+            self.written.add(row["step"])
             self.dirty = True
 
     def upload(self, store: ObjectStore) -> None:

@@ -1,6 +1,7 @@
 """`baton run` of one job id in two processes at once: one trains, the other refuses in one line (exit
 4) while the first is alive; the one that trains ends bit-exact and loses no committed checkpoint. A
-run whose process is gone (SIGKILL) is taken over at once on the same machine."""
+run whose process is gone (SIGKILL) is taken over at once on the same machine, and the scratch
+directories it left (its checkpoint spool, TensorBoard's local files) are removed."""
 from __future__ import annotations
 
 import os
@@ -26,9 +27,9 @@ from tests.workers.conftest import SPEC
 RUNNING_ELSEWHERE = 4
 
 
-def _start(spec_path, url: str, job_id: str) -> subprocess.Popen:
+def _start(spec_path, url: str, job_id: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen([*BATON, "run", str(spec_path), "--id", job_id, "--storage", url, "--no-progress"],
-                            env=baton_env(), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=baton_env(**env), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
 
 
@@ -117,3 +118,24 @@ def test_baton_run_refuses_a_job_submitted_to_a_queue(cluster, tmp_path):
     assert done.stderr.strip() == ("job queued-one was submitted to a queue, whose workers run it (baton status "
                                    "queued-one); baton run runs only the jobs it started: use a new --id to train it here")
     assert not cluster.store().exists("jobs/queued-one/manifest.json")  # nothing trained, nothing claimed
+
+
+def test_the_scratch_of_a_run_killed_outright_is_removed_by_the_next_run(tmp_path):
+    spec_path = write_spec(tmp_path, SPEC)
+    url = f"file://{tmp_path / 'store'}"
+    store = FileStore(tmp_path / "store")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    spools, event_dirs = store.scratch_dir(), tmp  # a file store spools beside its objects (a rename, not a copy)
+
+    def scratch() -> set:
+        return {*spools.glob("baton-spool-*"), *event_dirs.glob("baton-tensorboard-*")}
+
+    first = _start(spec_path, url, "swept", TMPDIR=str(tmp))
+    kill_when(first, store, "swept", lambda m: m["metrics"] is not None and len(scratch()) == 2)
+    left = scratch()
+    assert {path.name.split("-")[1] for path in left} == {"spool", "tensorboard"}
+
+    again = run_baton("run", str(spec_path), "--id", "swept", "--storage", url, env=baton_env(TMPDIR=str(tmp)))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not scratch(), f"scratch left behind: {sorted(scratch())}"

@@ -1,5 +1,7 @@
 """TensorBoard event files: every metrics row's scalars at its step, each step once across attempts,
-read back with TensorBoard's own reader after a job was SIGKILLed and resumed (over S3)."""
+read back with TensorBoard's own reader after a job was SIGKILLed and resumed (over S3): also when
+the kill came between a row's commit and its event file's upload, and when the resume fell back past
+a corrupt checkpoint to before a row an earlier attempt's event file holds."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +11,7 @@ from baton.storage.open import open_store
 from baton.workers.tracking.tensorboard import row_scalars
 
 from tests.helpers import baton_env, kill_when, make_spec, metrics_rows, run_baton, start_baton, write_spec
+from tests.workers.conftest import SPEC as WORKER_SPEC
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -82,3 +85,65 @@ def test_event_files_hold_every_row_once_after_a_kill_and_resume(s3_bucket, s3_e
         store.get_file(key, together / key.rsplit("/", 1)[1])
     assert len(keys) == 2
     assert _scalars(together) == expected  # step for step, equal to metrics.jsonl, no duplicates
+
+
+def _val_loss_everywhere(store, job_id: str, directory) -> list[tuple[int, float]]:
+    """val_loss over all of the job's event files together (as `tensorboard --logdir` on the job's
+    prefix reads them), in step order, a step written twice listed twice."""
+    directory.mkdir()
+    for key in store.list(f"jobs/{job_id}/"):
+        if "/tensorboard/" in key:
+            store.get_file(key, directory / key.rsplit("/", 1)[1])
+    return sorted(_scalars(directory).get("val_loss", []))
+
+
+def _committed_val_loss(store, job_id: str) -> list[tuple[int, float]]:
+    return [(row["step"], float(np.float32(row["val_loss"]))) for row in metrics_rows(store, job_id)]
+
+
+def _in_second_epoch(manifest: dict) -> bool:
+    latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None
+    return (manifest["metrics"] is not None and latest is not None and latest["kind"] == "step"
+            and latest["epoch"] == 1 and latest["batch_in_epoch"] > 0)
+
+
+def test_a_row_committed_by_a_killed_attempt_before_its_event_file_upload_is_written_by_the_next(
+        cluster, s3_server, tmp_path):
+    from tests.s3_gateway import S3Gateway
+
+    gateway = S3Gateway(s3_server.port)  # the first worker's event file uploads never arrive
+    gateway.hold(lambda method, path: method == "PUT" and "/tensorboard/" in path)
+    try:
+        first, = cluster.start_workers(1, AWS_ENDPOINT_URL=gateway.endpoint_url)
+        job = cluster.client.submit(WORKER_SPEC, "unsent")
+        store = cluster.store()
+        kill_when(first.proc, store, "unsent",
+                  lambda m: _in_second_epoch(m) and not store.list("jobs/unsent/attempt-1/tensorboard/"))
+        first_row = metrics_rows(store, "unsent")[0]["step"]  # committed, in no event file
+
+        cluster.start_workers(1)
+        final = job.wait(timeout=120, progress=False)
+        assert final.state.value == "succeeded" and final.attempt == 2, final.error
+        assert final.resumed_from > first_row
+        assert _val_loss_everywhere(store, "unsent", tmp_path / "events") == _committed_val_loss(store, "unsent")
+    finally:
+        gateway.close()
+
+
+def test_a_fallback_past_corrupt_checkpoints_writes_no_step_twice(cluster, tmp_path):
+    spec = make_spec(**{**WORKER_SPEC, "checkpoint": {**WORKER_SPEC["checkpoint"], "keep_last": 20}})
+    first, = cluster.start_workers(1)
+    job = cluster.client.submit(spec, "fellback")
+    store = cluster.store()
+    at_kill = kill_when(first.proc, store, "fellback",
+                        lambda m: _in_second_epoch(m) and bool(store.list("jobs/fellback/attempt-1/tensorboard/")))
+    first_row = metrics_rows(store, "fellback")[0]["step"]  # in attempt 1's event file
+    for entry in at_kill["checkpoints"]:
+        if entry["step"] >= first_row:  # every checkpoint since the first row is corrupt: resumed before it
+            store.put_bytes(entry["key"], b"not a checkpoint")
+
+    cluster.start_workers(1)
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded" and final.attempt == 2, final.error
+    assert final.resumed_from < first_row  # the first row was trained (and its scalars produced) again
+    assert _val_loss_everywhere(store, "fellback", tmp_path / "events") == _committed_val_loss(store, "fellback")

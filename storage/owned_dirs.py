@@ -1,0 +1,94 @@
+"""Temporary directories named after the process that owns them, so that those of a dead process
+can be found and removed.
+
+A process killed outright (SIGKILL, the OOM killer, a node's hard reset of a container) removes
+none of its temporary directories: a checkpoint spool keeps a whole serialized checkpoint, and
+nothing else would ever delete it. Each directory's name therefore says who made it:
+
+    <prefix><space>-<pid>-<start>-<random>
+
+- ``pid`` and ``start``: the owner's pid and its start time (``/proc/<pid>/stat``, clock ticks
+  since boot): a pid reused by a later process has another start time, so that process is not
+  mistaken for the owner (and a dead owner's directories are not kept for ever);
+- ``space``: which pids these are: a digest of the kernel's boot id and the pid namespace. A
+  file:// store's scratch directory may be shared between machines or containers, where the same
+  pid is another process; only directories made in this pid space are judged here.
+
+Sweeping removes only directories of this user whose owner, in this pid space, is gone. Linux
+only (``/proc``): elsewhere directories are named the same way (``space`` is ``x``) and never swept.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Optional
+
+PROC = Path("/proc")
+UNKNOWN_SPACE = "x"
+
+
+@lru_cache(maxsize=1)
+def pid_space() -> str:
+    """This process's pid space: the same for every process whose pids mean the same processes."""
+    try:
+        boot_id = (PROC / "sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink(PROC / "self/ns/pid")
+    except OSError:
+        return UNKNOWN_SPACE
+    return hashlib.sha256(f"{boot_id}/{namespace}".encode()).hexdigest()[:12]
+
+
+def start_time(pid: int) -> Optional[int]:
+    """When ``pid`` started (clock ticks since boot), None if there is no such process (or no /proc)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before ")" may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner_tag() -> str:
+    pid = os.getpid()
+    return f"{pid_space()}-{pid}-{start_time(pid) or 0}"
+
+
+def make(prefix: str, directory: Optional[Path] = None) -> Path:
+    """A new directory ``<prefix><owner>-<random>`` in ``directory`` (the temporary directory if None)."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-", dir=directory))
+
+
+def orphaned(name: str, prefix: str) -> bool:
+    """Whether the directory ``name`` (made by ``make`` with ``prefix``) belongs to a process of this
+    pid space that is gone. Names in another format, or from another pid space, are never orphans."""
+    parts = name[len(prefix):].split("-")
+    if not name.startswith(prefix) or len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+        return False
+    space, pid, start = parts[0], int(parts[1]), int(parts[2])
+    if space == UNKNOWN_SPACE or space != pid_space():
+        return False
+    if start == 0:  # its owner could not read its own start time: the pid alone decides
+        return start_time(pid) is None
+    return start_time(pid) != start
+
+
+def remove_orphans(directory: Optional[Path], prefixes: Iterable[str]) -> list[Path]:
+    """Remove this user's directories in ``directory`` (the temporary directory if None) whose
+    owner is gone; those removed."""
+    base = Path(directory or tempfile.gettempdir())
+    if pid_space() == UNKNOWN_SPACE or not base.is_dir():
+        return []
+    removed = []
+    for prefix in prefixes:
+        for path in base.glob(f"{prefix}*"):
+            try:
+                mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+            except OSError:  # removed meanwhile (by another process sweeping)
+                continue
+            if mine and orphaned(path.name, prefix):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed

@@ -1,0 +1,40 @@
+"""Scratch directories named after their process: a dead owner's are removed, a live one's kept,
+and a pid reused by another process does not keep a dead owner's directories for ever."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from baton.storage import owned_dirs
+
+PREFIX = "baton-test-"
+MAKE_AND_WAIT = ("import sys; from baton.storage import owned_dirs; "
+                 "print(owned_dirs.make(sys.argv[1], sys.argv[2]), flush=True); sys.stdin.read()")
+
+
+def test_a_dead_owners_directory_goes_and_a_live_ones_stays(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", MAKE_AND_WAIT, PREFIX, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        made = tmp_path / os.path.basename(owner.stdout.readline().strip())
+        assert made.is_dir() and f"-{owner.pid}-" in made.name
+        (made / "step-5.pt").write_bytes(b"x" * 1024)
+        assert owned_dirs.remove_orphans(tmp_path, [PREFIX]) == [] and made.is_dir()  # its owner lives
+    finally:
+        owner.kill()
+        owner.wait()
+    assert owned_dirs.remove_orphans(tmp_path, [PREFIX]) == [made] and not made.exists()
+
+
+def test_a_reused_pid_is_not_its_owner_and_other_names_are_left_alone(tmp_path):
+    space, pid = owned_dirs.pid_space(), os.getpid()
+    started = owned_dirs.start_time(pid)
+    reused = tmp_path / f"{PREFIX}{space}-{pid}-{started - 1}-abc"  # this pid, an earlier process's start
+    mine = tmp_path / f"{PREFIX}{space}-{pid}-{started}-abc"
+    elsewhere = tmp_path / f"{PREFIX}0123456789ab-999999999-5-abc"  # another machine sharing the directory
+    older = tmp_path / f"{PREFIX}k3j4h5g6"  # no owner in its name
+    for path in (reused, mine, elsewhere, older):
+        path.mkdir()
+    assert owned_dirs.remove_orphans(tmp_path, [PREFIX]) == [reused]
+    assert mine.is_dir() and elsewhere.is_dir() and older.is_dir()
