@@ -24,6 +24,7 @@ from baton.schemas.errors import PreconditionFailed, RunningElsewhere, Transient
 
 from .base import ObjectStore
 from .layout import JobPaths
+from .processes import process_exists
 
 RENEW_EVERY_S = 2.0
 """How often the holder rewrites its lease."""
@@ -45,18 +46,9 @@ class Holder:
         if now - self.renewed_at > LAPSES_AFTER_S:
             return False
         if self.host == socket.gethostname():
-            return _process_exists(self.pid)
+            return process_exists(self.pid)
         return True
 
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 def read_holder(store: ObjectStore, paths: JobPaths) -> Optional[tuple[Holder, str]]:

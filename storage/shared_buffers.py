@@ -30,6 +30,7 @@ import torch
 
 from baton.schemas.errors import CheckpointWriteFailed
 
+from .processes import process_exists
 from .snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
@@ -124,21 +125,12 @@ def remove_orphans(tmpfs: Path) -> list[Path]:
     removed = []
     for directory in tmpfs.glob(f"{PREFIX}*"):
         pid = directory.name[len(PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or process_exists(int(pid)):
             continue
         shutil.rmtree(directory, ignore_errors=True)
         removed.append(directory)
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _free(directory: Path) -> int:
