@@ -245,7 +245,7 @@ def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, en
     ranks = Ranks(spec.resources.processes, args, log)
     try:
         ranks.wait_until_ready()
-        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed)
+        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed, ranks.secret)
     except BaseException as exc:
         explained = ranks.explain(exc)
         ranks.kill()

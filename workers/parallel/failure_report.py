@@ -22,6 +22,8 @@ from pathlib import Path
 from baton.jobs.redaction import Redactor
 from baton.schemas.errors import CheckpointCorrupt, TransientError
 
+from .errors import RankLost
+
 EXIT_USER_CODE = 65
 """A rank's exit status after it reported a failure of the job's code (or spec): the job fails, no retry."""
 
@@ -39,10 +41,10 @@ class FailureReport:
 
 def is_job_failure(exc: BaseException) -> bool:
     """Whether ``exc``, raised on a rank, is the job's code (or spec) failing, rather than storage or
-    the process group failing under the rank (another rank lost)."""
+    the process group failing under the rank (another rank lost, or not proving the attempt's secret)."""
     import torch.distributed as dist
 
-    infrastructure = (TransientError, CheckpointCorrupt, dist.DistError)
+    infrastructure = (TransientError, CheckpointCorrupt, RankLost, dist.DistError)
     return not any(isinstance(e, infrastructure) for e in _chain(exc))
 
 

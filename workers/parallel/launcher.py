@@ -1,8 +1,8 @@
 """Starting, watching and ending the ranks 1..N-1 of a data-parallel attempt (rank 0 is this process).
 
-Each rank is ``python -m baton.workers.parallel.rank_main`` with its arguments in ``BATON_RANK_ARGS``. Rank 0
-opens the rendezvous (a ``TCPStore`` on a free loopback port) before starting them, so there is no
-port to race for. No rank outlives its attempt:
+Each rank is ``python -m baton.workers.parallel.rank_main`` with its arguments in ``BATON_RANK_ARGS`` and
+the attempt's secret in ``BATON_RANK_SECRET``. Rank 0 opens the rendezvous (``rendezvous``: a file
+store in the attempt's private directory, no port) before starting them. No rank outlives its attempt:
 - a rank asks the kernel for SIGKILL when rank 0 dies (``PR_SET_PDEATHSIG``, set by the rank
   itself at start, then it checks that its parent is still the one that started it): a SIGKILLed
   worker leaves no rank behind;
@@ -13,9 +13,9 @@ port to race for. No rank outlives its attempt:
   it kills the ranks and ends this process (exit 70), so a worker never hangs holding a job: its
   lease expires and the job is re-queued as a worker loss.
 
-Each attempt has a private directory (mode 0700, removed when its ranks are gone) where a rank whose
-code raises leaves its report (``failure_report``): rank 0 then fails the job with that rank's
-exception and traceback; a rank that dies without one is lost.
+Each attempt has a private directory (mode 0700, removed when its ranks are gone): the rendezvous,
+and where a rank whose code raises leaves its report (``failure_report``): rank 0 then fails the job
+with that rank's exception and traceback; a rank that dies without one is lost.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -37,7 +36,7 @@ import torch.distributed as dist
 
 from baton.schemas.errors import FencedOut, PermanentError
 
-from . import failure_report
+from . import failure_report, rendezvous
 from .errors import RankFailed, RankLost
 from .failure_report import EXIT_USER_CODE
 
@@ -54,27 +53,26 @@ FINISH_WAIT_S = 60.0
 SETTLE_S = 0.5
 """How long rank 0 waits, after a rank reported a failure of the job's code, for another rank's loss
 that may have caused it (a rank whose collective broke under it can raise from the job's code)."""
-HOST = "127.0.0.1"
 
 
 class Ranks:
-    """The child ranks of this attempt, and the rendezvous store rank 0 serves."""
+    """The child ranks of this attempt, the rendezvous rank 0 opens for them and the attempt's secret."""
 
     def __init__(self, world_size: int, args: dict, log: Callable[[str], None],
                  on_hang: Optional[Callable[[str], None]] = None):
         self.world_size, self.log = world_size, log
         self.directory = Path(tempfile.mkdtemp(prefix="baton-ranks-"))  # 0700: this user's processes only
-        self.store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+        self.store = rendezvous.open_store(self.directory, world_size, RENDEZVOUS_TIMEOUT_S)
+        self.secret = rendezvous.new_secret()
         self.procs: list[subprocess.Popen] = []
         self._ending = threading.Event()
         self._lost: Optional[str] = None
         self._on_hang = on_hang or _exit_hung
         for rank in range(1, world_size):
-            rank_args = {**args, "rank": rank, "world_size": world_size, "host": HOST, "port": self.store.port,
-                         "parent_pid": os.getpid(), "directory": str(self.directory)}
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"],
-                                               env={**os.environ, ARGS_ENV: json.dumps(rank_args)}))
+            rank_args = {**args, "rank": rank, "world_size": world_size, "parent_pid": os.getpid(),
+                         "directory": str(self.directory)}
+            env = {**os.environ, ARGS_ENV: json.dumps(rank_args), rendezvous.SECRET_ENV: self.secret}
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env))
         self.log(f"data-parallel: {world_size} ranks; ranks 1..{world_size - 1} are pids "
                  f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)

@@ -19,7 +19,8 @@ from typing import Callable, Optional
 
 from . import failure_report
 from .failure_report import EXIT_USER_CODE
-from .launcher import ARGS_ENV, die_with_parent, ready_key
+from .launcher import ARGS_ENV, RENDEZVOUS_TIMEOUT_S, die_with_parent, ready_key
+from .rendezvous import SECRET_ENV, open_store
 
 
 class RankControl:
@@ -68,15 +69,13 @@ class FailureReporter:
         return self.failed
 
 
-def run_rank(args: dict, report: Callable[[BaseException], bool] = lambda exc: False) -> None:
+def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = lambda exc: False) -> None:
     """This rank's share of the attempt; a failure of the job's code is passed to ``report`` while
     this rank is still in the group (the others learn of it when its connections close)."""
-    import torch.distributed as dist
-
     from baton.schemas.spec import JobSpec
     from baton.storage.checkpoint_io import load_bytes
     from baton.storage.layout import JobPaths
-    from baton.storage.open import open_store
+    from baton.storage.open import open_store as open_object_store
     from baton.workers.training import rng, train_state
     from baton.workers.training.components import build_components
     from baton.workers.training.determinism import configure, prepare_process
@@ -90,12 +89,12 @@ def run_rank(args: dict, report: Callable[[BaseException], bool] = lambda exc: F
     spec = JobSpec.parse(args["spec"])
     state = None
     if args.get("resume_key"):
-        store = open_store(args["storage_url"])
+        store = open_object_store(args["storage_url"])
         state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
     configure(spec.loop.deterministic, args["cpu_threads"])
-    store_client = dist.TCPStore(args["host"], args["port"], world_size, is_master=False)
-    store_client.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
-    group = RankGroup.join(store_client, rank, world_size, args["device_type"], spec.seed)
+    rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S)
+    rendezvous.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
+    group = RankGroup.join(rendezvous, rank, world_size, args["device_type"], spec.seed, secret)
     try:
         rng.seed_all(spec.seed)
         parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size))
@@ -116,10 +115,11 @@ def run_rank(args: dict, report: Callable[[BaseException], bool] = lambda exc: F
 
 def main() -> int:
     args = json.loads(os.environ[ARGS_ENV])
+    secret = os.environ.pop(SECRET_ENV)  # not inherited by what the job's code starts
     die_with_parent(args["parent_pid"])
     report = FailureReporter(Path(args["directory"]), args["rank"])
     try:
-        run_rank(args, report)
+        run_rank(args, secret, report)
     except Exception as exc:  # as on rank 0: anything from the job's code (or spec) fails the job
         if report(exc):
             return EXIT_USER_CODE
