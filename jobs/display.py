@@ -8,7 +8,7 @@ import sys
 import traceback
 from typing import Optional
 
-from baton.schemas.errors import BatonError
+from baton.schemas.errors import BatonError, UserCodeError
 from baton.schemas.status import JobStatus
 
 
@@ -131,13 +131,26 @@ LOADER_WORKER = re.compile(r"Caught (?P<type>\w+) in DataLoader worker process (
 _FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<name>.*)$')
 
 
-def _loader_worker_failure(exc: BaseException, user_modules: tuple[str, ...]) -> Optional[list[str]]:
-    """The lines of ``failure`` for an exception torch re-raised from a DataLoader worker process: the
-    original exception first, its notes, then the user's frames read from the worker's traceback."""
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+def _failure_elsewhere(exc: BaseException, user_modules: tuple[str, ...]) -> Optional[list[str]]:
+    """The lines of ``failure`` for an exception raised in another process, whose traceback came as
+    text: torch's re-raise of a DataLoader worker's exception, or a data-parallel rank's failure
+    (``UserCodeError.origin``). The original exception first, its notes, then the user's frames."""
     match = LOADER_WORKER.match(str(exc))
-    if match is None:
-        return None
-    text = match["traceback"].rstrip("\n").splitlines()
+    if match is not None:
+        return _from_text(match["traceback"], match["type"], f"in DataLoader worker process {match['worker']}",
+                          exc, user_modules)
+    if isinstance(exc, UserCodeError) and exc.origin and exc.traceback:
+        last = exc.traceback.rsplit(TRACEBACK_HEAD + "\n", 1)[-1]  # the exception raised last, not its context
+        return _from_text(last, type(exc).__name__, exc.origin, exc, user_modules)
+    return None
+
+
+def _from_text(traceback_text: str, type_name: str, where: str, exc: BaseException,
+               user_modules: tuple[str, ...]) -> list[str]:
+    text = traceback_text.rstrip("\n").splitlines()
     frames, i = [], 0
     while i < len(text) and (found := _FRAME.match(text[i])):
         i += 1
@@ -145,10 +158,10 @@ def _loader_worker_failure(exc: BaseException, user_modules: tuple[str, ...]) ->
         while i < len(text) and text[i].startswith("    "):  # the code line, and 3.11's carets under it
             i += 1
         frames.append((found["path"], found["line"], found["name"], code))
-    cause, notes = (text[i], text[i + 1:]) if i < len(text) else (f"{match['type']}", [])
+    cause, notes = (text[i], text[i + 1:]) if i < len(text) else (type_name, [])
     users_files = {getattr(m, "__file__", None) for name, m in list(sys.modules.items()) if _is_users(name, user_modules)}
     mine = [f for f in frames if f[0] in users_files]
-    lines = [f"error: {cause} (in DataLoader worker process {match['worker']})"]
+    lines = [f"error: {cause} ({where})"]
     lines += [f"  {note.strip()}" for note in notes if note.strip()]
     lines += [f"  {note}" for note in getattr(exc, "__notes__", ())]
     if mine or frames:
@@ -163,7 +176,7 @@ def _loader_worker_failure(exc: BaseException, user_modules: tuple[str, ...]) ->
 
 def summary(exc: BaseException, user_modules: tuple[str, ...]) -> str:
     """A failure in one line, for a job's status: the cause and where it happened (``failure``'s head)."""
-    from_worker = _loader_worker_failure(exc, user_modules)
+    from_worker = _failure_elsewhere(exc, user_modules)
     if from_worker is not None:
         head = list(itertools.takewhile(lambda line: not line.startswith("Traceback ("), from_worker))
     else:
@@ -176,8 +189,8 @@ def failure(exc: BaseException, user_modules: tuple[str, ...], full_traceback_at
     """A failed job for a terminal: the cause first, with where it happened (the exception's notes),
     then only the frames of the user's own code (modules under ``user_modules``; the innermost
     frame when none is), then where the whole traceback is kept. An exception re-raised from a
-    DataLoader worker process is shown as the worker raised it."""
-    from_worker = _loader_worker_failure(exc, user_modules)
+    DataLoader worker process, or raised on another rank, is shown as it was raised there."""
+    from_worker = _failure_elsewhere(exc, user_modules)
     if from_worker is not None:
         return "\n".join([*from_worker, f"the whole traceback is in the job's log: {full_traceback_at}"])
     chain = _chain(exc)

@@ -10,6 +10,8 @@ Whether an error is retried is decided by its type, never by matching its text:
 """
 from __future__ import annotations
 
+import traceback as _traceback
+
 
 class BatonError(Exception):
     """Base class of every error baton raises on purpose."""
@@ -24,11 +26,22 @@ class SpecError(BatonError):
 
 
 class UserCodeError(BatonError):
-    """The job's model or data code raised; ``traceback`` is the formatted original."""
+    """The job's model or data code raised; ``traceback`` is the formatted original. ``origin`` says
+    where, when that was another process (``"on rank 1 of 2"``): its traceback then came as text, and
+    this process's own frames (which only re-raised it) say nothing about the cause."""
 
-    def __init__(self, message: str, traceback: str = ""):
+    def __init__(self, message: str, traceback: str = "", origin: str = ""):
         super().__init__(message)
         self.traceback = traceback
+        self.origin = origin
+
+
+def formatted_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as it was raised: for a failure in another process (``UserCodeError.origin``),
+    that process's own."""
+    if isinstance(exc, UserCodeError) and exc.origin and exc.traceback:
+        return f"{exc.traceback.rstrip()}\n(raised {exc.origin})\n"
+    return "".join(_traceback.format_exception(exc))
 
 
 class NonFiniteLossError(UserCodeError):

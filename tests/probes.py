@@ -194,3 +194,27 @@ class _HangingInLoader(Dataset):
 def hanging_in_loader(seed: int = 0, pid_file: str = "", hanging_file: str = "", hang_after: int = 64,
                       **kwargs) -> Dataset:
     return _HangingInLoader(spiral(seed=seed, **kwargs), pid_file, hanging_file, hang_after)
+
+
+class _FailingOnRank(Dataset):
+    """The built-in spiral, whose loading raises on one rank of a data-parallel job only, after
+    ``after`` samples there: a record that one rank's share holds and the others' do not."""
+
+    def __init__(self, base: Dataset, rank: int, after: int):
+        self.base, self.rank, self.after, self.loaded = base, rank, after, 0
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == self.rank:
+            self.loaded += 1
+            if self.loaded > self.after:
+                raise ValueError(f"sample {index} is unreadable on rank {self.rank}")
+        return self.base[index]
+
+
+def failing_on_rank(seed: int = 0, rank: int = 1, after: int = 0, **kwargs) -> Dataset:
+    return _FailingOnRank(spiral(seed=seed, **kwargs), rank, after)

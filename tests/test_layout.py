@@ -23,7 +23,7 @@ ROOMS = {
     "baton.schemas": set(),
     "baton.storage": {"baton.schemas"},
     "baton.workers.training": {"baton.schemas", "baton.storage"},
-    "baton.workers.parallel": {"baton.workers.training", "baton.schemas", "baton.storage"},
+    "baton.workers.parallel": {"baton.workers.training", "baton.schemas", "baton.storage", "baton.jobs.redaction"},
     "baton.workers.tracking": {"baton.workers.training", "baton.schemas", "baton.storage", "baton.jobs.logs",
                                "baton.jobs.redaction"},
     "baton.workers.attempt": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",

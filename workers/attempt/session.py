@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import functools
 import socket
-import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from baton.jobs.logs import BATON_STREAM
-from baton.schemas.errors import FencedOut, TransientError
+from baton.schemas.errors import FencedOut, TransientError, formatted_traceback
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
 from baton.schemas.spec import JobSpec
 from baton.storage.base import ObjectStore
@@ -78,7 +77,7 @@ def run_attempt(
     except BaseException as exc:
         ending = f"{'interrupted' if isinstance(exc, INFRASTRUCTURE) else 'failed'}: {type(exc).__name__}: {exc}"
         if capture is not None and not isinstance(exc, INFRASTRUCTURE):
-            for line in traceback.format_exc().splitlines():
+            for line in formatted_traceback(exc).splitlines():
                 capture.line(BATON_STREAM, line)
         raise
     finally:
@@ -248,7 +247,7 @@ def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, en
     ranks = Ranks(spec.resources.processes, args, log)
     try:
         ranks.wait_until_ready()
-        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed)
+        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed, ranks.secret)
     except BaseException as exc:
         explained = ranks.explain(exc)
         ranks.kill()

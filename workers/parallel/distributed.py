@@ -6,8 +6,12 @@ single-process job. Ranks 1..N-1 are child processes (``launcher``, ``rank_main`
 that run the same loop with no checkpointer of their own.
 
 - **Backends.** gloo on the CPU, NCCL on CUDA (one GPU per rank: rank r uses ``cuda:r`` of the
-  devices its worker offers). Flags and small objects travel on a gloo group in both cases, so the
-  per-step stop flag never waits on a CUDA stream.
+  devices its worker offers). Flags and the ranks' checkpoint states travel on a gloo group in both
+  cases, so the per-step stop flag never waits on a CUDA stream.
+- **Membership.** Joining, each rank proves the attempt's secret to the others (``rendezvous``)
+  before anything else is exchanged. What rank 0 receives is tensors, and the ranks' states as
+  ``torch.save`` bytes it loads with ``weights_only=True``: torch's ``*_object`` collectives would
+  unpickle whatever a peer sent, code of its choosing.
 - **Model.** ``DistributedDataParallel`` averages gradients across ranks during backward; it is
   used for the training loss only (``DistributedTask``), so ``parts.model`` stays the plain module
   and a checkpoint's ``model`` is what a single-process job's is. Every rank holds the same
@@ -30,6 +34,7 @@ that run the same loop with no checkpointer of their own.
 """
 from __future__ import annotations
 
+import io
 import os
 import time
 from dataclasses import dataclass, field
@@ -48,6 +53,8 @@ from baton.workers.training.control import LoopControl, StepReport
 from baton.workers.training.data import derive_seed
 from baton.workers.training.progress import Progress
 from baton.workers.training.task_api import BoundTask
+
+from .rendezvous import prove_membership
 
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("BATON_COLLECTIVE_TIMEOUT_S", "1800"))
 """How long any collective may wait for the other ranks. A rank that dies is noticed at once (its
@@ -98,13 +105,14 @@ class RankGroup:
     world_size: int
     device: torch.device
     seed: int
-    control_group: Any = None  # gloo: stop flags and gathered objects
+    control_group: Any = None  # gloo: stop flags and the gathered checkpoint states
     closed: bool = field(default=False)
 
     @classmethod
-    def join(cls, store: "dist.Store", rank: int, world_size: int, device_type: str, seed: int,
+    def join(cls, store: "dist.Store", rank: int, world_size: int, device_type: str, seed: int, secret: str,
              timeout_s: float = COLLECTIVE_TIMEOUT_S) -> "RankGroup":
-        """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store``."""
+        """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store``, and
+        prove ``secret`` to the other ranks (RankLost if one does not prove it)."""
         if device_type == "cuda":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
@@ -114,7 +122,13 @@ class RankGroup:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
-        return cls(rank, world_size, device, seed, control)
+        group = cls(rank, world_size, device, seed, control)
+        try:
+            prove_membership(secret, rank, world_size, control)
+        except BaseException:
+            group.close()
+            raise
+        return group
 
     # --- building the rank's pieces ---------------------------------------------------------
     def adopt(self, parts: Components) -> Components:
@@ -157,10 +171,22 @@ class RankGroup:
         dist.all_reduce(totals, group=self.control_group)
         return totals.tolist()
 
-    def gather_to_first(self, obj: Any) -> Optional[list]:
-        out = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, out, dst=0, group=self.control_group)
-        return out
+    def gather_to_first(self, state: dict) -> Optional[list]:
+        """Every rank's ``state`` (tensors, numbers, containers: what a checkpoint holds), at rank 0;
+        None on the others. It travels as ``torch.save`` bytes in a uint8 tensor and is loaded with
+        ``weights_only=True``, so nothing a peer sends can run code at rank 0. Rank 0 keeps its own
+        (built afresh for each checkpoint) and sends nothing."""
+        payload = _to_bytes(state) if self.rank else torch.zeros(0, dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self.control_group)
+        longest = max(int(size.item()) for size in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8)  # gloo's gather takes equal sizes
+        padded[:payload.numel()] = payload
+        gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)] if self.rank == 0 else None
+        dist.gather(padded, gathered, dst=0, group=self.control_group)
+        if gathered is None:
+            return None
+        return [state, *(_from_bytes(data[:int(size.item())]) for data, size in zip(gathered[1:], sizes[1:]))]
 
     def close(self) -> None:
         if not self.closed and dist.is_initialized():
@@ -238,6 +264,16 @@ class GroupCheckpointer:
     def abandon(self) -> None:
         if self.inner is not None:
             self.inner.abandon()
+
+
+def _to_bytes(state: dict) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _from_bytes(data: torch.Tensor) -> dict:
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
 
 
 def with_ranks(state: dict, ranks: list) -> dict:

@@ -1,8 +1,8 @@
 """Starting, watching and ending the ranks 1..N-1 of a data-parallel attempt (rank 0 is this process).
 
-Each rank is ``python -m baton.workers.parallel.rank_main`` with its arguments in ``BATON_RANK_ARGS``. Rank 0
-opens the rendezvous (a ``TCPStore`` on a free loopback port) before starting them, so there is no
-port to race for. No rank outlives its attempt:
+Each rank is ``python -m baton.workers.parallel.rank_main`` with its arguments in ``BATON_RANK_ARGS`` and
+the attempt's secret in ``BATON_RANK_SECRET``. Rank 0 opens the rendezvous (``rendezvous``: a file
+store in the attempt's private directory, no port) before starting them. No rank outlives its attempt:
 - a rank asks the kernel for SIGKILL when rank 0 dies (``PR_SET_PDEATHSIG``, set by the rank
   itself at start, then it checks that its parent is still the one that started it): a SIGKILLed
   worker leaves no rank behind;
@@ -12,29 +12,37 @@ port to race for. No rank outlives its attempt:
   attempt after ``RANK_LOSS_GRACE_S`` (stuck in a collective that neither fails nor times out),
   it kills the ranks and ends this process (exit 70), so a worker never hangs holding a job: its
   lease expires and the job is re-queued as a worker loss.
+
+Each attempt has a private directory (mode 0700, removed when its ranks are gone): the rendezvous,
+and where a rank whose code raises leaves its report (``failure_report``): rank 0 then fails the job
+with that rank's exception and traceback; a rank that dies without one is lost.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from datetime import timedelta
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from baton.schemas.errors import BatonError, FencedOut, PermanentError, UserCodeError
+from baton.schemas.errors import FencedOut, PermanentError
+
+from . import failure_report, rendezvous
+from .errors import RankFailed, RankLost
+from .failure_report import EXIT_USER_CODE
 
 _log = logging.getLogger("baton.worker")
 
 ARGS_ENV = "BATON_RANK_ARGS"
-EXIT_USER_CODE = 65
-"""A rank's exit status when the job's own code (or spec) failed there: the job fails, no retry."""
 EXIT_HUNG = 70
 RANK_LOSS_GRACE_S = 30.0
 """How long rank 0 may take to leave the attempt after another rank died, before the watchdog ends it."""
@@ -42,35 +50,29 @@ RENDEZVOUS_TIMEOUT_S = float(os.environ.get("BATON_RENDEZVOUS_TIMEOUT_S", "300")
 """How long ranks 1..N-1 may take to start, read the checkpoint and reach the group."""
 FINISH_WAIT_S = 60.0
 """How long a finished attempt waits for the other ranks to exit on their own."""
-HOST = "127.0.0.1"
-
-
-class RankLost(BatonError):
-    """A rank of a data-parallel attempt died (killed, out of memory, its process gone):
-    infrastructure, so the job is retried as a worker loss."""
-
-
-class RankFailed(UserCodeError):
-    """The job's own code failed on a rank other than 0: the job fails, it is not retried."""
+SETTLE_S = 0.5
+"""How long rank 0 waits, after a rank reported a failure of the job's code, for another rank's loss
+that may have caused it (a rank whose collective broke under it can raise from the job's code)."""
 
 
 class Ranks:
-    """The child ranks of this attempt, and the rendezvous store rank 0 serves."""
+    """The child ranks of this attempt, the rendezvous rank 0 opens for them and the attempt's secret."""
 
     def __init__(self, world_size: int, args: dict, log: Callable[[str], None],
                  on_hang: Optional[Callable[[str], None]] = None):
         self.world_size, self.log = world_size, log
-        self.store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+        self.directory = Path(tempfile.mkdtemp(prefix="baton-ranks-"))  # 0700: this user's processes only
+        self.store = rendezvous.open_store(self.directory, world_size, RENDEZVOUS_TIMEOUT_S)
+        self.secret = rendezvous.new_secret()
         self.procs: list[subprocess.Popen] = []
         self._ending = threading.Event()
         self._lost: Optional[str] = None
         self._on_hang = on_hang or _exit_hung
         for rank in range(1, world_size):
-            rank_args = {**args, "rank": rank, "world_size": world_size, "host": HOST, "port": self.store.port,
-                         "parent_pid": os.getpid()}
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"],
-                                               env={**os.environ, ARGS_ENV: json.dumps(rank_args)}))
+            rank_args = {**args, "rank": rank, "world_size": world_size, "parent_pid": os.getpid(),
+                         "directory": str(self.directory)}
+            env = {**os.environ, ARGS_ENV: json.dumps(rank_args), rendezvous.SECRET_ENV: self.secret}
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env))
         self.log(f"data-parallel: {world_size} ranks; ranks 1..{world_size - 1} are pids "
                  f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
@@ -96,8 +98,8 @@ class Ranks:
     def wait_until_ready(self, timeout_s: float = RENDEZVOUS_TIMEOUT_S, poll_s: float = 0.05) -> None:
         """Wait until ranks 1..N-1 have reached the rendezvous (each says so in the store just before
         it joins the group), watching them meanwhile: a rank that exits first is RankFailed (the
-        job's code or spec failed there) or RankLost at once, one that has not come in ``timeout_s``
-        RankLost. Rank 0 joins the group only then: joining waits for every rank, and cannot tell a
+        job's code or spec failed there: its report says how) or RankLost at once, one that has not
+        come in ``timeout_s`` RankLost. Rank 0 joins the group only then: joining waits for every rank, and cannot tell a
         dead one from a slow one."""
         keys = [ready_key(rank) for rank in range(1, self.world_size)]
         deadline = time.monotonic() + timeout_s
@@ -105,8 +107,7 @@ class Ranks:
             for rank, proc in enumerate(self.procs, start=1):
                 code = proc.poll()
                 if code == EXIT_USER_CODE:
-                    raise RankFailed(f"rank {rank} of {self.world_size}: the job's code or spec failed there before it "
-                                     "joined the group (its traceback is in the log)")
+                    raise self._failure(rank)
                 if code is not None:
                     raise RankLost(f"{describe_exit(rank, code)} before it joined the group")
             if time.monotonic() >= deadline:
@@ -116,28 +117,44 @@ class Ranks:
             time.sleep(poll_s)
 
     def explain(self, exc: BaseException) -> BaseException:
-        """What rank 0's failure means: another rank's death (RankLost), its user-code failure
-        (RankFailed), or rank 0's own error (``exc`` itself). A rank that died explains any error
-        (a broken collective may surface inside the task's forward, wrapped as a TaskError)."""
+        """What rank 0's failure means: another rank's loss (RankLost), a failure of the job's code
+        there (RankFailed, from the rank's report), or rank 0's own error (``exc`` itself). Another
+        rank's end explains any error (a broken collective may surface inside the task's forward,
+        wrapped as a TaskError). A loss outranks a reported failure: a rank whose collective broke
+        because another rank died may raise from inside the job's code, and report that."""
         if isinstance(exc, (FencedOut, KeyboardInterrupt, SystemExit)):
             return exc
         collective = any(_is_collective_error(e) for e in _chain(exc))
         deadline = time.monotonic() + (5.0 if collective else 2.0)  # a dead rank's sockets close before it is reaped
+        failed_at = None
         while True:
-            for rank, proc in enumerate(self.procs, start=1):
-                code = proc.poll()
-                if code == EXIT_USER_CODE:
-                    return RankFailed(f"rank {rank} of {self.world_size}: the job's code failed there (its traceback "
-                                      "is in the log)")
-                if code is not None and code != 0:
-                    return RankLost(describe_exit(rank, code))
-            if time.monotonic() >= deadline:
+            exits = [(rank, proc.poll()) for rank, proc in enumerate(self.procs, start=1)]
+            lost = sorted(((rank, code) for rank, code in exits if code not in (None, 0, EXIT_USER_CODE)),
+                          key=lambda lost_rank: lost_rank[1] >= 0)  # a rank killed by a signal first: the likelier cause
+            if lost:
+                return RankLost(describe_exit(*lost[0]))
+            failed = [rank for rank, code in exits if code == EXIT_USER_CODE]
+            if failed or failure_report.read_earliest(self.directory) is not None:
+                failed_at = failed_at or time.monotonic()
+                if time.monotonic() - failed_at >= SETTLE_S:
+                    return self._failure(failed[0] if failed else None)
+            elif time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
         if collective:
             first = str(exc).splitlines()[0] if str(exc) else ""
             return RankLost(f"a collective failed ({type(exc).__name__}: {first}); another rank stopped answering")
         return exc
+
+    def _failure(self, rank: Optional[int]) -> RankFailed:
+        """The job's code failed on a rank: the first failure any rank reported, with its traceback
+        (``rank`` exited saying it failed, in case no report can be read)."""
+        report = failure_report.read_earliest(self.directory)
+        if report is None:
+            return RankFailed(f"rank {rank} of {self.world_size}: the job's code failed there (its traceback is in "
+                              "the job's log)")
+        where = f"rank {report.rank} of {self.world_size}"
+        return RankFailed(f"{where}: {report.exception}", report.traceback, origin=f"on {where}")
 
     def finish(self) -> None:
         """The attempt ended normally: the ranks leave on their own (killed after FINISH_WAIT_S)."""
@@ -161,6 +178,7 @@ class Ranks:
                     pass
         for proc in self.procs:
             proc.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def ready_key(rank: int) -> str:
@@ -169,6 +187,8 @@ def ready_key(rank: int) -> str:
 
 
 def describe_exit(rank: int, code: int) -> str:
+    if code == EXIT_USER_CODE:
+        return f"rank {rank} stopped: the job's code failed there"
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
     return f"rank {rank} {how}"
 

@@ -4,7 +4,8 @@ It builds the same components as rank 0, joins the group, resumes from the check
 chose (reading and verifying it itself), and runs the same loop without a checkpointer: its RNG
 and loader state reach the checkpoint through rank 0 (``distributed.GroupCheckpointer``).
 SIGTERM/SIGINT set its stop flag, which the group agrees on at the next optimizer step.
-Exit status: 0 when the loop ends, 65 when the job's own code (or spec) failed here.
+Exit status: 0 when the loop ends; 65 when the job's own code (or spec) failed here, after reporting
+it to rank 0 (``failure_report``); 1 when storage or the group failed under it (rank 0 counts a loss).
 """
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import os
 import signal
 import sys
 import traceback
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
-from .launcher import ARGS_ENV, EXIT_USER_CODE, die_with_parent, ready_key
+from . import failure_report
+from .failure_report import EXIT_USER_CODE
+from .launcher import ARGS_ENV, RENDEZVOUS_TIMEOUT_S, die_with_parent, ready_key
+from .rendezvous import SECRET_ENV, open_store
 
 
 class RankControl:
@@ -47,13 +52,30 @@ class RankControl:
         print(f"[rank {self.rank}] {message}", file=sys.stderr, flush=True)
 
 
-def run_rank(args: dict) -> None:
-    import torch.distributed as dist
+class FailureReporter:
+    """Reports the job's code failing on this rank, once (``failure_report``); says whether it did."""
 
+    def __init__(self, directory: Path, rank: int):
+        self.directory, self.rank = directory, rank
+        self.failed = False
+
+    def __call__(self, exc: BaseException) -> bool:
+        if not self.failed and failure_report.is_job_failure(exc):
+            self.failed = True
+            try:
+                failure_report.write(self.directory, self.rank, exc)
+            except OSError:  # rank 0 still learns it failed (the exit status); the traceback goes to the log
+                traceback.print_exc()
+        return self.failed
+
+
+def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = lambda exc: False) -> None:
+    """This rank's share of the attempt; a failure of the job's code is passed to ``report`` while
+    this rank is still in the group (the others learn of it when its connections close)."""
     from baton.schemas.spec import JobSpec
     from baton.storage.checkpoint_io import load_bytes
     from baton.storage.layout import JobPaths
-    from baton.storage.open import open_store
+    from baton.storage.open import open_store as open_object_store
     from baton.workers.training import rng, train_state
     from baton.workers.training.components import build_components
     from baton.workers.training.determinism import configure, prepare_process
@@ -67,12 +89,12 @@ def run_rank(args: dict) -> None:
     spec = JobSpec.parse(args["spec"])
     state = None
     if args.get("resume_key"):
-        store = open_store(args["storage_url"])
+        store = open_object_store(args["storage_url"])
         state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
     configure(spec.loop.deterministic, args["cpu_threads"])
-    store_client = dist.TCPStore(args["host"], args["port"], world_size, is_master=False)
-    store_client.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
-    group = RankGroup.join(store_client, rank, world_size, args["device_type"], spec.seed)
+    rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S)
+    rendezvous.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
+    group = RankGroup.join(rendezvous, rank, world_size, args["device_type"], spec.seed, secret)
     try:
         rng.seed_all(spec.seed)
         parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size))
@@ -84,20 +106,25 @@ def run_rank(args: dict) -> None:
             loop.progress = group.restore(parts, state)
         loop.run()
         control.log(loop.checkpointer.describe())
+    except Exception as exc:
+        report(exc)
+        raise
     finally:
         group.close()
 
 
 def main() -> int:
     args = json.loads(os.environ[ARGS_ENV])
+    secret = os.environ.pop(SECRET_ENV)  # not inherited by what the job's code starts
     die_with_parent(args["parent_pid"])
-    from baton.schemas.errors import PermanentError, SpecError, UserCodeError
-
+    report = FailureReporter(Path(args["directory"]), args["rank"])
     try:
-        run_rank(args)
-    except (UserCodeError, PermanentError, SpecError):
-        traceback.print_exc()
-        return EXIT_USER_CODE
+        run_rank(args, secret, report)
+    except Exception as exc:  # as on rank 0: anything from the job's code (or spec) fails the job
+        if report(exc):
+            return EXIT_USER_CODE
+        traceback.print_exc()  # storage or the group failed here: rank 0 counts this rank lost
+        return 1
     return 0
 
 

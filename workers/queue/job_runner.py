@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TypeVar
 
@@ -37,7 +36,8 @@ from baton.jobs import keys
 from baton.jobs.display import summary
 from baton.jobs.records import JobRecords
 from baton.jobs.redaction import Redactor
-from baton.schemas.errors import CheckpointWriteFailed, FencedOut, LeaseUnconfirmed, SpecError, TransientError
+from baton.schemas.errors import (CheckpointWriteFailed, FencedOut, LeaseUnconfirmed, SpecError, TransientError,
+                                  formatted_traceback)
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
 from baton.schemas.settings import BatonSettings
@@ -47,7 +47,8 @@ from baton.schemas.targets import disallowed_targets
 from baton.storage.checkpointer import CheckpointStats
 from baton.storage.open import open_store
 from baton.workers.attempt.session import run_attempt
-from baton.workers.parallel.launcher import RankLost, devices_missing, offered_gpus
+from baton.workers.parallel.errors import RankLost
+from baton.workers.parallel.launcher import devices_missing, offered_gpus
 from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 from baton.workers.training.targets import unavailable
@@ -372,7 +373,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
     except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
         where = {} if control.step_now is None else {"step": control.step_now}
         _finish(control, JobState.failed, {"error": ctx.redact(summary(exc, ctx.settings.allowed_prefixes)),
-                                            "traceback": ctx.redact(traceback.format_exc()), **where})
+                                            "traceback": ctx.redact(formatted_traceback(exc)), **where})
         _log.error("job %s: failed: %s: %s", job_id, type(exc).__name__, exc)
         return "failed"
     outcome = result.outcome

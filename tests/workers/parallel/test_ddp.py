@@ -164,8 +164,9 @@ def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_
     hung, lines = [], []
     failing = Ranks(2, {"spec": {"name": "broken"}}, lines.append, on_hang=hung.append)  # rank 1: a SpecError
     try:
-        with pytest.raises(RankFailed, match="rank 1 of 2: the job's code or spec failed there"):
+        with pytest.raises(RankFailed, match="rank 1 of 2: SpecError: invalid job spec") as failed:
             failing.wait_until_ready(timeout_s=120)
+        assert failed.value.origin == "on rank 1 of 2" and "SpecError" in failed.value.traceback
     finally:
         failing.kill()
     lagging = Ranks(2, {"spec": {"name": "broken"}}, lines.append, on_hang=hung.append)

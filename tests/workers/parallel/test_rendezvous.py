@@ -1,0 +1,116 @@
+"""Who may join a data-parallel attempt's process group: only the ranks its rank 0 started. Another
+process of the node (another user's) must neither join as a rank nor get rank 0 to unpickle what it
+sends (torch's object collectives unpickle what the peers send: code of the sender's choosing).
+The intruder is ``tests/intruder.py``; every group here is a real gloo group of real processes."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from baton.storage.file_store import FileStore
+
+from tests.helpers import REPO, baton_env, make_spec, start_baton, write_spec
+from tests.workers.queue.test_worker_loss import wait_for
+
+SPEC = make_spec(data={"kwargs": {"n_per_class": 200}, "batch_size": 16}, loop={"epochs": 1},
+                 checkpoint={"every_steps": 2}, resources={"processes": 2})
+
+
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports process ``pid`` listens on (what any user of the node sees in /proc/net/tcp)."""
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as fh:
+            for line in fh.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in sockets:  # LISTEN, and this process's socket
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def test_a_foreign_process_cannot_join_the_group_nor_have_rank_0_unpickle_what_it_sends(tmp_path):
+    """The real rank 1 is held (SIGSTOP) as soon as it starts, so that the intruder comes first; it
+    tries every port rank 0 listens on. Then rank 1 goes on and the job must end as if no one came."""
+    marker = tmp_path / "rank-0-ran-the-intruders-code"
+    store = FileStore(tmp_path / "store")
+    log = tmp_path / "run.log"
+    proc = start_baton("run", str(write_spec(tmp_path, SPEC)), "--id", "guarded", "--storage", store.url, log=log)
+    started = [proc]
+    rank1 = None
+    try:
+        rank1 = wait_for(lambda: (m := re.search(r"ranks 1\.\.1 are pids (\d+)", log.read_text())) and int(m[1]),
+                         timeout=60, every=0.005)
+        os.kill(rank1, signal.SIGSTOP)
+        ports = listening_ports(proc.pid)
+        intruder = subprocess.Popen([sys.executable, "-m", "tests.intruder", "ports", str(marker), *map(str, ports)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    cwd=REPO, env=baton_env())
+        started.append(intruder)
+        out, err = intruder.communicate(json.dumps({"spec": SPEC, "job_id": "guarded"}), timeout=240)
+        tried = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        assert not marker.exists(), f"rank 0 unpickled the intruder's bytes; on ports {ports}: {tried}"
+        assert not any(outcome.startswith("joined") for outcome in tried.values()), tried
+        os.kill(rank1, signal.SIGCONT)
+        assert proc.wait(timeout=120) == 0, log.read_text()
+    finally:
+        if rank1 is not None:
+            try:
+                os.kill(rank1, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if rank1 is not None:
+            try:
+                os.kill(rank1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def intruders(mode: str, *per_rank: list[str]) -> list[str]:
+    """Run ``tests.intruder MODE`` as the ranks of one group (``per_rank[r]``: rank r's arguments);
+    what each printed."""
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", mode, str(rank), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env())
+             for rank, args in enumerate(per_rank)]
+    try:
+        outs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [out.strip().splitlines()[-1] if out.strip() else f"(nothing; stderr: {err[-2000:]})" for out, err in outs]
+
+
+def test_rank_0_does_not_unpickle_what_a_member_of_its_group_sends(tmp_path):
+    """Even from a process inside the group (neither side proving anything), rank 0's gather of the
+    ranks' checkpoint states loads tensors and plain values only: a pickle that runs code is refused."""
+    marker = tmp_path / "rank-0-ran-the-senders-code"
+    rank0, rank1 = intruders("send-pickle", [str(tmp_path), str(marker)], [str(tmp_path), str(marker)])
+    assert not marker.exists(), (rank0, rank1)
+    assert rank1 == "sent" and rank0.startswith("refused: UnpicklingError"), (rank0, rank1)
+
+
+def test_a_rank_that_does_not_prove_the_attempts_secret_is_refused_before_anything_is_exchanged(tmp_path):
+    good, bad = "a" * 64, "b" * 64
+    (tmp_path / "same").mkdir()
+    (tmp_path / "other").mkdir()
+    assert intruders("join", [str(tmp_path / "same"), good], [str(tmp_path / "same"), good]) == ["joined", "joined"]
+    rank0, rank1 = intruders("join", [str(tmp_path / "other"), good], [str(tmp_path / "other"), bad])
+    refused = "RankLost: rank(s) {} of the process group did not prove this attempt's secret"
+    assert rank0.startswith(refused.format(1)) and rank1.startswith(refused.format(0)), (rank0, rank1)

@@ -1,0 +1,82 @@
+"""A rank's report that the job's own code failed there, for rank 0 to record as the job's failure.
+
+A rank's exit status alone cannot tell the job's code raising from the rank being lost, and says
+nothing of the exception. So a rank whose code raises writes the exception, its traceback formatted
+and redacted, to a file in the attempt's private directory (created by rank 0, readable by this
+user only), then exits with ``EXIT_USER_CODE``. It writes the report before it leaves the group:
+the other ranks notice a failure by their connections to it closing, and rank 0 must find the report
+by then.
+
+Storage and the group itself failing under a rank are not the job's code: such a rank writes no
+report and rank 0 counts it lost.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from baton.jobs.redaction import Redactor
+from baton.schemas.errors import CheckpointCorrupt, TransientError
+
+from .errors import RankLost
+
+EXIT_USER_CODE = 65
+"""A rank's exit status after it reported a failure of the job's code (or spec): the job fails, no retry."""
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    rank: int
+    at_ns: int
+    """When the rank reported it (CLOCK_MONOTONIC, one clock for the node's processes): the earliest
+    report is the cause; a later one may be a rank whose collective broke because of it."""
+    exception: str
+    """``ValueError: ...``: the exception's type and message."""
+    traceback: str
+
+
+def is_job_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised on a rank, is the job's code (or spec) failing, rather than storage or
+    the process group failing under the rank (another rank lost, or not proving the attempt's secret)."""
+    import torch.distributed as dist
+
+    infrastructure = (TransientError, CheckpointCorrupt, RankLost, dist.DistError)
+    return not any(isinstance(e, infrastructure) for e in _chain(exc))
+
+
+def write(directory: Path, rank: int, exc: BaseException) -> None:
+    """Report ``exc`` as rank ``rank``'s failure (atomically: rank 0 never reads half a report)."""
+    redact = Redactor()
+    report = {"rank": rank, "at_ns": time.monotonic_ns(), "exception": redact(f"{type(exc).__name__}: {exc}"),
+              "traceback": redact("".join(traceback.format_exception(exc)))}
+    path = report_path(directory, rank)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(report))
+    os.replace(partial, path)
+
+
+def read_earliest(directory: Path) -> "FailureReport | None":
+    """The first failure any rank reported in ``directory``, or None."""
+    reports = []
+    for path in directory.glob("failure-rank-*.json"):
+        try:
+            reports.append(FailureReport(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # not a report this module wrote: the rank's exit status still says it failed
+    return min(reports, key=lambda r: r.at_ns, default=None)
+
+
+def report_path(directory: Path, rank: int) -> Path:
+    return directory / f"failure-rank-{rank}.json"
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
