@@ -5,6 +5,7 @@ import functools
 import logging
 import os
 import platform
+import time
 from typing import Optional
 
 import redis
@@ -26,6 +27,7 @@ from . import presence
 from .celery_app import app, publish_run
 from .job_runner import WorkerContext
 from .preemption import PREEMPTION
+from .redis_retry import TRANSIENT_REDIS_ERRORS
 from .reaper import Reaper
 from .warmup import warm_up
 
@@ -79,6 +81,26 @@ def _redact_logs(logger: logging.Logger, **_) -> None:
         handler.addFilter(redacting)
 
 
+REDIS_WAIT_S = 0.5
+"""How often start-up tries Redis again while it is away."""
+
+
+def _when_redis_answers(call, what: str) -> None:
+    """``call()``, tried again every REDIS_WAIT_S while Redis is unreachable (a restart, a failover)."""
+    said = False
+    while True:
+        try:
+            call()
+            if said:
+                _log.warning("Redis is back: %s done", what)
+            return
+        except TRANSIENT_REDIS_ERRORS as exc:
+            if not said:
+                _log.warning("Redis unavailable while %s (%s: %s); waiting for it", what, type(exc).__name__, exc)
+                said = True
+            time.sleep(REDIS_WAIT_S)
+
+
 @signals.worker_ready.connect
 def _on_ready(sender, **_) -> None:
     ctx = worker_context(sender.hostname)
@@ -87,14 +109,18 @@ def _on_ready(sender, **_) -> None:
         celery_state.should_stop = 0  # finish the current task, take no more
         ctx.redis.set(keys.worker_stopping(ctx.worker), "1", ex=int(ctx.settings.preempt_grace_s) + 60)
 
+    _log.info("baton worker %s: connected to the broker; starting up", ctx.worker)
     warm_up(ctx.settings.storage_url)
     # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool and event files
     remove_orphaned_scratch(open_store(ctx.settings.storage_url), _log.warning)
-    ctx.redis.delete(keys.worker_stopping(ctx.worker))  # a previous run under this name may have left it
-    PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
+    # Redis may be away right now (the consumer connected a moment ago): wait for it, as every job
+    # would; failing here left a worker taking jobs with no reaper, no preemption handler, no presence
     queues = sorted(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)
     announce = functools.partial(presence.announce, ctx.redis, ctx.worker, queues, ctx.settings.reaper_period_s)
-    announce()
+    _when_redis_answers(lambda: ctx.redis.delete(keys.worker_stopping(ctx.worker)),  # a previous run's, by this name
+                        "clearing this worker's stopping mark")
+    PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
+    _when_redis_answers(announce, "announcing this worker's queues")
     Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s, ctx.worker, on_action=_count_reaped,
            lease_ttl_s=ctx.settings.lease_ttl_s, every_pass=announce).start()
 

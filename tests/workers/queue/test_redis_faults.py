@@ -179,3 +179,30 @@ def test_a_replica_answering_masterdown_during_a_failover_is_waited_out_not_a_jo
                             lambda: time.monotonic() + 30, "a read during a failover") == "promoted"
     finally:
         server.stop()
+
+
+def test_a_worker_whose_start_meets_a_redis_outage_waits_for_it_and_starts_whole(redis_server, s3_bucket, s3_env,
+                                                                                  tmp_path):
+    """Redis gone between the worker's broker connection and its start-up's own Redis calls: the worker
+    waits for Redis, then starts its reaper and announces its queues (its start-up raised, and it took
+    jobs with no reaper, no preemption handler and no presence: a frozen holder was never reaped)."""
+    from baton.jobs import keys
+    from baton.jobs.services import WorkerProcess
+
+    redis.Redis.from_url(redis_server.url).flushdb()
+    proxy = FaultyProxy(redis_server.port)
+    env = baton_env(**s3_env, BATON_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0",
+                    BATON_STORAGE_URL=f"s3://{s3_bucket}/runs", BATON_METRICS_PORT="0")
+    worker = WorkerProcess("late@test", env, str(tmp_path / "late.log")).start()
+    try:
+        wait_for(lambda: "connected to the broker; starting up" in worker.log(), timeout=60, every=0.01)
+        proxy.set("cut")  # start-up's warm-up takes seconds yet: its Redis calls meet the outage
+        wait_for(lambda: "Redis unavailable while" in worker.log() or "Signal handler" in worker.log(), timeout=60)
+        time.sleep(OUTAGE_S)
+        proxy.set("pass")
+        wait_for(lambda: "baton worker late@test ready" in worker.log(), timeout=60)
+        client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+        assert wait_for(lambda: client.zrange(keys.queue_workers("default"), 0, -1), timeout=30) == ["late@test"]
+    finally:
+        worker.stop()
+        proxy.close()
