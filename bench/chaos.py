@@ -17,6 +17,10 @@ cut it off, real `baton worker` processes (replaced when they exit), real signal
 - duprun:    `baton run` of the job, on the same store, while a worker holds it (it must refuse)
 - finalize:  SIGKILL redis-server as training ends, start it again OUTAGE_S later (always the last)
 
+Beside the job, from the start, a second one: two data-parallel ranks whose data set raises on rank
+1 (tests.probes:failing_on_rank), with retry.max_attempts 3. It must fail once, with rank 1's
+exception and traceback in its status, and not be retried.
+
 After each fault it waits until the job trains past the step it had reached. At the end: the
 final state compared bit for bit (torch.equal on every tensor, equal losses) with an
 uninterrupted `baton run` of the same spec. Watched throughout (manifest.json, polled):
@@ -68,6 +72,11 @@ RECOVERY_TIMEOUT_S = 180.0
 """A fault the job has not trained past in this long is counted as not survived."""
 BUCKET = "chaos"
 JOB = "chaos"
+RANK_JOB = "chaos-rank-failure"
+RANK_FAILURE = make_spec(data={"target": "tests.probes:failing_on_rank", "kwargs": {"n_per_class": 300, "rank": 1,
+                                                                                  "after": 40}},
+                         loop={"epochs": 1}, checkpoint={"every_steps": 2}, resources={"processes": 2},
+                         retry={"max_attempts": 3})
 
 
 def chaos_spec(faults: int) -> dict:
@@ -389,6 +398,7 @@ def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], sa
         h.start_watching()
         started = time.monotonic()
         h.client.submit(spec, JOB)
+        h.client.submit(RANK_FAILURE, RANK_JOB)
         done: list[Fault] = []
         after = 0
         for kind, gap in plan(faults, seed, kinds):
@@ -403,6 +413,17 @@ def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], sa
                 f"{f' in {fault.recovered_s:.1f} s' if fault.recovered_s else ''}, {fault.steps_lost} steps lost"
                 f"{f' ({fault.note})' if fault.note else ''}")
         final = _wait(lambda: (s := h.status()).state.terminal and s, 600, 0.2)
+        rank_job = _wait(lambda: (s := h.client.job(RANK_JOB).status()).state.terminal and s, 120, 0.2)
+        rank_failure = {
+            "state": rank_job.state.value if rank_job else "timeout", "attempt": rank_job and rank_job.attempt,
+            "lost": rank_job and rank_job.lost, "error": rank_job and rank_job.error,
+            "rank_1_traceback": bool(rank_job and rank_job.traceback and "tests/probes.py" in rank_job.traceback
+                                     and "is unreadable on rank 1" in rank_job.traceback),
+        }
+        rank_failure["as_expected"] = (rank_failure["state"], rank_failure["attempt"], rank_failure["lost"]) == \
+            ("failed", 1, 0) and rank_failure["rank_1_traceback"]
+        say(f"  beside it, {RANK_JOB}: {rank_failure['state']} at attempt {rank_failure['attempt']}, lost "
+            f"{rank_failure['lost']}: {rank_failure['error']}")
         wall_s = time.monotonic() - started
         time.sleep(0.3)  # one more manifest poll after the end
         try:
@@ -420,7 +441,7 @@ def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], sa
             "wall_s": wall_s, "reference_s": reference_s, "bit_exact": bit_exact, "difference": difference,
             "committed_checkpoints_lost": len(h.watch.lost), "commits_by_fenced_attempts": len(h.watch.fenced_commits),
             "lost_entries": h.watch.lost, "fenced_entries": h.watch.fenced_commits, "manifest_polls": h.watch.polls,
-            "faults": [asdict(f) for f in done],
+            "faults": [asdict(f) for f in done], "rank_failure": rank_failure,
         }
     finally:
         h.close()
@@ -446,6 +467,11 @@ def table(result: dict) -> str:
         f"({result['wall_s'] / result['reference_s']:.1f}x) | {'yes' if result['bit_exact'] else 'NO'} | "
         f"{result['committed_checkpoints_lost']} | {result['commits_by_fenced_attempts']} |",
     ]
+    rank = result["rank_failure"]
+    summary += ["", "| beside it: a rank whose code raises | state | attempts | lost | rank 1's traceback in the status |",
+                "|---|---|---|---|---|",
+                f"| 2 ranks, `ValueError` on rank 1 | {rank['state']} | {rank['attempt']} | {rank['lost']} | "
+                f"{'yes' if rank['rank_1_traceback'] else 'NO'} |"]
     return "\n".join(rows + summary)
 
 
@@ -469,7 +495,8 @@ def main() -> int:
     print(table(result))
     print(f"written to {out}")
     ok = result["bit_exact"] and result["faults_survived"] == result["faults_injected"] and \
-        not result["committed_checkpoints_lost"] and not result["commits_by_fenced_attempts"]
+        not result["committed_checkpoints_lost"] and not result["commits_by_fenced_attempts"] and \
+        result["rank_failure"]["as_expected"]
     return 0 if ok else 1
 
 
