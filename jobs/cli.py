@@ -80,7 +80,7 @@ def run(
     """Run a job in this process (no Redis); run again with the same --id to resume it.
 
     Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable),
-    4 the job is running in another `baton run` (nothing done), 130 aborted by a second signal (the next
+    4 the job is running in another `baton run` or was submitted to a queue (nothing done), 130 aborted by a second signal (the next
     run resumes from the last committed checkpoint).
     """
     from baton.storage.layout import new_job_id
