@@ -8,7 +8,7 @@ import sys
 import traceback
 from typing import Optional
 
-from baton.schemas.errors import BatonError, UserCodeError
+from baton.schemas.errors import BatonError, UserCodeError, exception_chain
 from baton.schemas.status import JobStatus
 
 
@@ -100,16 +100,6 @@ def sweep_table(entries: list) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *cells])
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or while handling, outermost first."""
-    chain, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        chain.append(exc)
-        seen.add(id(exc))
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    return chain
-
-
 def _frames(exc: BaseException) -> list[tuple[str, traceback.FrameSummary]]:
     """(module name, frame) of each frame ``exc`` passed through, outermost first."""
     tbs = []
@@ -180,7 +170,7 @@ def summary(exc: BaseException, user_modules: tuple[str, ...]) -> str:
     if from_worker is not None:
         head = list(itertools.takewhile(lambda line: not line.startswith("Traceback ("), from_worker))
     else:
-        chain = _chain(exc)
+        chain = exception_chain(exc)
         head = [f"error: {type(exc).__name__}: {exc}", *(f"  {n}" for e in chain for n in getattr(e, "__notes__", ()))]
     return "; ".join(line.strip() for line in head)[len("error: "):]
 
@@ -193,7 +183,7 @@ def failure(exc: BaseException, user_modules: tuple[str, ...], full_traceback_at
     from_worker = _failure_elsewhere(exc, user_modules)
     if from_worker is not None:
         return "\n".join([*from_worker, f"the whole traceback is in the job's log: {full_traceback_at}"])
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     lines = [f"error: {type(exc).__name__}: {exc}"]
     for inner in chain[1:]:
         lines.append(f"  raised from {type(inner).__name__}: {inner}")

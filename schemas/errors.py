@@ -128,3 +128,16 @@ class CheckpointCancelled(BatonError):
 class ConditionalWritesIgnored(PermanentError):
     """The object store accepted a conditional write it should have refused: the manifest's
     compare-and-swap would be a blind overwrite there, so no worker may run on it."""
+
+
+def exception_chain(exc: "BaseException | None", follow_suppressed: bool = False) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, outermost first; a context
+    hidden by ``raise ... from None`` only with ``follow_suppressed`` (to classify a failure by any
+    cause, not to show one)."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        chain.append(exc)
+        seen.add(id(exc))
+        exc = exc.__cause__ or (None if exc.__suppress_context__ and not follow_suppressed else exc.__context__)
+    return chain

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from baton.jobs.redaction import Redactor
-from baton.schemas.errors import CheckpointCorrupt, TransientError
+from baton.schemas.errors import CheckpointCorrupt, TransientError, exception_chain
 
 from .errors import RankLost
 
@@ -45,7 +45,7 @@ def is_job_failure(exc: BaseException) -> bool:
     import torch.distributed as dist
 
     infrastructure = (TransientError, CheckpointCorrupt, RankLost, dist.DistError)
-    return not any(isinstance(e, infrastructure) for e in _chain(exc))
+    return not any(isinstance(e, infrastructure) for e in exception_chain(exc, follow_suppressed=True))
 
 
 def write(directory: Path, rank: int, exc: BaseException) -> None:
@@ -73,10 +73,3 @@ def read_earliest(directory: Path) -> "FailureReport | None":
 def report_path(directory: Path, rank: int) -> Path:
     return directory / f"failure-rank-{rank}.json"
 
-
-def _chain(exc: BaseException):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__

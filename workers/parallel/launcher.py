@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from baton.schemas.errors import FencedOut, PermanentError
+from baton.schemas.errors import FencedOut, PermanentError, exception_chain
 
 from . import failure_report, rendezvous
 from .errors import RankFailed, RankLost
@@ -124,7 +124,7 @@ class Ranks:
         because another rank died may raise from inside the job's code, and report that."""
         if isinstance(exc, (FencedOut, KeyboardInterrupt, SystemExit)):
             return exc
-        collective = any(_is_collective_error(e) for e in _chain(exc))
+        collective = any(_is_collective_error(e) for e in exception_chain(exc, follow_suppressed=True))
         deadline = time.monotonic() + (5.0 if collective else 2.0)  # a dead rank's sockets close before it is reaped
         failed_at = None
         while True:
@@ -196,13 +196,6 @@ def describe_exit(rank: int, code: int) -> str:
 def _is_collective_error(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError)
 
-
-def _chain(exc: BaseException):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 def _exit_hung(why: str) -> None:
