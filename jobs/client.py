@@ -253,11 +253,16 @@ class JobClient:
     def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
         """Store spec.json and a queued record (marked for publishing). spec.json is a conditional
         create: of two clients racing on one id, the one whose spec is stored is the one that goes on."""
-        try:
-            store.put_if(JobPaths(job_id).spec, parsed.model_dump_json(indent=2).encode(), None)
+        paths = JobPaths(job_id)
+        try:  # the queue's mark first: a `baton run` of this id from now on refuses (it checks again once it holds the job)
+            store.put_if(paths.queued, json.dumps({"queue": parsed.resources.queue}).encode(), None)
         except PreconditionFailed:
             raise SpecError([f"id: a job {job_id!r} already exists"]) from None
-        store.put_bytes(JobPaths(job_id).queued, json.dumps({"queue": parsed.resources.queue}).encode())
+        try:
+            store.put_if(paths.spec, parsed.model_dump_json(indent=2).encode(), None)
+        except PreconditionFailed:  # a `baton run` of this id stored its spec first: the job is its
+            store.delete(paths.queued)
+            raise SpecError([f"id: a job {job_id!r} already exists"]) from None
         created = self.records.create(job_id, {**spec_fields(parsed, store.url), **extra})
         if not created:
             raise SpecError([f"id: a job {job_id!r} already exists"])

@@ -84,6 +84,9 @@ def recover_job(records: JobRecords, store: ObjectStore, publish: Publish, job_i
         return Recovered(job_id, "skipped", 0, reason=f"{paths.spec} is unreadable: {exc}")
     except SpecError as exc:
         return Recovered(job_id, "skipped", 0, reason=f"{paths.spec} is not a valid spec here: {'; '.join(exc.problems)}")
+    if store.exists(paths.run_lease) and not store.exists(paths.queued):
+        return Recovered(job_id, "skipped", 0, reason="a `baton run` job (it holds no queue's record): "
+                                                       f"run it again with baton run --id {job_id}")
     manifest = ManifestStore(store, paths).read()
     fields = {**spec_fields(spec, store.url), **_progress_fields(manifest)}
     step = manifest.latest.step if manifest.latest is not None else None
@@ -92,6 +95,7 @@ def recover_job(records: JobRecords, store: ObjectStore, publish: Publish, job_i
             return Recovered(job_id, "present", records.status(job_id).attempt)
         return Recovered(job_id, "succeeded", manifest.attempt, step)
     claimed = manifest.attempt + ATTEMPTS_SKIPPED
+    store.put_bytes(paths.queued, json.dumps({"queue": spec.resources.queue}).encode())  # a queue's job now
     if not records.restore(job_id, fields, JobState.retrying, claimed):
         return Recovered(job_id, "present", records.status(job_id).attempt)
     publish(job_id, claimed + 1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from baton.schemas.errors import CheckpointCancelled, TransientError
+from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, TransientError
 from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
 
 from .base import ObjectStore
@@ -65,6 +65,14 @@ class CommitWork:
         self._lines = RowLines()
 
     def run(self, snapshot: dict[str, Any], request: CheckpointRequest, key: str) -> Committed:
+        """Write, upload and commit one checkpoint. Nothing here runs the job's code: an OSError (a
+        full disk under a file:// store's objects or the spool) is this machine's, CheckpointWriteFailed."""
+        try:
+            return self._run(snapshot, request, key)
+        except OSError as exc:
+            raise CheckpointWriteFailed(f"could not write checkpoint {key}: {type(exc).__name__}: {exc}") from exc
+
+    def _run(self, snapshot: dict[str, Any], request: CheckpointRequest, key: str) -> Committed:
         started = time.perf_counter()
         tmp = self.spool / f"step-{request.step}.pt"
         state = unwrap(snapshot)

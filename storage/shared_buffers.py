@@ -35,6 +35,9 @@ from .snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
 PREFIX = "baton-snapshot-"
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+"""Errors that say the machine has no room for a buffer (anything else, such as too many open files,
+is not the machine's fault and is raised as it is)."""
 SHM_HEADROOM = 256 << 20
 """Bytes of the tmpfs left to others (DataLoader workers): buffers that would eat into them go to the spool."""
 
@@ -81,6 +84,8 @@ class SharedBuffers:
                 _reserve(path, nbytes)
                 break
             except OSError as exc:
+                if exc.errno not in NO_ROOM:
+                    raise
                 if exc.errno != errno.ENOSPC or len(self.dirs) == 1:
                     raise CheckpointWriteFailed(f"no room for a {nbytes}-byte snapshot buffer in {self.dir}: "
                                                 f"{exc.strerror}") from exc

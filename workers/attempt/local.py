@@ -103,20 +103,26 @@ def register_spec(store: ObjectStore, paths: JobPaths, spec: JobSpec) -> None:
             raise SpecError([f"spec: job {paths.job_id} already exists with a different spec; use a new --id"])
 
 
+def _refuse_if_queued(store: ObjectStore, paths: JobPaths) -> None:
+    """A queue's job is its workers': this run would fence out the one holding it, and be fenced out by the next."""
+    if store.exists(paths.queued):
+        raise RunningElsewhere(f"job {paths.job_id} was submitted to a queue, whose workers run it (baton status "
+                               f"{paths.job_id}); baton run runs only the jobs it started: use a new --id to train it here")
+
+
 def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: tuple[str, ...],
               progress_bar: bool) -> int:
     prepare_process()
     check_job_id(job_id)
     paths = JobPaths(job_id)
-    if store.exists(paths.queued):  # its workers would be fenced out by this run, and this run by their next claim
-        raise RunningElsewhere(f"job {job_id} was submitted to a queue, whose workers run it (baton status {job_id}); "
-                               "baton run runs only the jobs it started: use a new --id to train it here")
+    _refuse_if_queued(store, paths)
     register_spec(store, paths, spec)
     if ManifestStore(store, paths).read().completed:
         print(f"job {job_id} already finished; its artifacts are under {store.url}/{paths.root}")
         return EXIT_DONE
     lease = LocalLease(store, paths).acquire()  # RunningElsewhere while another live run holds the job
     try:
+        _refuse_if_queued(store, paths)  # again: a submit may have marked it since the first look
         return _run_held(spec, job_id, store, paths, lease, allowed_prefixes, progress_bar)
     finally:
         lease.release()

@@ -139,3 +139,21 @@ def test_the_scratch_of_a_run_killed_outright_is_removed_by_the_next_run(tmp_pat
     again = run_baton("run", str(spec_path), "--id", "swept", "--storage", url, env=baton_env(TMPDIR=str(tmp)))
     assert again.returncode == 0, again.stdout + again.stderr
     assert not scratch(), f"scratch left behind: {sorted(scratch())}"
+
+
+def test_baton_recover_leaves_a_baton_run_job_to_baton_run(cluster, tmp_path):
+    """A job `baton run` started has no queue's record: recovering it into the queue would have a worker
+    fence out the run (live or not) and run the job a second time. It is skipped, saying why; a queued
+    job it does recover is marked as the queue's."""
+    from tests.helpers import run_baton
+
+    spec_path = write_spec(tmp_path, SPEC)
+    run = _start(spec_path, cluster.storage_url, "mine", **cluster.env)
+    kill_when(run, cluster.store(), "mine", lambda m: bool(m["checkpoints"]))
+    done = run_baton("recover", "mine", env=cluster.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a `baton run` job" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert not cluster.store().exists("jobs/mine/queued.json")
+    again = run_baton("run", str(spec_path), "--id", "mine", "--storage", cluster.storage_url, "--no-progress",
+                      env=cluster.env)
+    assert again.returncode == 0, again.stdout + again.stderr  # still baton run's to finish

@@ -53,3 +53,19 @@ def test_a_checkpoint_the_disk_cannot_hold_is_a_worker_loss_not_the_jobs_failure
     assert "could not write the checkpoint file" in final.error and "File too large" in final.error, final.error
     assert "lost 2 time(s), retry.max_attempts reached" in final.error
     assert "full@test" in final.error
+
+
+def test_a_store_that_cannot_take_the_checkpoint_is_the_machines_fault_under_baton_run(tmp_path):
+    """An OSError where the checkpoint's object goes (here a directory in its place, as a full disk or
+    a broken mount would fail the write) is this machine's: `baton run` says the job did not fail."""
+    from tests.helpers import run_baton, write_spec
+
+    store = tmp_path / "store"
+    blocker = store / "jobs" / "blocked" / "attempt-1" / "checkpoints" / "step-5.pt"
+    (blocker / "in-the-way").mkdir(parents=True)
+    spec = make_spec(loop={"epochs": 1}, scheduler={"name": "none"})
+    done = run_baton("run", str(write_spec(tmp_path, spec)), "--id", "blocked", "--storage", f"file://{store}",
+                     "--no-progress")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "could not write checkpoint jobs/blocked/attempt-1/checkpoints/step-5.pt" in done.stderr, done.stderr
+    assert "the job did not fail: free some space and run again with --id blocked" in done.stderr
