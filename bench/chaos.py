@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import random
-import signal
 import sys
 import tempfile
 import threading
@@ -54,24 +53,17 @@ import redis as redis_lib  # noqa: E402
 
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
-from baton.schemas.settings import BatonSettings  # noqa: E402
 from baton.storage.file_store import FileStore  # noqa: E402
 from baton.storage.open import open_store  # noqa: E402
-from baton.workers.queue.celery_app import make_app, publish_run  # noqa: E402
 
 from tests.helpers import assert_same_training, make_spec, read_manifest, run_baton, write_spec  # noqa: E402
 from tests.netfault import FaultyProxy  # noqa: E402
 
-KINDS = ("sigkill", "sigterm", "sigstop", "redis", "s3", "corrupt", "duplicate", "fullspool", "corruptbest", "duprun",
-         "finalize")
-FULL_SPOOL_BYTES = 1024
-"""The file size the holder's checkpoint writer is held to by a fullspool fault."""
-OUTAGE_S = 3.0
-"""How long S3 is unreachable, and Redis is down, per fault."""
+from bench.chaos_faults import JOB, KINDS, inject, wait_until  # noqa: E402
+
 RECOVERY_TIMEOUT_S = 180.0
 """A fault the job has not trained past in this long is counted as not survived."""
 BUCKET = "chaos"
-JOB = "chaos"
 RANK_JOB = "chaos-rank-failure"
 RANK_FAILURE = make_spec(data={"target": "tests.probes:failing_on_rank", "kwargs": {"n_per_class": 300, "rank": 1,
                                                                                   "after": 40}},
@@ -205,129 +197,23 @@ class Harness:
 
 
 # --- faults ---------------------------------------------------------------------------------
-def _wait(predicate, timeout_s: float, every_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    return None
-
-
-def _writer_processes(holder: WorkerProcess) -> list[int]:
-    """The pids of the holder's checkpoint writer processes (in its process group)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) == holder.proc.pid and \
-                    b"baton.storage.writer_process" in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except (OSError, ProcessLookupError):
-            continue
-    return pids
-
-
-def _set_file_limit(pids: list[int], limit: int) -> None:
-    import resource
-
-    for pid in pids:
-        try:
-            resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def inject(h: Harness, kind: str, status) -> str:
-    holder = h.holder(status.worker)
-    if kind in ("sigkill", "sigterm", "sigstop", "corrupt", "fullspool", "corruptbest") and holder is None:
-        return "no live holder"
-    if kind == "sigkill":
-        holder.signal(signal.SIGKILL)
-    elif kind == "sigterm":
-        holder.signal(signal.SIGTERM, group=False)
-    elif kind == "sigstop":
-        holder.signal(signal.SIGSTOP)
-        taken = _wait(lambda: h.status().attempt > status.attempt, 60)
-        holder.signal(signal.SIGCONT)
-        return "taken over while frozen" if taken else "not taken over in 60 s"
-    elif kind == "redis":
-        h.redis.kill()
-        time.sleep(OUTAGE_S)
-        h.redis.start()
-    elif kind == "s3":
-        h.proxy.set("cut")
-        time.sleep(OUTAGE_S)
-        h.proxy.set("pass")
-    elif kind == "corrupt":
-        holder.signal(signal.SIGSTOP)  # nothing commits while the latest is chosen and overwritten
-        manifest = read_manifest(h.store, JOB)
-        if not manifest or not manifest["checkpoints"]:
-            holder.signal(signal.SIGKILL)
-            return "no checkpoint yet; SIGKILL only"
-        latest = manifest["checkpoints"][-1]
-        h.watch.corrupted.add(latest["key"])
-        h.store.put_bytes(latest["key"], os.urandom(latest["size"]))
-        holder.signal(signal.SIGKILL)
-        return f"overwrote {latest['key']}"
-    elif kind == "duplicate":
-        publish_run(make_app(BatonSettings(redis_url=h.redis.url)), JOB, status.attempt, status.queue)
-    elif kind == "fullspool":
-        writers = _wait(lambda: _writer_processes(holder), 30, 0.2)  # it starts beside the attempt's first steps
-        if not writers:
-            return "no checkpoint writer process in 30 s; nothing injected"
-        _set_file_limit(writers, FULL_SPOOL_BYTES)
-        taken = _wait(lambda: h.status().attempt > status.attempt, 60)
-        _set_file_limit(writers, resource_unlimited())  # the disk has room again
-        return "given up as a loss, taken over" if taken else "not given up in 60 s"
-    elif kind == "corruptbest":
-        holder.signal(signal.SIGSTOP)  # nothing commits while the best is chosen and overwritten
-        manifest = read_manifest(h.store, JOB)
-        best = manifest and manifest.get("best")
-        if not best:
-            holder.signal(signal.SIGCONT)
-            return "no best checkpoint yet"
-        h.watch.corrupted.add(best["key"])
-        h.store.put_bytes(best["key"], os.urandom(best["size"]))
-        holder.signal(signal.SIGCONT)
-        return f"overwrote the best, {best['key']}"
-    elif kind == "duprun":
-        done = run_baton("run", str(h.workdir / "job.yaml"), "--id", JOB, "--storage", h.storage_url, "--no-progress",
-                         env={k: v for k, v in h.env.items() if k != "AWS_ENDPOINT_URL"} | h.s3.env())
-        h.duprun_codes.append(done.returncode)
-        return f"baton run exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:80]}"
-    elif kind == "finalize":
-        h.redis.kill()
-        time.sleep(OUTAGE_S)
-        h.redis.start()
-    return ""
-
-
-def resource_unlimited() -> int:
-    import resource
-
-    return resource.RLIM_INFINITY
-
-
 def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optional[Fault]:
     """Wait until the job trains ``gap_steps`` past ``after_step`` (for ``finalize``, until its last
     steps), inject ``kind``, wait for recovery (for ``finalize``, the job's end)."""
     if kind == "finalize":
-        status = _wait(lambda: (s := h.status()).state.terminal and s or
+        status = wait_until(lambda: (s := h.status()).state.terminal and s or
                        (s.state.value == "running" and s.total_steps and (s.step or 0) >= s.total_steps - 3 and s),
                        600, 0.02)
         if status is None or status.state.terminal:
             return None
         fault = Fault(kind, status.attempt, status.step or 0, time.monotonic())
         fault.note = inject(h, kind, status)
-        final = _wait(lambda: (s := h.status()).state.terminal and s, RECOVERY_TIMEOUT_S, 0.1)
+        final = wait_until(lambda: (s := h.status()).state.terminal and s, RECOVERY_TIMEOUT_S, 0.1)
         fault.survived = final is not None and final.state.value == "succeeded"
         fault.recovered_s = time.monotonic() - fault.injected_at if final else None
         fault.attempt_after = final.attempt if final else None
         return fault
-    status = _wait(lambda: (s := h.status()).state.terminal and s or
+    status = wait_until(lambda: (s := h.status()).state.terminal and s or
                    (s.state.value == "running" and (s.step or 0) >= after_step + gap_steps and s), 300)
     if status is None or status.state.terminal:
         return None
@@ -348,7 +234,7 @@ def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optiona
             return None
         return s if (s.step or 0) > step_at else None
 
-    recovered = _wait(recovered_now, RECOVERY_TIMEOUT_S, 0.1)
+    recovered = wait_until(recovered_now, RECOVERY_TIMEOUT_S, 0.1)
     if recovered is not None:
         fault.survived = recovered.state.value in ("running", "succeeded")
         fault.recovered_s = time.monotonic() - fault.injected_at
@@ -412,8 +298,8 @@ def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], sa
                 f"{fault.attempt_after}: {'survived' if fault.survived else 'NOT SURVIVED'}"
                 f"{f' in {fault.recovered_s:.1f} s' if fault.recovered_s else ''}, {fault.steps_lost} steps lost"
                 f"{f' ({fault.note})' if fault.note else ''}")
-        final = _wait(lambda: (s := h.status()).state.terminal and s, 600, 0.2)
-        rank_job = _wait(lambda: (s := h.client.job(RANK_JOB).status()).state.terminal and s, 120, 0.2)
+        final = wait_until(lambda: (s := h.status()).state.terminal and s, 600, 0.2)
+        rank_job = wait_until(lambda: (s := h.client.job(RANK_JOB).status()).state.terminal and s, 120, 0.2)
         rank_failure = {
             "state": rank_job.state.value if rank_job else "timeout", "attempt": rank_job and rank_job.attempt,
             "lost": rank_job and rank_job.lost, "error": rank_job and rank_job.error,

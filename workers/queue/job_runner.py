@@ -79,11 +79,10 @@ class WorkerContext:
     worker: str
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
     redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
-    stores: Optional[StoreChecks] = None  # the stores this worker probed (its own: BATON_STORAGE_URL)
+    stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
 
     def __post_init__(self) -> None:
-        if self.stores is None:
-            self.stores = StoreChecks(self.settings.storage_url)
+        self.stores = StoreChecks(self.settings.storage_url)
 
 
 class WorkerControl(LoopControl):

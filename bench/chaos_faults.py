@@ -1,0 +1,121 @@
+"""The faults bench/chaos.py injects into a running job (its docstring lists them), and how."""
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+
+from baton.jobs.services import WorkerProcess
+from baton.schemas.settings import BatonSettings
+from baton.workers.queue.celery_app import make_app, publish_run
+
+from tests.helpers import read_manifest, run_baton
+
+KINDS = ("sigkill", "sigterm", "sigstop", "redis", "s3", "corrupt", "duplicate", "fullspool", "corruptbest", "duprun",
+         "finalize")
+FULL_SPOOL_BYTES = 1024
+"""The file size the holder's checkpoint writer is held to by a fullspool fault."""
+OUTAGE_S = 3.0
+"""How long S3 is unreachable, and Redis is down, per fault."""
+JOB = "chaos"
+
+
+def wait_until(predicate, timeout_s: float, every_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    return None
+
+
+def _writer_processes(holder: WorkerProcess) -> list[int]:
+    """The pids of the holder's checkpoint writer processes (in its process group)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) == holder.proc.pid and \
+                    b"baton.storage.writer_process" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return pids
+
+
+def _set_file_limit(pids: list[int], limit: int) -> None:
+    for pid in pids:
+        try:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def inject(h, kind: str, status) -> str:
+    """Inject ``kind`` into the job ``status`` describes, on the chaos.Harness ``h``; a note on what was done."""
+    holder = h.holder(status.worker)
+    if kind in ("sigkill", "sigterm", "sigstop", "corrupt", "fullspool", "corruptbest") and holder is None:
+        return "no live holder"
+    if kind == "sigkill":
+        holder.signal(signal.SIGKILL)
+    elif kind == "sigterm":
+        holder.signal(signal.SIGTERM, group=False)
+    elif kind == "sigstop":
+        holder.signal(signal.SIGSTOP)
+        taken = wait_until(lambda: h.status().attempt > status.attempt, 60)
+        holder.signal(signal.SIGCONT)
+        return "taken over while frozen" if taken else "not taken over in 60 s"
+    elif kind == "redis":
+        h.redis.kill()
+        time.sleep(OUTAGE_S)
+        h.redis.start()
+    elif kind == "s3":
+        h.proxy.set("cut")
+        time.sleep(OUTAGE_S)
+        h.proxy.set("pass")
+    elif kind == "corrupt":
+        holder.signal(signal.SIGSTOP)  # nothing commits while the latest is chosen and overwritten
+        manifest = read_manifest(h.store, JOB)
+        if not manifest or not manifest["checkpoints"]:
+            holder.signal(signal.SIGKILL)
+            return "no checkpoint yet; SIGKILL only"
+        latest = manifest["checkpoints"][-1]
+        h.watch.corrupted.add(latest["key"])
+        h.store.put_bytes(latest["key"], os.urandom(latest["size"]))
+        holder.signal(signal.SIGKILL)
+        return f"overwrote {latest['key']}"
+    elif kind == "duplicate":
+        publish_run(make_app(BatonSettings(redis_url=h.redis.url)), JOB, status.attempt, status.queue)
+    elif kind == "fullspool":
+        writers = wait_until(lambda: _writer_processes(holder), 30, 0.2)  # it starts beside the attempt's first steps
+        if not writers:
+            return "no checkpoint writer process in 30 s; nothing injected"
+        _set_file_limit(writers, FULL_SPOOL_BYTES)
+        taken = wait_until(lambda: h.status().attempt > status.attempt, 60)
+        _set_file_limit(writers, resource.RLIM_INFINITY)  # the disk has room again
+        return "given up as a loss, taken over" if taken else "not given up in 60 s"
+    elif kind == "corruptbest":
+        holder.signal(signal.SIGSTOP)  # nothing commits while the best is chosen and overwritten
+        manifest = read_manifest(h.store, JOB)
+        best = manifest and manifest.get("best")
+        if not best:
+            holder.signal(signal.SIGCONT)
+            return "no best checkpoint yet"
+        h.watch.corrupted.add(best["key"])
+        h.store.put_bytes(best["key"], os.urandom(best["size"]))
+        holder.signal(signal.SIGCONT)
+        return f"overwrote the best, {best['key']}"
+    elif kind == "duprun":
+        done = run_baton("run", str(h.workdir / "job.yaml"), "--id", JOB, "--storage", h.storage_url, "--no-progress",
+                         env={k: v for k, v in h.env.items() if k != "AWS_ENDPOINT_URL"} | h.s3.env())
+        h.duprun_codes.append(done.returncode)
+        return f"baton run exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:80]}"
+    elif kind == "finalize":
+        h.redis.kill()
+        time.sleep(OUTAGE_S)
+        h.redis.start()
+    return ""
