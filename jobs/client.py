@@ -28,7 +28,7 @@ from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import NAME_PATTERN, JobSpec
 from baton.schemas.status import JobStatus
-from baton.storage.artifacts import download_verified, final_files, read_metrics, read_verified
+from baton.storage.artifacts import download_checkpoint, download_verified, final_files, read_metrics, read_verified
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id, new_job_id
 from baton.storage.manifest_store import ManifestStore
@@ -144,7 +144,8 @@ class Job:
         entry = manifest.best if which == "best" else manifest.latest
         if entry is None:
             raise FileNotFoundError(f"job {self.id} has no {which} checkpoint yet")
-        return download_verified(store, entry, out / ("best.pt" if which == "best" else Path(entry.key).name))
+        name = Path(entry.key).name if which == "latest" else ("best" if entry.files is not None else "best.pt")
+        return download_checkpoint(store, entry, out / name)
 
 
 def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:

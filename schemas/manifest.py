@@ -29,6 +29,23 @@ class CheckpointEntry(ObjectRef):
     kind: Literal["step", "epoch", "eval", "stop"] = Field(description="step: every_steps; epoch: after an epoch's validation; eval: after an eval_every_steps or final validation; stop: preemption/cancel.")
     attempt: int = Field(description="The attempt that wrote it.")
     created_at: float = Field(description="Unix time of the commit.")
+    files: Optional[list[ObjectRef]] = Field(
+        None, description="A sharded checkpoint's objects (resources.strategy: fsdp): key is then their common "
+        "prefix, a torch.distributed.checkpoint directory (.metadata and each rank's shard) with each rank's own "
+        "state (rank-<r>.pt); size is their sum and sha256 the digest of their listing (sharded_digest). None: one "
+        "torch.save object at key.")
+
+    def object_keys(self) -> list[str]:
+        """The objects this checkpoint consists of."""
+        return [ref.key for ref in self.files] if self.files is not None else [self.key]
+
+
+def sharded_digest(files: list[ObjectRef]) -> str:
+    """A sharded checkpoint's sha256: of its files' listing (key, size, sha256 per line, sorted by key)."""
+    import hashlib
+
+    listing = "".join(f"{ref.key} {ref.size} {ref.sha256}\n" for ref in sorted(files, key=lambda ref: ref.key))
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 class BestEntry(CheckpointEntry):
@@ -79,13 +96,16 @@ class CheckpointManifest(BaseModel):
 
     def referenced_keys(self) -> set[str]:
         """Every object key this manifest refers to: what garbage collection must keep."""
-        keys = {entry.key for entry in self.checkpoints}
+        keys = {key for entry in self.checkpoints for key in entry.object_keys()}
         if self.best is not None:
-            keys.add(self.best.key)
+            keys.update(self.best.object_keys())
         if self.metrics is not None:
             keys.add(self.metrics.key)
         if self.resumed_from_key is not None:
             keys.add(self.resumed_from_key)
+            resumed = next((e for e in self.checkpoints if e.key == self.resumed_from_key), None)
+            if resumed is not None:
+                keys.update(resumed.object_keys())
         if self.final is not None:
             final = self.final
             keys |= {ref.key for ref in (final.model, final.best_model, final.report, final.curves) if ref is not None}

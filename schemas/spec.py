@@ -245,6 +245,14 @@ class ResourcesSpec(_Spec):
                     "data.batch_size is per rank, so a step's global batch is processes x batch_size. Part of the "
                     "reproducible configuration: a job resumes only with the same count.",
     )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="How the ranks share the work. ddp: every rank holds the whole model and optimizer state "
+                    "(DistributedDataParallel). fsdp: parameters, gradients and optimizer state are sharded over the "
+                    "ranks (FSDP2's fully_shard, one unit per block: the model's shard_units() if it has one, else "
+                    "its children with parameters), bf16 through FSDP's mixed-precision policy, and checkpoints are "
+                    "sharded in torch.distributed.checkpoint's format, each rank writing its own shard.",
+    )
 
 
 class RetrySpec(_Spec):
@@ -303,6 +311,11 @@ class JobSpec(_Spec):
             problems.add("scheduler.name", f"{self.scheduler.name} steps once per epoch; a step-based run (loop.max_steps) "
                                            "needs a per-step schedule: warmup_cosine, constant_warmup, onecycle or none")
         problems.lines.extend(schedule_problems(self.scheduler, self.loop.max_steps))
+        if self.resources.strategy == "fsdp" and self.resources.processes < 2:
+            problems.add("resources.strategy", "fsdp shards over the job's ranks: set resources.processes: 2 or more")
+        if self.resources.strategy == "fsdp" and self.loop.precision == "fp16":
+            problems.add("loop.precision", "fsdp trains in bf16 or fp32 (fp16's GradScaler would see each rank's "
+                                           "shard of the gradients alone); use bf16")
         if self.resources.processes > 1 and self.loop.nonfinite == "skip":
             problems.add("loop.nonfinite", "skip is not supported with resources.processes > 1 (a rank skipping its "
                                            "backward would desynchronise the ranks' gradient all-reduce); use fail")

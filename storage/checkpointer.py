@@ -156,6 +156,10 @@ class AsyncCheckpointer:
         self._inflight = _InFlight(future, stats)
         return True
 
+    def checkpoint_key(self, step: int) -> str:
+        """Where the checkpoint of ``step`` is written (for the metrics rows)."""
+        return self.paths.checkpoint(step)
+
     def wait_for_writer(self, timeout_s: float = 60.0) -> bool:
         """Block until the writer process has started (True at once for the thread writer); until
         then checkpoints are written by the thread. For benchmarks and tests that measure it."""

@@ -85,15 +85,20 @@ class CommitWork:
             self._retry(lambda: self._upload_verified(key, tmp, size), f"upload {key}")
         finally:
             tmp.unlink(missing_ok=True)
-        metrics = self._write_metrics(request) if request.metrics_rows is not None else None
         entry = CheckpointEntry(
             key=key, step=request.step, epoch=request.epoch, batch_in_epoch=request.batch_in_epoch,
             kind=request.kind, attempt=self.attempt, size=size, sha256=sha256, created_at=time.time(),
         )
+        return Committed(self.publish(entry, request), size, time.perf_counter() - started)
+
+    def publish(self, entry: CheckpointEntry, request: CheckpointRequest) -> CheckpointManifest:
+        """Make an uploaded checkpoint visible: its metrics rows, the fenced commit, rotation and
+        garbage collection (a sharded checkpoint's holder calls this once every rank's shard is up)."""
+        metrics = self._write_metrics(request) if request.metrics_rows is not None else None
         manifest, dropped = self._commit(entry, request, metrics)
         self._delete(dropped)
         collect_garbage(self.store, self.paths, manifest, self.attempt, self.log)
-        return Committed(manifest, size, time.perf_counter() - started)
+        return manifest
 
     def check_cancelled(self) -> None:
         if self.cancelled():
@@ -138,7 +143,8 @@ class CommitWork:
 
     def _delete(self, entries: list[CheckpointEntry]) -> None:
         for entry in entries:
-            try:  # after the commit: done even if cancelled meanwhile
-                retry_transient(lambda: self.store.delete(entry.key), self.upload_retry_s, f"delete {entry.key}", self.log)
-            except TransientError as exc:  # a leftover object costs space, not correctness
-                self.log(f"rotation: could not delete {entry.key}: {exc}")
+            for key in entry.object_keys():
+                try:  # after the commit: done even if cancelled meanwhile
+                    retry_transient(lambda: self.store.delete(key), self.upload_retry_s, f"delete {key}", self.log)
+                except TransientError as exc:  # a leftover object costs space, not correctness
+                    self.log(f"rotation: could not delete {key}: {exc}")

@@ -123,6 +123,10 @@ class JobPaths:
     def checkpoint(self, step: int) -> str:
         return f"{self.attempt_root}/checkpoints/step-{step}.pt"
 
+    def checkpoint_dir(self, step: int) -> str:
+        """A sharded checkpoint's prefix: its files are ``<prefix>/<name>`` (``CheckpointEntry.files``)."""
+        return f"{self.attempt_root}/checkpoints/step-{step}"
+
     def metrics(self, step: int) -> str:
         """The metrics rows as of the checkpoint at ``step`` (referenced from the manifest)."""
         return f"{self.attempt_root}/metrics/step-{step}.jsonl"

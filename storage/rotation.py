@@ -25,7 +25,7 @@ def rotate(manifest: CheckpointManifest, keep_last: int) -> list[CheckpointEntry
             dropped.append(entry)
     manifest.checkpoints = keep
     referenced = manifest.referenced_keys()
-    return [entry for entry in dropped if entry.key not in referenced]
+    return [entry for entry in dropped if referenced.isdisjoint(entry.object_keys())]
 
 
 def collect_garbage(store: ObjectStore, paths: JobPaths, manifest: CheckpointManifest, attempt: int,

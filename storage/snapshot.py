@@ -15,7 +15,9 @@ pinned and the copies non-blocking. Two ways to take it:
   and whoever reads the buffers must call ``copies.wait_all()`` first (the background thread does).
 
 On the CPU both are plain synchronous copies; on busy cores they use one intra-op thread
-(``copy_threads``).
+(``copy_threads``). A DTensor (a sharded job's parameter or optimizer state) is copied as its local
+shard and comes back as a DTensor of the same layout over that host copy, which is what
+torch.distributed.checkpoint writes.
 """
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ import torch
 
 if TYPE_CHECKING:
     from .shared_buffers import SharedBuffers
+
+try:  # a sharded job's parameters and optimizer state (FSDP2): only the rank's own shard is copied
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed
+    DTensor = None
 
 BUSY_COPY_THREADS = 1
 """torch intra-op threads for the snapshot's host copies when the cores are busy (the training's
@@ -168,6 +175,10 @@ class HostSnapshot:
     def _walk(self, obj: Any, path: str) -> Any:
         if isinstance(obj, Plain):
             return obj
+        if DTensor is not None and isinstance(obj, DTensor):  # its local shard, in a DTensor of the same layout
+            local = self._copy_tensor(obj.to_local(), path)
+            return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False, shape=obj.size(),
+                                      stride=obj.stride())
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj, path)
         if isinstance(obj, dict):

@@ -13,14 +13,19 @@ the environment is wrong, not the checkpoint, as on resume.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from baton.schemas.errors import CheckpointCorrupt
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
 from baton.storage.base import ObjectStore
+from baton.storage import owned_dirs
+from baton.storage.artifacts import download_checkpoint
 from baton.storage.checkpoint_io import load_bytes
+from baton.storage.checkpointer import SPOOL_PREFIX
 from baton.storage.retry import retry_transient
+from baton.workers.parallel.sharded_state import consolidated_model
 
 READ_RETRY_S = 120.0
 """How long reading a checkpoint is retried through transient storage errors."""
@@ -58,8 +63,7 @@ def choose_best_weights(store: ObjectStore, manifest: CheckpointManifest, rows: 
     failed: list[str] = []
     for entry, value in ranked:
         try:
-            data = retry_transient(lambda: store.get_bytes(entry.key), READ_RETRY_S, f"read {entry.key}", log)
-            state = load_bytes(data, entry.sha256, where=entry.key)
+            model = read_model(store, entry, log)
         except FileNotFoundError:
             failed.append(f"{entry.key} is missing")
             continue
@@ -67,15 +71,30 @@ def choose_best_weights(store: ObjectStore, manifest: CheckpointManifest, rows: 
             failed.append(f"{entry.key} failed verification ({_reason(exc, entry.key)})")
             continue
         if not failed:
-            return BestWeights(state["model"], entry)
+            return BestWeights(model, entry)
         note = (f"best checkpoint {'; '.join(failed)}; best.safetensors holds {entry.key} (step {entry.step}, "
                 f"{manifest.best.metric} = {value:.6g}), the best checkpoint that verifies")
         log(note)
-        return BestWeights(state["model"], entry, note)
+        return BestWeights(model, entry, note)
     note = (f"best checkpoint {'; '.join(failed)}; no committed checkpoint with a known {manifest.best.metric} "
             "verifies, so there is no best.safetensors")
     log(note)
     return BestWeights(None, None, note)
+
+
+def read_model(store: ObjectStore, entry: CheckpointEntry, log: Callable[[str], None]) -> dict[str, Any]:
+    """A committed checkpoint's model state_dict, verified; a sharded one's assembled whole from its
+    shards (every key, full tensors). FileNotFoundError: an object is gone; CheckpointCorrupt."""
+    if entry.files is None:
+        data = retry_transient(lambda: store.get_bytes(entry.key), READ_RETRY_S, f"read {entry.key}", log)
+        return load_bytes(data, entry.sha256, where=entry.key)["model"]
+    directory = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
+    try:
+        retry_transient(lambda: download_checkpoint(store, entry, directory / "checkpoint"), READ_RETRY_S,
+                        f"read {entry.key}", log)
+        return consolidated_model(directory / "checkpoint")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _reason(exc: CheckpointCorrupt, key: str) -> str:

@@ -11,7 +11,7 @@ is corrupt or gone by then does not fail the job: ``best_weights.py`` picks the 
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Callable, Optional
 
 import safetensors.torch
 import torch
@@ -28,7 +28,7 @@ from baton.storage.rotation import collect_garbage
 from baton.workers.tracking.curves import plot_curves
 from baton.workers.tracking.report import build_report
 
-from .best_weights import choose_best_weights
+from .best_weights import choose_best_weights, read_model
 
 WRITE_RETRY_S = 300.0
 """How long writing a final artifact is retried through transient storage errors."""
@@ -36,11 +36,16 @@ WRITE_RETRY_S = 300.0
 
 def export_weights(model: nn.Module) -> bytes:
     """The model's whole state_dict as safetensors: every key, so that ``model.load_state_dict(
-    safetensors.torch.load_file(path))`` loads it strictly. Tensors that share memory (tied weights:
-    a language model's head and its token embedding) are written under each of their names, a copy
-    each after the first (safetensors refuses shared memory; ``save_model`` keeps only one name)."""
+    safetensors.torch.load_file(path))`` loads it strictly."""
+    return export_state(model.state_dict())
+
+
+def export_state(state: dict[str, torch.Tensor]) -> bytes:
+    """A model's state_dict as safetensors. Tensors that share memory (tied weights: a language
+    model's head and its token embedding) are written under each of their names, a copy each after
+    the first (safetensors refuses shared memory; ``save_model`` keeps only one name)."""
     tensors, written = {}, set()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         tensor = tensor.detach().cpu()
         storage = (tensor.untyped_storage().data_ptr(), tensor.device)
         tensors[name] = tensor.clone(memory_format=torch.contiguous_format) if storage in written else tensor.contiguous()
@@ -48,8 +53,10 @@ def export_weights(model: nn.Module) -> bytes:
     return safetensors.torch.save(tensors)
 
 
-def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, model: nn.Module,
+def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, model: Optional[nn.Module],
              rows: list[dict], best: dict, fence: Callable[[], None], log: Callable[[str], None]) -> dict:
+    """``model``: the trained model; None for a sharded job, whose last weights are then assembled
+    from its final checkpoint's shards (on this process's host, once)."""
     own = paths.for_attempt(attempt)
 
     def put(key: str, data: bytes) -> ObjectRef:
@@ -64,9 +71,14 @@ def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, mode
                           best_key=current.best.key if current.best is not None else None,
                           weights_key=chosen.entry.key if chosen.entry is not None else None, weights_note=chosen.note)
     fence()
-    last_weights = export_weights(model)
+    if model is not None:
+        last_weights = export_weights(model)
+    else:
+        last_weights = export_state(read_model(store, current.latest, log))
     best_weights = None
-    if chosen.model is not None:  # the training is over: the live model may take the best weights now
+    if chosen.model is not None and model is None:
+        best_weights = put(own.best_model, export_state(chosen.model))
+    elif chosen.model is not None:  # the training is over: the live model may take the best weights now
         model.load_state_dict(chosen.model)
         best_weights = put(own.best_model, export_weights(model))
     final = FinalArtifacts(

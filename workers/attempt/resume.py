@@ -11,10 +11,13 @@ is deleted, so the job can resume from it in a sound environment.
 """
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from baton.schemas.errors import CheckpointCorrupt, TransientError
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
+from baton.storage.artifacts import download_checkpoint
 from baton.storage.base import ObjectStore
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.manifest_store import ManifestStore
@@ -24,12 +27,21 @@ READ_RETRY_S = 120.0
 """How long reading a checkpoint is retried through transient storage errors."""
 
 
+SHARDS_KEY = "shards"
+"""In the state of a sharded checkpoint: the local directory it was downloaded to (verified), which
+every rank loads from; the rest of that state is rank 0's own file (``sharded_state``)."""
+
+
 def load_latest_good(
-    store: ObjectStore, manifest: CheckpointManifest, log: Callable[[str], None]
+    store: ObjectStore, manifest: CheckpointManifest, log: Callable[[str], None], scratch: Optional[Path] = None,
 ) -> tuple[Optional[dict[str, Any]], Optional[CheckpointEntry]]:
-    """(state, entry) of the newest checkpoint that loads and verifies, or (None, None)."""
+    """(state, entry) of the newest checkpoint that loads and verifies, or (None, None). A sharded
+    checkpoint is downloaded whole into ``scratch`` (every file verified: one bad shard makes the
+    whole checkpoint bad) and its state is rank 0's own file, with SHARDS_KEY naming the directory."""
     for entry in reversed(manifest.checkpoints):
         try:
+            if entry.files is not None:
+                return _download_sharded(store, entry, scratch, log), entry
             data = retry_transient(lambda: store.get_bytes(entry.key), READ_RETRY_S, f"read {entry.key}", log)
             return load_bytes(data, entry.sha256, where=entry.key), entry
         except FileNotFoundError:
@@ -37,6 +49,18 @@ def load_latest_good(
         except CheckpointCorrupt as exc:
             log(f"{exc}; falling back to the one before it")
     return None, None
+
+
+def _download_sharded(store: ObjectStore, entry: CheckpointEntry, scratch: Optional[Path],
+                      log: Callable[[str], None]) -> dict[str, Any]:
+    from baton.workers.parallel.sharded_state import read_own
+
+    if scratch is None:
+        raise ValueError(f"{entry.key} is a sharded checkpoint: resuming from it needs a scratch directory")
+    directory = scratch / Path(entry.key).name
+    shutil.rmtree(directory, ignore_errors=True)  # a previous candidate's files
+    retry_transient(lambda: download_checkpoint(store, entry, directory), READ_RETRY_S, f"read {entry.key}", log)
+    return {**read_own(directory, 0), SHARDS_KEY: str(directory)}
 
 
 def pin_resume_point(manifests: ManifestStore, attempt: int, entry: Optional[CheckpointEntry],
@@ -58,8 +82,8 @@ def pin_resume_point(manifests: ManifestStore, attempt: int, entry: Optional[Che
             manifest.best = None  # it was the broken one; the resumed tracker names the next best
 
     manifests.update(attempt, mutate)
-    for bad in dropped:
+    for key in (key for bad in dropped for key in bad.object_keys()):
         try:
-            manifests.store.delete(bad.key)
+            manifests.store.delete(key)
         except TransientError as exc:
-            log(f"could not delete unusable checkpoint {bad.key}: {exc}")
+            log(f"could not delete unusable checkpoint {key}: {exc}")

@@ -6,7 +6,9 @@ LoopControl and their fence.
 from __future__ import annotations
 
 import functools
+import shutil
 import socket
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -17,10 +19,13 @@ from baton.schemas.errors import FencedOut, TransientError, formatted_traceback
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
 from baton.schemas.spec import JobSpec
 from baton.storage.base import ObjectStore
-from baton.storage.checkpointer import UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
+from baton.storage import owned_dirs
+from baton.storage.checkpointer import SPOOL_PREFIX, UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
+from baton.workers.parallel import sharded_state
 from baton.workers.parallel.distributed import RankGroup, check_same_processes
+from baton.workers.parallel.sharded_checkpoint import ShardedCheckpointer
 from baton.workers.parallel.launcher import Ranks, check_devices
 from baton.workers.tracking.job_logs import JobLogCapture
 from baton.workers.tracking.mlflow_tracking import MlflowTracker, tracking_uri
@@ -32,7 +37,7 @@ from baton.workers.training.determinism import configure, resolve_device
 from baton.workers.training.loop import Outcome, TrainingLoop
 
 from .finalize import finalize
-from .resume import load_latest_good, pin_resume_point
+from .resume import SHARDS_KEY, load_latest_good, pin_resume_point
 from .scratch import remove_orphaned_scratch
 
 
@@ -163,7 +168,21 @@ def _attempt(
     if manifest.completed:
         return AttemptResult(Outcome(True, "already completed"), None)
 
-    state, entry = load_latest_good(store, manifest, control.log)
+    scratch = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())  # a sharded checkpoint is downloaded here
+    try:
+        return _resume_and_train(spec, job_id, store, attempt, control, manifests, manifest, scratch,
+                                 allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
+                                 upload_retry_s=upload_retry_s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control: LoopControl,
+                      manifests: ManifestStore, manifest: CheckpointManifest, scratch: Path, *,
+                      allowed_prefixes: tuple[str, ...], fence: Callable[[], None],
+                      on_commit: Callable[[CheckpointManifest, CheckpointStats], None],
+                      upload_retry_s: float) -> AttemptResult:
+    state, entry = load_latest_good(store, manifest, control.log, scratch)
     pin_resume_point(manifests, attempt, entry, control.log)
 
     check_same_processes(state, spec.resources.processes)
@@ -174,7 +193,8 @@ def _attempt(
                               upload_retry_s=upload_retry_s)
     if spec.resources.processes == 1:
         return train(None)
-    ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log)
+    shards = state.get(SHARDS_KEY) if state is not None else None
+    ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log, shards)
     try:
         result = train(group)
     except BaseException as exc:
@@ -207,20 +227,32 @@ def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control
     device = group.device if group is not None else resolve_device(spec.resources.device)
     rng.seed_all(spec.seed)
     place = (group.rank, group.world_size) if group is not None else (0, 1)
-    parts = build_components(spec, device, allowed_prefixes, *place)
-    checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence, on_commit=on_commit,
-                                     pin_memory=device.type == "cuda", upload_retry_s=upload_retry_s, log=control.log)
+    parts = build_components(spec, device, allowed_prefixes, *place,
+                             prepare_model=group.prepare_model if group is not None else None)
+    sharded = group is not None and group.sharded
+    if sharded:  # every rank writes its shard; this one (rank 0) commits
+        checkpointer = ShardedCheckpointer(group, parts, store, paths, attempt, spec.checkpoint.keep_last, fence=fence,
+                                           on_commit=on_commit, upload_retry_s=upload_retry_s, log=control.log)
+    else:
+        checkpointer = AsyncCheckpointer(store, paths, attempt, spec.checkpoint.keep_last, fence=fence,
+                                         on_commit=on_commit, pin_memory=device.type == "cuda",
+                                         upload_retry_s=upload_retry_s, log=control.log)
     try:  # from here on a failure abandons the checkpointer (and ends its writer process)
         saver, loop_control = checkpointer, control
         if group is not None:  # rank 0 of a data-parallel job: a shared stop flag, every rank's state in checkpoints
             parts = group.adopt(parts)
-            saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
+            if not sharded:
+                saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
             loop_control = group.control(control)
         loop = TrainingLoop(parts, saver, loop_control, threads, group=group)
         if state is not None:
-            loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
-            if group is not None:
-                loop.progress = group.restore(parts, state)
+            if sharded:
+                loop.progress, loop.best, loop.metrics = sharded_state.restore(parts, Path(state[SHARDS_KEY]), 0,
+                                                                               group.checkpoint_group)
+            else:
+                loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
+                if group is not None:
+                    loop.progress = group.restore(parts, state)
             control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
         outcome = loop.run()
     except BaseException:
@@ -231,23 +263,27 @@ def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control
         control.log(f"rank 0: {saver.describe()}")
     report = None
     if outcome.completed:
-        report = finalize(store, paths, attempt, spec.model_dump(mode="json"), parts.model, loop.metrics,
-                          loop.best.state_dict(), fence, control.log)
+        report = finalize(store, paths, attempt, spec.model_dump(mode="json"), None if sharded else parts.model,
+                          loop.metrics, loop.best.state_dict(), fence, control.log)
     return AttemptResult(outcome, entry.step if entry else None, report)
 
 
 def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, entry: Optional[CheckpointEntry],
-                threads: int, allowed_prefixes: tuple[str, ...], log: Callable[[str], None]) -> tuple[Ranks, RankGroup]:
-    """Start ranks 1..N-1 (each resumes from ``entry`` itself) and join the group as rank 0."""
+                threads: int, allowed_prefixes: tuple[str, ...], log: Callable[[str], None],
+                shards: Optional[str] = None) -> tuple[Ranks, RankGroup]:
+    """Start ranks 1..N-1 (each resumes from ``entry`` itself, or, sharded, from ``shards``: the
+    directory rank 0 downloaded and verified it to) and join the group as rank 0."""
     device_type = resolve_device(spec.resources.device).type
     check_devices(device_type, spec.resources.processes)
     args = {"spec": spec.model_dump(mode="json"), "job_id": job_id, "attempt": attempt, "storage_url": store.url,
-            "resume_key": entry.key if entry else None, "resume_sha256": entry.sha256 if entry else None,
+            "resume_key": entry.key if entry and shards is None else None,
+            "resume_sha256": entry.sha256 if entry else None, "resume_dir": shards,
             "cpu_threads": threads, "device_type": device_type, "allowed_prefixes": list(allowed_prefixes)}
     ranks = Ranks(spec.resources.processes, args, log)
     try:
         ranks.wait_until_ready()
-        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed, ranks.secret)
+        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed, ranks.secret,
+                                     strategy=spec.resources.strategy, precision=spec.loop.precision)
     except BaseException as exc:
         explained = ranks.explain(exc)
         ranks.kill()

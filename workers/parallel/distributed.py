@@ -34,6 +34,7 @@ that run the same loop with no checkpointer of their own.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import time
@@ -81,20 +82,26 @@ def check_same_processes(state: Optional[dict], processes: int) -> None:
 
 class DistributedTask(BoundTask):
     """The job's task, with the training loss computed through DDP (which averages the gradients
-    across ranks in backward). Validation scores the plain module, after its buffers (BatchNorm's
-    running statistics) are made rank 0's on every rank, as DDP does before each training forward."""
+    across ranks in backward), or, sharded (``ddp`` None), through the FSDP module itself.
+    Validation scores the module after its buffers (BatchNorm's running statistics) are made
+    rank 0's on every rank, as DDP does before each training forward."""
 
-    def __init__(self, bound: BoundTask, ddp: DistributedDataParallel):
+    def __init__(self, bound: BoundTask, ddp: Optional[DistributedDataParallel], module: torch.nn.Module):
         self.__dict__.update(bound.__dict__)
-        self.ddp = ddp
+        self.ddp, self.module = ddp, module
 
     def loss(self, model, batch):
-        return super().loss(self.ddp, batch)
+        return super().loss(self.ddp if self.ddp is not None else model, batch)
 
     def new_metrics(self, device: torch.device):
-        for buffer in self.ddp.module.buffers():  # every rank calls this once per validation
-            dist.broadcast(buffer, src=0)
+        share_buffers(self.module)  # every rank calls this once per validation
         return super().new_metrics(device)
+
+
+def share_buffers(module: torch.nn.Module) -> None:
+    """Make ``module``'s buffers rank 0's on every rank (a collective on the default group)."""
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 @dataclass
@@ -106,11 +113,14 @@ class RankGroup:
     device: torch.device
     seed: int
     control_group: Any = None  # gloo: stop flags and the gathered checkpoint states
+    strategy: str = "ddp"  # resources.strategy: ddp | fsdp
+    checkpoint_group: Any = None  # fsdp: gloo, used only by the sharded checkpoints' background threads
+    precision: str = "fp32"  # loop.precision: fsdp's mixed-precision policy
     closed: bool = field(default=False)
 
     @classmethod
     def join(cls, store: "dist.Store", rank: int, world_size: int, device_type: str, seed: int, secret: str,
-             timeout_s: float = COLLECTIVE_TIMEOUT_S) -> "RankGroup":
+             timeout_s: float = COLLECTIVE_TIMEOUT_S, strategy: str = "ddp", precision: str = "fp32") -> "RankGroup":
         """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store``, and
         prove ``secret`` to the other ranks (RankLost if one does not prove it)."""
         if device_type == "cuda":
@@ -122,21 +132,44 @@ class RankGroup:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
-        group = cls(rank, world_size, device, seed, control)
+        group = cls(rank, world_size, device, seed, control, strategy, precision=precision)
         try:
             prove_membership(secret, rank, world_size, control)
+            if strategy == "fsdp":  # after the proof: nothing is exchanged with an unproven peer
+                group.checkpoint_group = dist.new_group(backend="gloo")
         except BaseException:
             group.close()
             raise
         return group
 
     # --- building the rank's pieces ---------------------------------------------------------
+    @property
+    def sharded(self) -> bool:
+        return self.strategy == "fsdp"
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What ``build_components`` does to the model before the optimizer is built on it: shard it
+        over the ranks (fsdp, ``fsdp.shard_model``); ddp wraps it later (``adopt``)."""
+        if not self.sharded:
+            return model
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from .fsdp import shard_model
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        return shard_model(model, mesh, self.precision)
+
     def adopt(self, parts: Components) -> Components:
-        """Wrap the model in DDP for the training loss and give this rank its RNG (the components
-        were built for this rank: ``build_components(..., rank, world_size)`` shards the data)."""
-        device_ids = [parts.device.index] if parts.device.type == "cuda" else None
-        ddp = DistributedDataParallel(parts.model, device_ids=device_ids)
-        parts.task = DistributedTask(parts.task, ddp)
+        """Wrap the model in DDP for the training loss (ddp; fsdp: sharded already, with FSDP's
+        mixed precision instead of autocast) and give this rank its RNG (the components were built
+        for this rank: ``build_components(..., rank, world_size)`` shards the data)."""
+        if self.sharded:
+            parts.task = DistributedTask(parts.task, None, parts.model)
+            parts.precision = dataclasses.replace(parts.precision, name="fp32")  # FSDP's policy casts instead
+        else:
+            device_ids = [parts.device.index] if parts.device.type == "cuda" else None
+            ddp = DistributedDataParallel(parts.model, device_ids=device_ids)
+            parts.task = DistributedTask(parts.task, ddp, parts.model)
         if self.rank:
             rng.seed_all(derive_seed(self.seed, "rank", self.rank))
         return parts
@@ -147,6 +180,9 @@ class RankGroup:
     def checkpointer(self, inner: Optional[AsyncCheckpointer], parts: Components, paths,
                      progress_of: Callable[[], Progress]) -> "GroupCheckpointer":
         return GroupCheckpointer(self, inner, parts, paths, progress_of)
+
+    def share_buffers(self, module: torch.nn.Module) -> None:
+        share_buffers(module)
 
     def restore(self, parts: Components, state: dict) -> Progress:
         """Put back this rank's own RNG and loader state (``train_state.restore`` put rank 0's) and
@@ -166,24 +202,31 @@ class RankGroup:
             return None
         return local if local is not None else _REASONS[code]
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (every rank calls this at the same point)."""
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.control_group)
+        return bool(value.item())
+
     def sum_over_ranks(self, *values: float) -> list[float]:
         totals = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(totals, group=self.control_group)
         return totals.tolist()
 
-    def gather_to_first(self, state: dict) -> Optional[list]:
+    def gather_to_first(self, state: dict, group: Any = None) -> Optional[list]:
         """Every rank's ``state`` (tensors, numbers, containers: what a checkpoint holds), at rank 0;
         None on the others. It travels as ``torch.save`` bytes in a uint8 tensor and is loaded with
         ``weights_only=True``, so nothing a peer sends can run code at rank 0. Rank 0 keeps its own
-        (built afresh for each checkpoint) and sends nothing."""
+        (built afresh for each checkpoint) and sends nothing. ``group``: the control group if None."""
+        group = self.control_group if group is None else group
         payload = _to_bytes(state) if self.rank else torch.zeros(0, dtype=torch.uint8)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self.control_group)
+        dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=group)
         longest = max(int(size.item()) for size in sizes)
         padded = torch.zeros(longest, dtype=torch.uint8)  # gloo's gather takes equal sizes
         padded[:payload.numel()] = payload
         gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)] if self.rank == 0 else None
-        dist.gather(padded, gathered, dst=0, group=self.control_group)
+        dist.gather(padded, gathered, dst=0, group=group)
         if gathered is None:
             return None
         return [state, *(_from_bytes(data[:int(size.item())]) for data, size in zip(gathered[1:], sizes[1:]))]
@@ -239,6 +282,9 @@ class GroupCheckpointer:
         if self.inner is None:
             return False
         return self.inner.save(lambda: with_ranks(capture(), ranks), request, mandatory, stable)
+
+    def checkpoint_key(self, step: int) -> str:
+        return self.paths.checkpoint(step)
 
     def describe(self) -> str:
         """This rank's share of the checkpoint stall (for logs and bench/ddp.py)."""

@@ -81,35 +81,53 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
     from baton.workers.training.determinism import configure, prepare_process
     from baton.workers.training.loop import TrainingLoop
 
+    from . import sharded_state
     from .distributed import RankGroup
+    from .sharded_checkpoint import ShardedCheckpointer
 
     prepare_process()
     rank, world_size = args["rank"], args["world_size"]
     control = RankControl(rank)
     spec = JobSpec.parse(args["spec"])
     state = None
+    shards = Path(args["resume_dir"]) if args.get("resume_dir") else None  # sharded: downloaded, verified by rank 0
     if args.get("resume_key"):
         store = open_object_store(args["storage_url"])
         state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
     configure(spec.loop.deterministic, args["cpu_threads"])
     rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S)
     rendezvous.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
-    group = RankGroup.join(rendezvous, rank, world_size, args["device_type"], spec.seed, secret)
+    group = RankGroup.join(rendezvous, rank, world_size, args["device_type"], spec.seed, secret,
+                           strategy=spec.resources.strategy, precision=spec.loop.precision)
+    checkpointer = None
     try:
         rng.seed_all(spec.seed)
-        parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size))
+        parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size,
+                                             prepare_model=group.prepare_model))
         paths = JobPaths(args["job_id"]).for_attempt(args["attempt"])
         loop = TrainingLoop(parts, None, group.control(control), args["cpu_threads"], group=group)
-        loop.checkpointer = group.checkpointer(None, parts, paths, lambda: loop.progress)
-        if state is not None:
+        if group.sharded:  # this rank writes its own shard; rank 0 commits
+            checkpointer = ShardedCheckpointer(group, parts, open_object_store(args["storage_url"]), JobPaths(args["job_id"]),
+                                               args["attempt"], spec.checkpoint.keep_last, log=control.log)
+            loop.checkpointer = checkpointer
+        else:
+            loop.checkpointer = group.checkpointer(None, parts, paths, lambda: loop.progress)
+        if shards is not None:
+            loop.progress, loop.best, loop.metrics = sharded_state.restore(parts, shards, rank, group.checkpoint_group)
+        elif state is not None:
             loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
             loop.progress = group.restore(parts, state)
         loop.run()
+        if checkpointer is not None:
+            checkpointer.close()
+            checkpointer = None
         control.log(loop.checkpointer.describe())
     except Exception as exc:
         report(exc)
         raise
     finally:
+        if checkpointer is not None:
+            checkpointer.abandon()
         group.close()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -135,13 +135,16 @@ def check_monitor(spec: JobSpec, task: BoundTask) -> None:
 
 
 def build_components(spec: JobSpec, device: torch.device, allowed_prefixes: tuple[str, ...], rank: int = 0,
-                     world_size: int = 1) -> Components:
+                     world_size: int = 1, prepare_model: Optional[Callable[[nn.Module], nn.Module]] = None) -> Components:
     """Task, data, model (on its device), then optimizer, scheduler and scaler. Seed the RNGs first.
-    A data-parallel rank gets its share of the data, so the schedule counts global steps."""
+    A data-parallel rank gets its share of the data, so the schedule counts global steps;
+    ``prepare_model`` (a sharded job's: shard it) runs before the optimizer is built on the model."""
     task = build_task(spec.task, allowed_prefixes)
     check_monitor(spec, task)
     data = build_data(spec, device, allowed_prefixes, rank, world_size)
     model = build_model(spec.model, allowed_prefixes).to(device)
+    if prepare_model is not None:
+        model = prepare_model(model)
     optimizer = build_optimizer(model, spec.optimizer)
     scheduler = build_scheduler(optimizer, spec.scheduler, spec.optimizer.lr, spec.loop.epochs, run_length(spec, data))
     precision = Precision(spec.loop.precision, device)

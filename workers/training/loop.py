@@ -205,7 +205,7 @@ class TrainingLoop:
             grad_norm=p.epoch_grad_norm_sum / p.epoch_steps if p.epoch_steps else math.nan,
             grad_norm_max=p.epoch_grad_norm_max, nonfinite_steps=p.nonfinite_steps,
             samples_per_s=self._throughput(), epoch_s=time.perf_counter() - self._clock, time=time.time(),
-            checkpoint=self.checkpointer.paths.checkpoint(p.global_step), is_best=is_best,
+            checkpoint=self.checkpointer.checkpoint_key(p.global_step), is_best=is_best,
             **self._checkpoint_costs(), **{k: v for k, v in values.items() if k != "train_loss"},
         ).model_dump()
         self.metrics.append(row)

@@ -50,6 +50,11 @@ def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTra
     """Load ``state`` into ``parts`` (RNG last, after anything that might draw from it)."""
     parts.model.load_state_dict(state["model"])
     parts.optimizer.load_state_dict(state["optimizer"])
+    return restore_loop_state(parts, state)
+
+
+def restore_loop_state(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTracker, list[dict]]:
+    """Everything but the model and the optimizer (a sharded job loads those from its shards)."""
     if parts.scheduler is not None:
         parts.scheduler.load_state_dict(state["scheduler"])
     if parts.scaler.is_enabled():

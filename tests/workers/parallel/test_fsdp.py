@@ -1,0 +1,188 @@
+"""Sharded jobs (resources.strategy: fsdp, 2 gloo ranks on the CPU): units, sharded checkpoints, exact
+resume after SIGKILLs and a corrupt shard, agreement with ddp, consolidated weights."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from baton.schemas.errors import PermanentError, SpecError
+from baton.schemas.manifest import CheckpointEntry
+from baton.schemas.spec import JobSpec
+from baton.storage.artifacts import download_checkpoint
+from baton.storage.file_store import FileStore
+from baton.workers.attempt.session import run_attempt
+from baton.workers.parallel.fsdp import shard_units
+from baton.workers.parallel.sharded_state import read_own
+from baton.workers.training.control import LoopControl
+
+from tests.helpers import (
+    REPO,
+    assert_bit_equal,
+    deterministic_part,
+    final_model_bytes,
+    kill_when,
+    make_spec,
+    metrics_rows,
+    mid_epoch_after_two_checkpoints,
+    read_manifest,
+    run_reference,
+    start_baton,
+    write_spec,
+)
+
+# as test_ddp's SPEC2 (2 ranks x 16, slow data so that a kill lands mid-epoch), sharded; no dropout, so
+# that the ddp run of the same global batches can be compared with it
+FSDP = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 150, "delay_s": 0.004},
+                       "batch_size": 16},
+                 model={"kwargs": {"in_features": 2, "hidden": 32, "out_features": 3, "dropout": 0.0}},
+                 loop={"epochs": 3}, checkpoint={"every_steps": 3, "keep_last": 3},
+                 resources={"processes": 2, "strategy": "fsdp"})
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.norm = nn.LayerNorm(4)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_units_are_the_blocks_and_tied_weights_go_to_the_root():
+    model = Tied()
+    assert shard_units(model) == [model.blocks[0], model.blocks[1], model.norm]  # embed and head share a weight
+    named = Tied()
+    named.shard_units = lambda: [named.blocks[1]]
+    assert shard_units(named) == [named.blocks[1]]
+    named.shard_units = lambda: [nn.Linear(1, 1)]
+    with pytest.raises(PermanentError, match="shard_units\\(\\) must return submodules of the model"):
+        shard_units(named)
+
+
+def test_fsdp_needs_ranks_and_refuses_fp16():
+    assert JobSpec.parse(make_spec()).resources.strategy == "ddp"
+    with pytest.raises(SpecError, match="fsdp shards over the job's ranks: set resources.processes: 2 or more"):
+        JobSpec.parse(make_spec(resources={"strategy": "fsdp"}))
+    with pytest.raises(SpecError, match="fsdp trains in bf16 or fp32"):
+        JobSpec.parse(make_spec(resources={"strategy": "fsdp", "processes": 2, "device": "cuda"},
+                                loop={"precision": "fp16"}))
+
+
+def sharded_final(store: FileStore, job_id: str, tmp: Path) -> dict:
+    """The final checkpoint, whole: every tensor of the model and optimizer state assembled from the shards
+    (equal whole tensors: equal shards), and each rank's own state."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    manifest = read_manifest(store, job_id)
+    assert manifest["completed"]
+    entry = CheckpointEntry(**manifest["checkpoints"][-1])
+    assert entry.files is not None and {Path(f.key).name for f in entry.files} == {
+        "metadata", "__0_0.distcp", "__1_0.distcp", "rank-0.pt", "rank-1.pt"}
+    directory = download_checkpoint(store, entry, tmp / f"{job_id}-final")
+    whole: dict = {}
+    _load_state_dict(whole, storage_reader=FileSystemReader(str(directory)), no_dist=True,
+                     planner=_EmptyStateDictLoadPlanner())
+    assert set(whole) == {"model", "optimizer"} and set(whole["optimizer"]["state"]["0.weight"]) == {
+        "exp_avg", "exp_avg_sq", "step"}
+    return {"sharded": whole, "ranks": [read_own(directory, rank) for rank in (0, 1)]}
+
+
+def assert_same_sharded_training(store_a, job_a, store_b, job_b, tmp: Path) -> None:
+    a, b = sharded_final(store_a, job_a, tmp), sharded_final(store_b, job_b, tmp)
+    assert_bit_equal(a["sharded"], b["sharded"], "sharded")  # model and optimizer, torch.equal per tensor
+    for rank in (0, 1):
+        for part in ("rng", "progress", "scheduler", "best", "data"):
+            assert_bit_equal(a["ranks"][rank][part], b["ranks"][rank][part], f"rank {rank} {part}")
+    assert not torch.equal(a["ranks"][0]["rng"]["torch"], a["ranks"][1]["rng"]["torch"])  # each rank its own
+    rows_a, rows_b = metrics_rows(store_a, job_a), metrics_rows(store_b, job_b)
+    assert [deterministic_part(r) for r in rows_a] == [deterministic_part(r) for r in rows_b]
+    assert final_model_bytes(store_a, job_a) == final_model_bytes(store_b, job_b)
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tmp_path_factory):
+    return run_reference(tmp_path_factory.mktemp("fsdp-reference"), FSDP)
+
+
+def test_sigkilled_twice_and_a_corrupt_shard_resume_bit_exact(tmp_path, fsdp_reference):
+    """`baton run` of 2 sharded ranks: SIGKILLed whole mid-epoch; resumed, rank 1 alone SIGKILLed
+    mid-epoch (rank 0 names it and exits); then one shard of the latest checkpoint corrupted: the
+    whole checkpoint is refused and the one before it resumed. The run ends equal, tensor for
+    tensor, to the uninterrupted one, and its consolidated weights load into the plain model in a
+    process without torch.distributed."""
+    spec_path = write_spec(tmp_path, FSDP)
+    store = FileStore(tmp_path / "store")
+    run = ["run", str(spec_path), "--id", "cut", "--storage", store.url]
+
+    first = kill_when(start_baton(*run, log=tmp_path / "1.log"), store, "cut", mid_epoch_after_two_checkpoints())
+    first_step = first["checkpoints"][-1]["step"]
+    assert first["checkpoints"][-1]["files"] is not None
+
+    log = tmp_path / "2.log"
+    proc = start_baton(*run, log=log)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        latest = read_manifest(store, "cut")["checkpoints"][-1]
+        if latest["step"] > first_step + 3 and latest["kind"] == "step" and latest["batch_in_epoch"] > 0:
+            break
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.01)
+    rank1 = int(re.search(r"ranks 1\.\.1 are pids (\d+)", log.read_text())[1])
+    os.kill(rank1, signal.SIGKILL)
+    assert proc.wait(timeout=30) == 1, log.read_text()
+    assert f"resuming cut from step {first_step}" in log.read_text()
+    assert "RankLost: rank 1 killed by SIGKILL" in log.read_text()
+
+    manifest = read_manifest(store, "cut")
+    latest, before = manifest["checkpoints"][-1], manifest["checkpoints"][-2]
+    shard = next(f["key"] for f in latest["files"] if f["key"].endswith("__1_0.distcp"))
+    path = tmp_path / "store" / shard
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    lines: list[str] = []
+
+    class Logged(LoopControl):
+        def log(self, message: str) -> None:
+            lines.append(message)
+
+    attempt = manifest["attempt"] + 1
+    result = run_attempt(JobSpec.parse(FSDP), "cut", store, attempt, Logged(), allowed_prefixes=("tests",))
+    assert result.outcome.completed and result.resumed_from_step == before["step"]
+    assert any("__1_0.distcp: sha256 does not match the manifest" in line for line in lines), lines
+    assert_same_sharded_training(fsdp_reference, "reference", store, "cut", tmp_path)
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(final_model_bytes(store, "cut"))
+    check = ("import sys, safetensors.torch, torch.distributed as dist; from baton.workers.training.builtins.models "
+             "import mlp; m = mlp(in_features=2, hidden=32, out_features=3, dropout=0.0); "
+             "m.load_state_dict(safetensors.torch.load_file(sys.argv[1])); assert not dist.is_initialized(); "
+             "print('loaded', sum(p.numel() for p in m.parameters()))")
+    loaded = subprocess.run([sys.executable, "-c", check, str(weights)], capture_output=True, text=True, cwd=REPO)
+    assert loaded.returncode == 0 and "loaded" in loaded.stdout, loaded.stderr  # strict: every key, full shapes
+
+
+def test_fsdp_and_ddp_agree_on_every_validation(tmp_path, fsdp_reference):
+    """The same global batches under ddp (gradients all-reduced, whole optimizer on each rank) and fsdp
+    (reduce-scattered, each rank stepping its shard): only the summation order differs."""
+    ddp = run_reference(tmp_path, {**FSDP, "resources": {**FSDP["resources"], "strategy": "ddp"}}, "ddp")
+    sharded, replicated = metrics_rows(fsdp_reference, "reference"), metrics_rows(ddp, "ddp")
+    assert [r["step"] for r in sharded] == [r["step"] for r in replicated] == [12, 24, 36]
+    for a, b in zip(sharded, replicated):
+        for key in ("val_loss", "train_loss"):
+            assert abs(a[key] - b[key]) <= 1e-3 * abs(b[key]), (key, a, b)
+    assert sharded[-1]["train_loss"] < 0.95 * sharded[0]["train_loss"]  # it learns
