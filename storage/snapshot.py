@@ -22,6 +22,7 @@ torch.distributed.checkpoint writes.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,12 +117,42 @@ def storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
+class ThreadCopies:
+    """CPU copies running in a thread of their own, with a CUDA event's ``query``/``synchronize``."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]):
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._copy, args=(pairs,), name="baton-snapshot-copy", daemon=True)
+        self._thread.start()
+
+    def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        try:
+            for buf, source in pairs:
+                buf.copy_(source)  # torch releases the GIL while it copies
+        except BaseException as exc:  # raised where the copies are awaited
+            self._error = exc
+
+    def query(self) -> bool:
+        return not self._thread.is_alive()
+
+    def synchronize(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 class HostSnapshot:
     """``shared``: allocate the buffers there (files another process maps: shared_buffers.py);
-    None: private host memory, pinned when ``pin_memory`` and CUDA is available."""
+    None: private host memory, pinned when ``pin_memory`` and CUDA is available.
+    ``overlap_on_cpu``: with ``stable``, CPU tensors in it are copied by a thread (``ThreadCopies``)
+    while the loop goes on, as CUDA ones are on a side stream (a sharded job's checkpointer)."""
 
-    def __init__(self, pin_memory: bool = False, shared: Optional["SharedBuffers"] = None):
+    def __init__(self, pin_memory: bool = False, shared: Optional["SharedBuffers"] = None,
+                 overlap_on_cpu: bool = False):
         self.pin_memory = pin_memory and torch.cuda.is_available() and shared is None
+        self.overlap_on_cpu = overlap_on_cpu
+        self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._cpu_stable: Collection[int] = ()
         self.shared = shared
         self._buffers: dict[str, torch.Tensor] = {}
         self._copied_from_cuda = False
@@ -148,9 +179,14 @@ class HostSnapshot:
             if self._side_stream is None:
                 self._side_stream = torch.cuda.Stream()
             self._side_stream.wait_stream(current)  # copy the values after everything queued so far
+        self._cpu_stable = stable if stable is not None and self.overlap_on_cpu else ()
+        self._deferred = []
         with _intra_op_threads(copy_threads()):
             copy = self._walk(state, "")
         self.copies = Copies()
+        if self._deferred:
+            self.copies.side = self._side_pending = ThreadCopies(self._deferred)
+            self._deferred = []
         if self._copied_from_cuda and not overlap:
             torch.cuda.current_stream().synchronize()
         elif self._copied_from_cuda:
@@ -203,7 +239,9 @@ class HostSnapshot:
             self._buffers[path] = buf
         non_blocking = tensor.is_cuda and buf.is_pinned()
         source = tensor.detach()
-        if tensor.is_cuda and self._stable and storage_key(tensor) in self._stable:
+        if not tensor.is_cuda and self._cpu_stable and storage_key(tensor) in self._cpu_stable:
+            self._deferred.append((buf, source))  # copied by a thread (ThreadCopies) once the walk is done
+        elif tensor.is_cuda and self._stable and storage_key(tensor) in self._stable:
             with torch.cuda.stream(self._side_stream):
                 buf.copy_(source, non_blocking=non_blocking)
             source.record_stream(self._side_stream)  # its memory is not reused before the copy ran

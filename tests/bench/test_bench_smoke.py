@@ -67,3 +67,22 @@ def test_each_ablation_variant_runs_the_spiral_job(variant, tmp_path):
     assert any((attempt / "logs").glob("*.log")) == (variant != "no-job-log")
     # TensorBoard rows are written once a commit covers them: none without checkpoints either
     assert any((attempt / "tensorboard").glob("events.*")) == (variant in ("baton", "per-sample", "no-job-log"))
+
+
+def test_sharded_checkpoint_bench_runs_every_mode(tmp_path):
+    """bench/sharded_checkpoint.py on a tiny model: 2 ranks per mode, every mode's checkpoints taken."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "sharded.json"
+    script = Path(__file__).resolve().parents[2] / "bench" / "sharded_checkpoint.py"
+    done = subprocess.run([sys.executable, str(script), "--steps", "4", "--every", "2", "--width", "64", "--layers", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"none", "baton", "dcp_async", "dcp_sync"}
+    assert rows["none"]["taken"] == 0 and rows["dcp_sync"]["taken"] == 2
+    assert rows["baton"]["taken"] + rows["baton"]["skipped"] == 2
+    assert 1.0 <= rows["baton"]["buffers_vs_shard"] < 1.5  # the shard, its RNG and progress: never the whole model

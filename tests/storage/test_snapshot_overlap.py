@@ -86,6 +86,28 @@ def test_on_the_cpu_a_stable_take_is_the_same_synchronous_copy():
     assert snapshot.take(_state(model, optimizer), stable)["model"]["0.weight"].data_ptr() == first  # reused
 
 
+def test_with_overlap_on_cpu_a_thread_copies_the_stable_tensors_while_the_loop_goes_on():
+    """A sharded job's snapshot: the parameters and optimizer state are copied by a thread; the
+    buffers (BatchNorm's running statistics: a forward writes them) at once. Once the loop has waited
+    (before its optimizer step), the copy is the state at the take, whatever the loop did meanwhile."""
+    model, optimizer = _model_and_optimizer()
+    stable = stable_storages(SimpleNamespace(model=model, optimizer=optimizer))
+    snapshot = HostSnapshot(overlap_on_cpu=True)
+    expected = _clone(_state(model, optimizer))
+    big = torch.randn(20_000_000)  # ~80 MB
+    big_then = big.clone()
+    copy = snapshot.take({**_state(model, optimizer), "big": big}, stable | {storage_key(big)})
+    assert snapshot.copies.side is not None  # a thread copies them
+    assert torch.equal(copy["model"]["1.running_mean"], expected["model"]["1.running_mean"])  # not deferred
+    model(torch.randn(4, 8))  # a forward, as the loop's next one: writes the running statistics only
+    snapshot.wait_for_side_copies()
+    assert snapshot.copies.side.query()
+    _train_step(model, optimizer, "cpu")  # now the optimizer may step
+    big.add_(1.0)
+    _assert_equal({k: v for k, v in copy.items() if k != "big"}, expected)
+    assert torch.equal(copy["big"], big_then)
+
+
 @pytest.mark.gpu
 def test_side_stream_copy_overlaps_forward_backward_and_is_exact():
     model, optimizer = _model_and_optimizer("cuda")

@@ -8,8 +8,9 @@ A checkpoint, on every rank:
    waits for it. The model's buffers (not sharded) are made rank 0's, as DDP does, so that the one
    copy DCP keeps is every rank's. Then the host copy of this rank's shard of the model and
    optimizer state and of its own state (``HostSnapshot``: buffers reused from one checkpoint to
-   the next, pinned on CUDA, where the copy of the parameters and optimizer state overlaps the next
-   forward and backward). Host memory: about one rank's shard.
+   the next, pinned on CUDA). The copy of the parameters' and the optimizer state's shards overlaps
+   the next forward and backward (a CUDA side stream, or a thread on the CPU), and the loop waits
+   for it, if at all, just before the next optimizer step. Host memory: about one rank's shard.
 2. **In a background thread**: ``torch.distributed.checkpoint.save`` of the host copy into this
    rank's spool (DCP's planning exchanges the ranks' plans on a gloo group of its own, never the
    loop's), the rank's own file, then each file's sha256 and upload under the attempt's keys.
@@ -65,7 +66,7 @@ class ShardedCheckpointer:
         self.upload_retry_s = upload_retry_s
         self.totals = CheckpointerTotals()
         self._spool = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
-        self._snapshot = HostSnapshot(pin_memory=parts.device.type == "cuda")
+        self._snapshot = HostSnapshot(pin_memory=parts.device.type == "cuda", overlap_on_cpu=True)
         self._inflight: Optional[tuple[Future, CheckpointStats]] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()
@@ -89,8 +90,7 @@ class ShardedCheckpointer:
         own = own_state(capture())
         own["config"] = {**own["config"], "processes": self.group.world_size, "strategy": "fsdp"}
         state = {**sharded_parts(self.parts), "own": own}
-        overlap = self._stable_keys(state) if self.parts.device.type == "cuda" else None
-        snapshot = self._snapshot.take(state, overlap)
+        snapshot = self._snapshot.take(state, self._stable_keys(state))
         stats = CheckpointStats(self.paths.checkpoint_dir(request.step), request.kind, time.perf_counter() - started)
         self.stall_s.append(stats.stall_s)
         self.totals.taken += 1
@@ -192,7 +192,7 @@ class ShardedCheckpointer:
         def put() -> None:
             if self._cancelled.is_set():
                 raise CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
-            self.store.put_file(key, path)
+            self.store.put_file(key, path, consume=True)  # a rename on a file:// store: no copy
             stored = self.store.size(key)
             if stored != size:
                 raise TransientError(f"{key}: stored {stored} bytes, wrote {size}")

@@ -45,6 +45,8 @@ def optimizer_step_norm_tensor(
     scaler.unscale_(optimizer)
     limit = max_grad_norm if max_grad_norm is not None else math.inf
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
+    if hasattr(norm, "full_tensor"):  # sharded gradients (fsdp): the global norm, replicated on every rank
+        norm = norm.full_tensor()
     scaler.step(optimizer)
     scaler.update()
     return norm

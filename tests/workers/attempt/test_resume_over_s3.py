@@ -39,6 +39,24 @@ def setup(tmp_path, s3_bucket, s3_env, proxy):
     return write_spec(tmp_path, SPEC), url, open_store(url), env
 
 
+def freeze_when(proc, proxy, store, log, ready) -> dict:
+    """Hold the job's storage requests until one is held while ``ready(its first line, the committed
+    manifest)``: the job is then frozen (it cannot commit or finish) with that manifest, which is
+    returned; the proxy is left holding."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        proxy.set("hold")  # the next request starts and cannot finish: commits are frozen
+        while not proxy.held_starts:
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.001)
+        manifest = read_manifest(store, "cut")
+        if manifest and ready(proxy.held_starts[0], manifest):
+            return manifest
+        proxy.set("pass")
+        time.sleep(0.005)
+
+
 def _resumed_from(stdout: str) -> tuple[int, int]:
     match = re.search(r"resuming \S+ from step (\d+) \(epoch \d+, batch (\d+)\)", stdout)
     assert match, stdout
@@ -50,18 +68,9 @@ def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(setup, reference, pr
 
     proc = start_baton("run", str(spec), "--id", "cut", "--storage", url, env=env, log=tmp_path / "cut.log")
     ready = mid_epoch_after_two_checkpoints()
-    deadline = time.monotonic() + 120
-    while True:
-        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "cut.log").read_text()
-        proxy.set("hold")  # the next request starts and cannot finish: commits are frozen
-        while not proxy.held_starts:
-            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "cut.log").read_text()
-            time.sleep(0.001)
-        first = proxy.held_starts[0]
-        if first.startswith(b"PUT ") and b"/checkpoints/step-" in first and ready(committed := read_manifest(store, "cut")):
-            break  # a checkpoint upload is in flight and the committed latest is mid-epoch
-        proxy.set("pass")
-        time.sleep(0.005)
+    committed = freeze_when(proc, proxy, store, tmp_path / "cut.log",  # a checkpoint upload in flight
+                            lambda first, manifest: first.startswith(b"PUT ") and b"/checkpoints/step-" in first
+                            and ready(manifest))
     kill_when(proc, store, "cut", lambda m: True)
     proxy.set("pass")
     assert committed["checkpoints"][-1]["kind"] == "step" and committed["checkpoints"][-1]["batch_in_epoch"] > 0
@@ -73,15 +82,18 @@ def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(setup, reference, pr
     assert_same_training(reference, "reference", store, "cut")
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(setup, reference, tmp_path):
+def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(setup, reference, proxy, tmp_path):
     spec, url, store, env = setup
     proc = start_baton("run", str(spec), "--id", "cut", "--storage", url, env=env, log=tmp_path / "cut.log")
 
-    def two_committed_mid_epoch(manifest: dict) -> bool:
+    def two_committed_mid_epoch(first: bytes, manifest: dict) -> bool:
         steps = [e for e in manifest["checkpoints"] if e["kind"] == "step"]
         return len(manifest["checkpoints"]) >= 2 and len(steps) >= 2 and manifest["checkpoints"][-1]["kind"] == "step"
 
-    committed = kill_when(proc, store, "cut", two_committed_mid_epoch)
+    # frozen first: unfrozen, a job this fast could finish between two looks at its manifest
+    committed = freeze_when(proc, proxy, store, tmp_path / "cut.log", two_committed_mid_epoch)
+    kill_when(proc, store, "cut", lambda m: True)
+    proxy.set("pass")
     latest, previous = committed["checkpoints"][-1], committed["checkpoints"][-2]
     data = bytearray(store.get_bytes(latest["key"]))
     data[len(data) // 3] ^= 0x01  # one flipped bit

@@ -183,6 +183,31 @@ def test_fsdp_and_ddp_agree_on_every_validation(tmp_path, fsdp_reference):
     sharded, replicated = metrics_rows(fsdp_reference, "reference"), metrics_rows(ddp, "ddp")
     assert [r["step"] for r in sharded] == [r["step"] for r in replicated] == [12, 24, 36]
     for a, b in zip(sharded, replicated):
-        for key in ("val_loss", "train_loss"):
+        for key in ("val_loss", "train_loss", "grad_norm"):  # grad_norm: the global norm, over both shards
             assert abs(a[key] - b[key]) <= 1e-3 * abs(b[key]), (key, a, b)
     assert sharded[-1]["train_loss"] < 0.95 * sharded[0]["train_loss"]  # it learns
+
+
+def test_sigterm_stops_every_rank_at_one_step_and_loses_nothing(tmp_path, fsdp_reference):
+    """SIGTERM to rank 0 alone (the stop flag carries it to rank 1): both ranks stop at the same step
+    and write the one stop checkpoint, whose every rank file is at that step; resumed from it, the
+    run ends equal to the uninterrupted one."""
+    spec_path = write_spec(tmp_path, FSDP)
+    store = FileStore(tmp_path / "store")
+    log = tmp_path / "run.log"
+    proc = start_baton("run", str(spec_path), "--id", "term", "--storage", store.url, log=log)
+    deadline = time.monotonic() + 120
+    while not ((m := read_manifest(store, "term")) and any(e["kind"] == "step" for e in m["checkpoints"])):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 3, log.read_text()  # EXIT_STOPPED: stopped after its checkpoint
+    latest = read_manifest(store, "term")["checkpoints"][-1]
+    assert latest["kind"] == "stop" and latest["files"] is not None
+    directory = download_checkpoint(store, CheckpointEntry(**latest), tmp_path / "stop")
+    assert [read_own(directory, rank)["progress"]["global_step"] for rank in (0, 1)] == [latest["step"]] * 2
+
+    result = run_attempt(JobSpec.parse(FSDP), "term", store, read_manifest(store, "term")["attempt"] + 1, LoopControl(),
+                         allowed_prefixes=("tests",))
+    assert result.outcome.completed and result.resumed_from_step == latest["step"]
+    assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
