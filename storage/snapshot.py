@@ -113,7 +113,9 @@ class Copies:
 
 def storage_key(tensor: torch.Tensor) -> int:
     """What ``stable`` holds for a tensor: its storage's address (views and state_dict aliases of a
-    parameter share it)."""
+    parameter share it); a DTensor's is its local shard's (a DTensor has no storage of its own)."""
+    if DTensor is not None and isinstance(tensor, DTensor):
+        tensor = tensor.to_local()
     return tensor.untyped_storage().data_ptr()
 
 
@@ -185,6 +187,8 @@ class HostSnapshot:
             copy = self._walk(state, "")
         self.copies = Copies()
         if self._deferred:
+            if self._copied_from_cuda:  # one pending copy is waited for: the side stream's or the thread's
+                raise ValueError("overlap_on_cpu takes a state on the CPU (a CUDA state overlaps on a side stream)")
             self.copies.side = self._side_pending = ThreadCopies(self._deferred)
             self._deferred = []
         if self._copied_from_cuda and not overlap:
@@ -213,8 +217,8 @@ class HostSnapshot:
             return obj
         if DTensor is not None and isinstance(obj, DTensor):  # its local shard, in a DTensor of the same layout
             local = self._copy_tensor(obj.to_local(), path)
-            return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False, shape=obj.size(),
-                                      stride=obj.stride())
+            # built as DCP's own staging builds it: from_local would move the host copy back to the mesh's device
+            return DTensor(local, obj._spec, requires_grad=False)
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj, path)
         if isinstance(obj, dict):

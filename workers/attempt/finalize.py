@@ -71,16 +71,20 @@ def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, mode
                           best_key=current.best.key if current.best is not None else None,
                           weights_key=chosen.entry.key if chosen.entry is not None else None, weights_note=chosen.note)
     fence()
+    best_weights = None
     if model is not None:
         last_weights = export_weights(model)
-    else:
-        last_weights = export_state(read_model(store, current.latest, log))
-    best_weights = None
-    if chosen.model is not None and model is None:
-        best_weights = put(own.best_model, export_state(chosen.model))
-    elif chosen.model is not None:  # the training is over: the live model may take the best weights now
-        model.load_state_dict(chosen.model)
-        best_weights = put(own.best_model, export_weights(model))
+        if chosen.model is not None:  # the training is over: the live model may take the best weights now
+            model.load_state_dict(chosen.model)
+            best_weights = put(own.best_model, export_weights(model))
+    else:  # one whole model in memory at a time (and its bytes): the best, then the last unless the same
+        best_bytes = export_state(chosen.model) if chosen.model is not None else None
+        same = chosen.entry is not None and chosen.entry.key == current.latest.key
+        chosen.model = None
+        if best_bytes is not None:
+            best_weights = put(own.best_model, best_bytes)
+        last_weights = best_bytes if same else export_state(read_model(store, current.latest, log))
+        del best_bytes
     final = FinalArtifacts(
         attempt=attempt,
         model=put(own.final_model, last_weights),

@@ -131,12 +131,12 @@ class RankGroup:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
-        control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) if backend == "nccl" else dist.group.WORLD
         group = cls(rank, world_size, device, seed, control, strategy, precision=precision)
         try:
             prove_membership(secret, rank, world_size, control)
             if strategy == "fsdp":  # after the proof: nothing is exchanged with an unproven peer
-                group.checkpoint_group = dist.new_group(backend="gloo")
+                group.checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         except BaseException:
             group.close()
             raise
@@ -207,6 +207,12 @@ class RankGroup:
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.control_group)
         return bool(value.item())
+
+    def max_over_ranks(self, value: int) -> int:
+        """The largest of every rank's ``value`` (every rank calls this at the same point)."""
+        total = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.control_group)
+        return int(total.item())
 
     def sum_over_ranks(self, *values: float) -> list[float]:
         totals = torch.tensor(values, dtype=torch.float64)

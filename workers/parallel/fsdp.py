@@ -34,6 +34,12 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
             if not isinstance(unit, nn.Module) or id(unit) not in owned or unit is model:
                 raise PermanentError(f"{type(model).__name__}.shard_units() must return submodules of the model "
                                      f"(got {type(unit).__name__})")
+        chosen = {id(unit) for unit in units}
+        for unit in units:
+            inner = next((m for m in unit.modules() if m is not unit and id(m) in chosen), None)
+            if inner is not None:
+                raise PermanentError(f"{type(model).__name__}.shard_units(): {type(inner).__name__} is inside "
+                                     f"{type(unit).__name__}, another unit; units may not nest")
     else:
         units = []
         for child in model.children():
@@ -57,17 +63,19 @@ def _without_shared(units: list[nn.Module]) -> list[nn.Module]:
     return [unit for unit in units if all(holders[id(param)] == 1 for param in unit.parameters())]
 
 
-def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """bf16: parameters gathered in bf16 for compute, gradients reduced in fp32; else fp32 throughout."""
+def mixed_precision(precision: str, root: bool = False) -> MixedPrecisionPolicy:
+    """bf16: parameters gathered in bf16 for compute, gradients reduced in fp32, and the root's
+    output cast back to fp32 (the loss is computed in fp32, as autocast would for a loss); else fp32
+    throughout."""
     if precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                    output_dtype=torch.float32 if root else None)
     return MixedPrecisionPolicy()
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> nn.Module:
     """Shard ``model`` in place over ``mesh``: each unit, then the root. Returns it."""
-    policy = mixed_precision(precision)
     for unit in shard_units(model):
-        fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=mixed_precision(precision))
+    fully_shard(model, mesh=mesh, mp_policy=mixed_precision(precision, root=True))
     return model

@@ -66,33 +66,35 @@ class ShardedCheckpointer:
         self.upload_retry_s = upload_retry_s
         self.totals = CheckpointerTotals()
         self._spool = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
-        self._snapshot = HostSnapshot(pin_memory=parts.device.type == "cuda", overlap_on_cpu=True)
+        on_cpu = parts.device.type == "cpu"  # on CUDA the shards' copy overlaps on a side stream instead
+        self._snapshot = HostSnapshot(pin_memory=not on_cpu, overlap_on_cpu=on_cpu)
         self._inflight: Optional[tuple[Future, CheckpointStats]] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()
         self._rows = RowLines()
         self._work = (CommitWork(store, paths, attempt, keep_last, self._spool, upload_retry_s, log, self._gate,
                                  self._cancelled.is_set) if group.rank == 0 else None)
-        self.stall_s: list[float] = []
+        self._last: Optional[CheckpointStats] = None  # the latest checkpoint's stats (its stall may still grow)
 
     # --- called by the training loop -------------------------------------------------------
     def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool,
              stable: Optional[Collection[int]] = None) -> bool:
         """Every rank calls this at the same step (see the module's docstring); False when skipped.
         ``stable`` is ignored: the shards' own storages are the stable ones here."""
+        started = time.perf_counter()
+        # at every due checkpoint, taken or skipped: the buffers' values must not depend on the timing of skips
+        self.group.share_buffers(self.parts.model)
         busy = self._inflight is not None and not self._inflight[0].done()
         if not mandatory and self.group.any_rank(busy):
             self.totals.skipped += 1
             return False
-        started = time.perf_counter()
         self.wait()
-        self.group.share_buffers(self.parts.model)
         own = own_state(capture())
         own["config"] = {**own["config"], "processes": self.group.world_size, "strategy": "fsdp"}
         state = {**sharded_parts(self.parts), "own": own}
         snapshot = self._snapshot.take(state, self._stable_keys(state))
         stats = CheckpointStats(self.paths.checkpoint_dir(request.step), request.kind, time.perf_counter() - started)
-        self.stall_s.append(stats.stall_s)
+        self._last = stats
         self.totals.taken += 1
         future: Future = Future()
         copies = self._snapshot.copies
@@ -102,9 +104,10 @@ class ShardedCheckpointer:
         return True
 
     def before_optimizer_step(self) -> None:
+        """Wait for the shards' copy still running (the stall's second part, counted in its stats)."""
         waited = self._snapshot.wait_for_side_copies()
-        if waited and self._inflight is not None:
-            self._inflight[1].stall_s += waited
+        if waited and self._last is not None:
+            self._last.stall_s += waited
 
     def poll(self) -> None:
         if self._inflight is not None and self._inflight[0].done():
@@ -137,15 +140,21 @@ class ShardedCheckpointer:
         return self.paths.checkpoint_dir(step)
 
     def describe(self) -> str:
-        mean_ms = 1000 * sum(self.stall_s) / len(self.stall_s) if self.stall_s else 0.0
-        return f"{len(self.stall_s)} sharded checkpoints, mean stall {mean_ms:.2f} ms"
+        """This rank's stall per checkpoint (after ``close``: every checkpoint it took)."""
+        stalls = [stats.stall_s for stats in self.totals.done]
+        mean_ms = 1000 * sum(stalls) / len(stalls) if stalls else 0.0
+        return f"{len(stalls)} sharded checkpoints, mean stall {mean_ms:.2f} ms"
 
     # --- the background thread ---------------------------------------------------------------
     def _write(self, snapshot: dict, copies, request: CheckpointRequest, stats: CheckpointStats, future: Future) -> None:
         started = time.perf_counter()
         report: dict[str, Any]
         try:
-            copies.wait_all()
+            try:
+                copies.wait_all()
+            except BaseException:  # still take part in DCP's collectives (with nothing), or the others would hang
+                self._save_shards({}, request)
+                raise
             report = {"files": self._write_own(snapshot, request)}
         except BaseException as exc:  # every rank still reports, so that none waits for it forever
             report = {"error": f"{type(exc).__name__}: {exc}"}
@@ -168,11 +177,7 @@ class ShardedCheckpointer:
     def _write_own(self, snapshot: dict, request: CheckpointRequest) -> list[dict]:
         """DCP's save of the shards (a collective), this rank's own file, each file uploaded; the refs."""
         rank = self.group.rank
-        directory = self._spool / f"step-{request.step}"
-        writer = dcp.FileSystemWriter(str(directory), single_file_per_rank=True, sync_files=False, thread_count=1,
-                                      overwrite=True)
-        dcp.save({"model": snapshot["model"], "optimizer": snapshot["optimizer"]}, storage_writer=writer,
-                 process_group=self.group.checkpoint_group)
+        directory = self._save_shards({"model": snapshot["model"], "optimizer": snapshot["optimizer"]}, request)
         own = unwrap(snapshot["own"])
         if isinstance(own.get(ROWS_KEY), list):
             own[ROWS_KEY] = self._rows.encode(own[ROWS_KEY])
@@ -185,6 +190,14 @@ class ShardedCheckpointer:
                     for path in mine]
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+
+    def _save_shards(self, state: dict, request: CheckpointRequest) -> Path:
+        """DCP's save of ``state`` into this rank's spool: a collective over the checkpoint group."""
+        directory = self._spool / f"step-{request.step}"
+        writer = dcp.FileSystemWriter(str(directory), single_file_per_rank=True, sync_files=False, thread_count=1,
+                                      overwrite=True)
+        dcp.save(state, storage_writer=writer, process_group=self.group.checkpoint_group)
+        return directory
 
     def _upload(self, path: Path, key: str) -> dict:
         size, sha256 = path.stat().st_size, file_sha256(path)
@@ -234,7 +247,9 @@ class ShardedCheckpointer:
                 stats.bytes = sum(int(ref["size"]) for r in reports for ref in r["files"])
                 try:
                     self.on_commit(manifest, stats)
-                finally:
+                except BaseException as exc:  # as AsyncCheckpointer's: the loop sees it at its next wait
+                    future.set_exception(exc)
+                else:
                     future.set_result(None)
 
     def _gate(self, swap: Callable[[], Any]) -> Any:
@@ -248,9 +263,7 @@ class ShardedCheckpointer:
         step modifies them): their device-to-host copy may overlap the next forward and backward."""
         keys = set()
         for part in ("model", "optimizer"):
-            for tensor in _tensors(state[part]):
-                local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-                keys.add(storage_key(local))
+            keys.update(storage_key(tensor) for tensor in _tensors(state[part]))
         buffers = {storage_key(b) for b in self.parts.model.buffers()}  # a forward may write these
         return keys - buffers
 

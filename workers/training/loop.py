@@ -192,7 +192,9 @@ class TrainingLoop:
         p, parts = self.progress, self.parts
         self._absorb_readings()
         self._validating = True
-        values = evaluate(parts.model, parts.data.val_loader(), parts.device, parts.precision, parts.task)
+        loader = parts.data.val_loader()
+        forwards = self.group.max_over_ranks(len(loader)) if self.group is not None and self.group.sharded else None
+        values = evaluate(parts.model, loader, parts.device, parts.precision, parts.task, forwards)
         self._validating = False
         lr = self._lr()
         if kind == "epoch" and parts.scheduler is not None and not parts.spec.scheduler.per_step:

@@ -108,6 +108,11 @@ class BoundTask:
             self._kept = metrics
         return metrics
 
+    def spare_metrics(self, device: torch.device) -> dict[str, Metric]:
+        """Metrics of this task that are never kept nor computed: what a sharded job's rank scores
+        a batch into when it only runs the model to keep its ranks' forwards in step (``evaluate``)."""
+        return {name: metric.to(device) for name, metric in self._fresh_metrics().items()}
+
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         try:
             loss = self.task.loss(model, batch)

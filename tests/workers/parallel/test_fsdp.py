@@ -68,6 +68,10 @@ def test_units_are_the_blocks_and_tied_weights_go_to_the_root():
     named.shard_units = lambda: [nn.Linear(1, 1)]
     with pytest.raises(PermanentError, match="shard_units\\(\\) must return submodules of the model"):
         shard_units(named)
+    nested = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+    nested.shard_units = lambda: [nested[0], nested[0][1]]
+    with pytest.raises(PermanentError, match="Linear is inside Sequential, another unit; units may not nest"):
+        shard_units(nested)
 
 
 def test_fsdp_needs_ranks_and_refuses_fp16():
@@ -211,3 +215,20 @@ def test_sigterm_stops_every_rank_at_one_step_and_loses_nothing(tmp_path, fsdp_r
                          allowed_prefixes=("tests",))
     assert result.outcome.completed and result.resumed_from_step == latest["step"]
     assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
+
+
+def test_ranks_with_uneven_validation_shards_run_the_same_forwards(tmp_path):
+    """33 validation samples on 2 ranks in batches of 16: 17 and 16 samples, 2 batches against 1. Every
+    forward of a sharded model gathers from every rank, so rank 1 runs its batch again, unscored
+    (before, the ranks' collectives crossed: a hang). The scores are those of the whole set: equal
+    to ddp's, which scores the same shards without gathering."""
+    spec = make_spec(data={"kwargs": {"n_per_class": 55}, "batch_size": 16, "val_fraction": 0.2},
+                     model={"kwargs": {"in_features": 2, "hidden": 32, "out_features": 3, "dropout": 0.0}},
+                     loop={"epochs": 1}, checkpoint={"every_steps": None}, scheduler={"name": "none"},
+                     resources={"processes": 2, "strategy": "fsdp"})
+    sharded = metrics_rows(run_reference(tmp_path / "fsdp", spec, "uneven"), "uneven")
+    spec["resources"]["strategy"] = "ddp"
+    replicated = metrics_rows(run_reference(tmp_path / "ddp", spec, "uneven"), "uneven")
+    assert len(sharded) == len(replicated) == 1
+    for key in ("val_loss", "val_accuracy"):
+        assert abs(sharded[0][key] - replicated[0][key]) <= 1e-3 * abs(replicated[0][key]), (key, sharded, replicated)
