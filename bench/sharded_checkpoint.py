@@ -160,7 +160,7 @@ def rank_main(rank: int, args) -> dict:
         buffers = 0
         if checkpointer is not None:
             checkpointer.close()
-            stalls = [stats.stall_s for stats in checkpointer.totals.done]  # the waits before a step included
+            stalls = [stats.stall_s for stats in checkpointer._taken]  # the waits before a step included
             buffers = sum(b.numel() * b.element_size() for b in checkpointer._snapshot._buffers.values())
         if pending is not None:
             pending.result()

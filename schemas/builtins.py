@@ -53,8 +53,10 @@ class DiabetesKwargs(_Kwargs):
 
 
 class StdlibTextKwargs(_Kwargs):
-    part: Literal["train", "val"] = Field(
-        "train", description="train: a stream of windows in a per-epoch seeded order; val: the held-out windows in order.")
+    part: Literal["train", "train_windows", "val"] = Field(
+        "train", description="train: a stream of windows in a per-epoch seeded order; train_windows: the same windows "
+        "as a map-style data set, which baton's loader shuffles (what a job of several ranks needs); val: the held-out "
+        "windows in order.")
     block: int = Field(64, ge=8, le=4096, description="Tokens a model sees (windows are block + 1 bytes).")
     max_bytes: int = Field(2_000_000, ge=10_000, description="Bytes of source read, in sorted file order.")
     val_every: int = Field(20, ge=2, description="Every val_every-th window is validation (never trained on).")

@@ -4,8 +4,9 @@ Each *unit* is sharded on its own and gathered only around its own forward and b
 root takes what is left (as torchtitan's parallelize functions do). The units are:
 
 - what the model's ``shard_units()`` returns (a list of its submodules), when it has that method;
-- else its children that hold parameters, a ``ModuleList``'s or ``ModuleDict``'s own children
-  standing for it (a container has no forward of its own to gather around).
+- else its children that hold parameters, a container's (``ModuleList``, ``ModuleDict``,
+  ``Sequential``: a stack of blocks) own children standing for it (a ``ModuleList`` has no forward
+  to gather around, and a stack gathered whole would hold every block's parameters at once).
 
 A parameter that two units share (tied weights: a language model's head and its token embedding)
 leaves both of them to the root, so that it is gathered once. bf16 goes through FSDP's own
@@ -43,7 +44,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     else:
         units = []
         for child in model.children():
-            if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
                 units.extend(grand for grand in child.children() if _has_parameters(grand))
             elif _has_parameters(child):
                 units.append(child)

@@ -74,7 +74,7 @@ class ShardedCheckpointer:
         self._rows = RowLines()
         self._work = (CommitWork(store, paths, attempt, keep_last, self._spool, upload_retry_s, log, self._gate,
                                  self._cancelled.is_set) if group.rank == 0 else None)
-        self._last: Optional[CheckpointStats] = None  # the latest checkpoint's stats (its stall may still grow)
+        self._taken: list[CheckpointStats] = []  # every checkpoint's stats (the latest's stall may still grow)
 
     # --- called by the training loop -------------------------------------------------------
     def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool,
@@ -94,7 +94,7 @@ class ShardedCheckpointer:
         state = {**sharded_parts(self.parts), "own": own}
         snapshot = self._snapshot.take(state, self._stable_keys(state))
         stats = CheckpointStats(self.paths.checkpoint_dir(request.step), request.kind, time.perf_counter() - started)
-        self._last = stats
+        self._taken.append(stats)
         self.totals.taken += 1
         future: Future = Future()
         copies = self._snapshot.copies
@@ -106,8 +106,8 @@ class ShardedCheckpointer:
     def before_optimizer_step(self) -> None:
         """Wait for the shards' copy still running (the stall's second part, counted in its stats)."""
         waited = self._snapshot.wait_for_side_copies()
-        if waited and self._last is not None:
-            self._last.stall_s += waited
+        if waited and self._taken:
+            self._taken[-1].stall_s += waited
 
     def poll(self) -> None:
         if self._inflight is not None and self._inflight[0].done():
@@ -140,8 +140,8 @@ class ShardedCheckpointer:
         return self.paths.checkpoint_dir(step)
 
     def describe(self) -> str:
-        """This rank's stall per checkpoint (after ``close``: every checkpoint it took)."""
-        stalls = [stats.stall_s for stats in self.totals.done]
+        """This rank's stall per checkpoint taken."""
+        stalls = [stats.stall_s for stats in self._taken]
         mean_ms = 1000 * sum(stalls) / len(stalls) if stalls else 0.0
         return f"{len(stalls)} sharded checkpoints, mean stall {mean_ms:.2f} ms"
 

@@ -62,6 +62,10 @@ class Tied(nn.Module):
 def test_units_are_the_blocks_and_tied_weights_go_to_the_root():
     model = Tied()
     assert shard_units(model) == [model.blocks[0], model.blocks[1], model.norm]  # embed and head share a weight
+    from baton.workers.training.builtins.gpt import char_transformer
+
+    gpt = char_transformer(vocab=20, block=8, width=16, layers=3, heads=2, dropout=0.0)  # blocks: a Sequential
+    assert shard_units(gpt) == [gpt.positions, *gpt.blocks, gpt.norm]
     named = Tied()
     named.shard_units = lambda: [named.blocks[1]]
     assert shard_units(named) == [named.blocks[1]]

@@ -5,7 +5,8 @@ are read in sorted order (so every machine with the same Python reads the same t
 bytes (vocabulary 256), and cut into windows of ``block + 1`` tokens. Every ``val_every``-th
 window (by position, fixed) is validation and never trains.
 
-The training part is an IterableDataset: each pass visits its windows in an order drawn from a
+The training part is an IterableDataset (``part: train_windows`` gives the same windows as a map-style
+data set, for jobs of several ranks): each pass visits its windows in an order drawn from a
 generator seeded by (seed, epoch), which is the data set's own state, as is its position, so
 ``state_dict()`` is all a resume needs (see ``baton.workers.training.streams``). Loader workers take every
 ``num_workers``-th window of that order.
@@ -81,19 +82,21 @@ class TextStream(IterableDataset):
 
 
 class TextWindows(Dataset):
-    """The validation windows, in order."""
+    """The validation windows (or the training ones: ``part: train_windows``), in order."""
 
-    def __init__(self, windows: Windows):
-        self.windows = windows
+    def __init__(self, windows: Windows, starts: list[int]):
+        self.windows, self.starts = windows, starts
 
     def __len__(self) -> int:
-        return len(self.windows.val)
+        return len(self.starts)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return self.windows.window(self.windows.val[index])
+        return self.windows.window(self.starts[index])
 
 
 def stdlib_text(seed: int = 0, **kwargs) -> Dataset:
     k = StdlibTextKwargs.model_validate(kwargs)
     windows = Windows(stdlib_bytes(k.max_bytes), k.block, k.val_every)
-    return TextWindows(windows) if k.part == "val" else TextStream(windows, seed)
+    if k.part == "val":
+        return TextWindows(windows, windows.val)
+    return TextWindows(windows, windows.train) if k.part == "train_windows" else TextStream(windows, seed)
