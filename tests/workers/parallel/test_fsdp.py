@@ -236,3 +236,58 @@ def test_ranks_with_uneven_validation_shards_run_the_same_forwards(tmp_path):
     assert len(sharded) == len(replicated) == 1
     for key in ("val_loss", "val_accuracy"):
         assert abs(sharded[0][key] - replicated[0][key]) <= 1e-3 * abs(replicated[0][key]), (key, sharded, replicated)
+
+
+@pytest.mark.gpu
+def test_a_cuda_shard_is_snapshot_to_pinned_host_memory_while_the_next_step_runs(tmp_path):
+    """One NCCL rank (a world of 1) on a GPU: the snapshot of its DTensor shards holds pinned host tensors
+    (never copied back to the GPU), equal to the shards at the take after the next forward and backward
+    have run over the side-stream copy, and the loop's wait before the optimizer step."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from baton.storage.snapshot import HostSnapshot, storage_key
+    from baton.workers.parallel.fsdp import shard_model
+    from baton.workers.parallel.sharded_state import sharded_parts
+
+    dist.init_process_group("nccl", store=dist.FileStore(str(tmp_path / "rendezvous"), 1), rank=0, world_size=1)
+    try:
+        torch.cuda.set_device(0)
+        model = shard_model(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)).cuda(),
+                            init_device_mesh("cuda", (1,)), "bf16")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def forward_backward():
+            optimizer.zero_grad(set_to_none=True)
+            model(torch.randn(64, 256, device="cuda")).pow(2).mean().backward()
+
+        forward_backward()
+        optimizer.step()
+        state = sharded_parts(SimpleNamespace(model=model, optimizer=optimizer))
+        expected = {name: t.to_local().detach().cpu().clone() for name, t in state["model"].items()}
+        snapshot = HostSnapshot(pin_memory=True)
+        copy = snapshot.take(state, {storage_key(t) for t in state["model"].values()})
+        forward_backward()  # overlaps the side-stream copy
+        snapshot.wait_for_side_copies()  # what the loop does before the optimizer step
+        optimizer.step()
+        snapshot.copies.wait_all()  # what the background thread does before DCP's save
+        for name, tensor in copy["model"].items():
+            local = tensor.to_local()
+            assert local.device.type == "cpu" and local.is_pinned(), name
+            assert torch.equal(local, expected[name]), name
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_two_ranks_on_two_gpus_train_sharded_with_nccl_in_bf16(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    spec = {**FSDP, "loop": {**FSDP["loop"], "precision": "bf16", "epochs": 2},
+            "resources": {**FSDP["resources"], "device": "cuda"}}
+    store = run_reference(tmp_path, spec, "gpu")
+    final = sharded_final(store, "gpu", tmp_path)
+    assert final["ranks"][0]["config"]["device_type"] == "cuda" and final["ranks"][1]["rng"]["cuda"]
+    assert all(t.dtype == torch.float32 for t in final["sharded"]["model"].values())  # bf16 compute, fp32 masters
