@@ -291,3 +291,27 @@ def test_two_ranks_on_two_gpus_train_sharded_with_nccl_in_bf16(tmp_path):
     final = sharded_final(store, "gpu", tmp_path)
     assert final["ranks"][0]["config"]["device_type"] == "cuda" and final["ranks"][1]["rng"]["cuda"]
     assert all(t.dtype == torch.float32 for t in final["sharded"]["model"].values())  # bf16 compute, fp32 masters
+
+
+@pytest.mark.slow
+def test_a_worker_holding_a_sharded_job_sigkilled_the_next_resumes_it_bit_exact(cluster, fsdp_reference, tmp_path):
+    """Through `baton worker` processes over S3: the holder's worker process SIGKILLed mid-epoch (its rank
+    dies with it); the other worker resumes the job from the sharded checkpoint, and it ends equal to the
+    uninterrupted run, tensor for tensor, with no rank left running."""
+    from tests.workers.parallel.test_ddp import alive
+    from tests.workers.parallel.test_ddp_workers import rank_pids, sigkill_worker_pid_when
+    from tests.workers.queue.test_worker_loss import running_at_step, wait_for
+
+    cluster.start_workers(2)
+    job = cluster.client.submit(FSDP, "sharded")
+    holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
+    ranks = wait_for(lambda: rank_pids(holder), timeout=30)
+    committed = sigkill_worker_pid_when(holder, cluster.store(), "sharded", mid_epoch_after_two_checkpoints())
+    assert committed["checkpoints"][-1]["files"] is not None
+    wait_for(lambda: not any(alive(pid) for pid in ranks), timeout=10)
+
+    final = job.wait(timeout=180, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert (final.attempt, final.lost, final.resumed_from) == (2, 1, committed["checkpoints"][-1]["step"])
+    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "sharded", tmp_path)
+    assert not any(alive(pid) for pid in rank_pids(cluster.worker(final.worker)))
