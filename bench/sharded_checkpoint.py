@@ -88,6 +88,7 @@ def rank_main(rank: int, args) -> dict:
     from baton.workers.parallel.rendezvous import open_store
     from baton.workers.parallel.sharded_checkpoint import ShardedCheckpointer
     from baton.workers.parallel.sharded_state import sharded_parts
+    from baton.workers.training.batches import tensors
     from baton.workers.training.progress import Progress
 
     torch.set_num_threads(args.threads)
@@ -117,7 +118,7 @@ def rank_main(rank: int, args) -> dict:
         checkpointer = None
         train_step(-1)  # optimizer state exists: every checkpoint holds it
         shard_bytes = sum(t.to_local().numel() * t.element_size() for part in sharded_parts(parts).values()
-                          for t in _tensors(part) if isinstance(t, DTensor))
+                          for t in tensors(part) if isinstance(t, DTensor))
         store = FileStore(root / f"store-{mode}")
         if mode == "baton":
             checkpointer = ShardedCheckpointer(group, parts, store, JobPaths(f"bench-{mode}"), 1, keep_last=2,
@@ -172,19 +173,8 @@ def rank_main(rank: int, args) -> dict:
         results[mode] = {"steps_per_s": args.steps / elapsed, "stall_median_s": statistics.median(stalls) if stalls else 0.0,
                          "stall_max_s": max(stalls) if stalls else 0.0, "taken": taken, "skipped": skipped,
                          "shard_bytes": shard_bytes, "extra_rss_bytes": extra, "buffer_bytes": buffers}
-        del model, optimizer, parts, checkpointer
     group.close()
     return results
-
-
-def _tensors(obj):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
 
 
 def main() -> None:

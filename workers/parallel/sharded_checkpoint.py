@@ -47,6 +47,7 @@ from baton.storage.commit_work import CheckpointRequest, CommitWork
 from baton.storage.layout import JobPaths
 from baton.storage.retry import retry_transient
 from baton.storage.snapshot import HostSnapshot, storage_key, unwrap
+from baton.workers.training.batches import tensors
 from baton.workers.training.components import Components
 
 from .sharded_state import own_state, rank_file, sharded_parts
@@ -263,17 +264,7 @@ class ShardedCheckpointer:
         step modifies them): their device-to-host copy may overlap the next forward and backward."""
         keys = set()
         for part in ("model", "optimizer"):
-            keys.update(storage_key(tensor) for tensor in _tensors(state[part]))
+            keys.update(storage_key(tensor) for tensor in tensors(state[part]))
         buffers = {storage_key(b) for b in self.parts.model.buffers()}  # a forward may write these
         return keys - buffers
 
-
-def _tensors(obj: Any):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
