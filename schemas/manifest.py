@@ -73,6 +73,17 @@ class FinalArtifacts(BaseModel):
     curves: ObjectRef = Field(description="curves.png.")
 
 
+class Reshard(BaseModel):
+    step: int = Field(description="The step of the checkpoint that was loaded onto another number of ranks.")
+    from_ranks: int = Field(description="Ranks that wrote it.")
+    to_ranks: int = Field(description="Ranks that loaded it (resources.reshard).")
+    attempt: int = Field(description="The attempt that resharded it.")
+
+    def describe(self) -> str:
+        return (f"resharded from {self.from_ranks} to {self.to_ranks} rank(s) at step {self.step}: not bit-exact "
+                f"with a {self.from_ranks}-rank run")
+
+
 class CheckpointManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -87,6 +98,10 @@ class CheckpointManifest(BaseModel):
     metrics: Optional[MetricsRef] = Field(None, description="metrics.jsonl as of the latest checkpoint that carried rows.")
     resumed_from: Optional[int] = Field(None, description="Step the current attempt resumed from; never rotated away.")
     resumed_from_key: Optional[str] = Field(None, description="Object key of that checkpoint.")
+    reshards: list[Reshard] = Field(
+        default_factory=list, description="Where the job's state was loaded onto another number of ranks (a run "
+        "that is not bit-exact with one that kept its count), oldest first; those after the current resume point "
+        "are dropped.")
     completed: bool = Field(False, description="The job finished and its final artifacts are written.")
     final: Optional[FinalArtifacts] = Field(None, description="The final artifacts (set with completed).")
 

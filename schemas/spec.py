@@ -243,7 +243,7 @@ class ResourcesSpec(_Spec):
         1, ge=1, le=64,
         description="Data-parallel ranks on one node (torch.distributed: gloo on cpu, NCCL on cuda, one GPU per rank); "
                     "data.batch_size is per rank, so a step's global batch is processes x batch_size. Part of the "
-                    "reproducible configuration: a job resumes only with the same count.",
+                    "reproducible configuration: a job resumes only with the same count, unless resources.reshard.",
     )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp",
@@ -252,6 +252,14 @@ class ResourcesSpec(_Spec):
                     "ranks (FSDP2's fully_shard, one unit per block: the model's shard_units() if it has one, else "
                     "its children with parameters), bf16 through FSDP's mixed-precision policy, and checkpoints are "
                     "sharded in torch.distributed.checkpoint's format, each rank writing its own shard.",
+    )
+    reshard: bool = Field(
+        False,
+        description="fsdp only: resume from a checkpoint written by another number of ranks (resources.processes "
+                    "changed) instead of refusing. The model and optimizer state are resharded exactly, and the data "
+                    "position continues by global samples consumed: no sample of the interrupted epoch is skipped "
+                    "or served twice. The run is not bit-exact with one that kept its rank count, and says so "
+                    "(the log, the manifest and the report).",
     )
 
 
@@ -311,8 +319,9 @@ class JobSpec(_Spec):
             problems.add("scheduler.name", f"{self.scheduler.name} steps once per epoch; a step-based run (loop.max_steps) "
                                            "needs a per-step schedule: warmup_cosine, constant_warmup, onecycle or none")
         problems.lines.extend(schedule_problems(self.scheduler, self.loop.max_steps))
-        if self.resources.strategy == "fsdp" and self.resources.processes < 2:
-            problems.add("resources.strategy", "fsdp shards over the job's ranks: set resources.processes: 2 or more")
+        if self.resources.reshard and self.resources.strategy != "fsdp":
+            problems.add("resources.reshard", "only sharded checkpoints (resources.strategy: fsdp) can be resharded "
+                                              "onto another number of ranks")
         if self.resources.strategy == "fsdp" and self.loop.precision == "fp16":
             problems.add("loop.precision", "fsdp trains in bf16 or fp32 (fp16's GradScaler would see each rank's "
                                            "shard of the gradients alone); use bf16")

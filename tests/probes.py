@@ -5,6 +5,7 @@ Specs name them as ``tests.probes:NAME`` (the tests allow the ``tests`` prefix).
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -110,6 +111,25 @@ class _Slow(Dataset):
 def slow_spiral(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:
     """The built-in spiral, loading each sample in ``delay_s``: training paced like real data."""
     return _Slow(spiral(seed=seed, **kwargs), delay_s)
+
+
+class _Served(_Slow):
+    """Appends each sample's index, as it is served, to ``served-<pid>`` in ``directory`` (one file per
+    process: each rank's own record)."""
+
+    def __init__(self, base: Dataset, delay_s: float, directory: str):
+        super().__init__(base, delay_s)
+        self.directory = directory
+
+    def __getitem__(self, index: int):
+        with open(os.path.join(self.directory, f"served-{os.getpid()}"), "a") as out:
+            out.write(f"{index}\n")
+        return super().__getitem__(index)
+
+
+def served_spiral(served_dir: str, seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:
+    """slow_spiral that records which samples each process served (``_Served``)."""
+    return _Served(spiral(seed=seed, **kwargs), delay_s, served_dir)
 
 
 def _hang_forever() -> None:

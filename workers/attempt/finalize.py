@@ -69,7 +69,8 @@ def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, mode
     chosen = choose_best_weights(store, current, rows, best["mode"], log)  # never fails the finished job
     report = build_report(paths.job_id, spec, rows, best, resumed_attempts=attempt,
                           best_key=current.best.key if current.best is not None else None,
-                          weights_key=chosen.entry.key if chosen.entry is not None else None, weights_note=chosen.note)
+                          weights_key=chosen.entry.key if chosen.entry is not None else None, weights_note=chosen.note,
+                          reshards=[r.describe() for r in current.reshards])
     fence()
     best_weights = None
     if model is not None:

@@ -95,12 +95,22 @@ def register_spec(store: ObjectStore, paths: JobPaths, spec: JobSpec) -> None:
             pass  # another run stored its spec first: it must be this one
     if store.exists(paths.spec):
         stored = JobSpec.parse(json.loads(store.get_bytes(paths.spec)))
-        if stored.resources.processes != spec.resources.processes:
+        if stored.resources.processes != spec.resources.processes and not spec.resources.reshard:
+            how = (" or set resources.reshard: true to load its sharded checkpoints onto the new count (not "
+                   "bit-exact)") if spec.resources.strategy == "fsdp" else ""
             raise SpecError([f"resources.processes: job {paths.job_id} runs as {stored.resources.processes} process(es); "
-                             f"this spec asks for {spec.resources.processes}. A job resumes only with the same count "
-                             "(each rank's RNG and data share are in its checkpoints); use a new --id"])
-        if stored != spec:
+                             f"this spec asks for {spec.resources.processes}. A job resumes exactly only with the same "
+                             f"count (each rank's RNG and data share are in its checkpoints); use a new --id{how}"])
+        if _resumable_as(stored, spec.resources.reshard) != _resumable_as(spec, spec.resources.reshard):
             raise SpecError([f"spec: job {paths.job_id} already exists with a different spec; use a new --id"])
+
+
+def _resumable_as(spec: JobSpec, any_count: bool) -> JobSpec:
+    """What must stay the same for a run to resume a job: all of its spec but resources.reshard, and with
+    ``any_count`` (a sharded job resharded) its count of ranks. The job's spec.json keeps the spec it was
+    created with."""
+    resources = spec.resources.model_copy(update={"reshard": False, **({"processes": 1} if any_count else {})})
+    return spec.model_copy(update={"resources": resources})
 
 
 def _refuse_if_queued(store: ObjectStore, paths: JobPaths) -> None:

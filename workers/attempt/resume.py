@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from baton.schemas.errors import CheckpointCorrupt, TransientError
-from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
+from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, Reshard
 from baton.storage.artifacts import download_checkpoint
 from baton.storage.base import ObjectStore
 from baton.storage.checkpoint_io import load_bytes
@@ -64,8 +64,9 @@ def _download_sharded(store: ObjectStore, entry: CheckpointEntry, scratch: Optio
 
 
 def pin_resume_point(manifests: ManifestStore, attempt: int, entry: Optional[CheckpointEntry],
-                     log: Callable[[str], None]) -> None:
-    """Record where this attempt resumes from; drop (and delete) the broken entries after it."""
+                     log: Callable[[str], None], reshard: Optional[Reshard] = None) -> None:
+    """Record where this attempt resumes from, and whether it reshards it; drop (and delete) the broken
+    entries after it, and the record of reshards after it (that history is no longer the job's)."""
     dropped: list[CheckpointEntry] = []
 
     def mutate(manifest: CheckpointManifest) -> None:
@@ -78,6 +79,9 @@ def pin_resume_point(manifests: ManifestStore, attempt: int, entry: Optional[Che
         manifest.checkpoints = keep
         manifest.resumed_from = entry.step if entry is not None else None
         manifest.resumed_from_key = entry.key if entry is not None else None
+        manifest.reshards = [r for r in manifest.reshards if entry is not None and r.step < entry.step]
+        if reshard is not None:
+            manifest.reshards.append(reshard)
         if manifest.best is not None and manifest.best.key in {bad.key for bad in dropped}:
             manifest.best = None  # it was the broken one; the resumed tracker names the next best
 

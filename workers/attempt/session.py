@@ -16,7 +16,7 @@ import torch
 
 from baton.jobs.logs import BATON_STREAM
 from baton.schemas.errors import FencedOut, TransientError, formatted_traceback
-from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
+from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, Reshard
 from baton.schemas.spec import JobSpec
 from baton.storage.base import ObjectStore
 from baton.storage import owned_dirs
@@ -27,6 +27,7 @@ from baton.workers.parallel import sharded_state
 from baton.workers.parallel.distributed import RankGroup, check_same_processes
 from baton.workers.parallel.sharded_checkpoint import ShardedCheckpointer
 from baton.workers.parallel.launcher import Ranks, check_devices
+from baton.workers.parallel.reshard import check_reshard, written_by
 from baton.workers.tracking.job_logs import JobLogCapture
 from baton.workers.tracking.mlflow_tracking import MlflowTracker, tracking_uri
 from baton.workers.tracking.tensorboard import TensorBoardTracker, TrackedControl
@@ -183,16 +184,25 @@ def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: i
                       on_commit: Callable[[CheckpointManifest, CheckpointStats], None],
                       upload_retry_s: float) -> AttemptResult:
     state, entry = load_latest_good(store, manifest, control.log, scratch)
-    pin_resume_point(manifests, attempt, entry, control.log)
+    resharding = None
+    if state is not None and SHARDS_KEY in state:  # DCP can load it onto another number of ranks
+        check_reshard(state, spec.resources.processes, spec.resources.reshard)
+        if written_by(state) != spec.resources.processes:
+            resharding = Reshard(step=entry.step, from_ranks=written_by(state), to_ranks=spec.resources.processes,
+                                 attempt=attempt)
+            control.log(resharding.describe())
+    else:
+        check_same_processes(state, spec.resources.processes)
+    pin_resume_point(manifests, attempt, entry, control.log, resharding)
 
-    check_same_processes(state, spec.resources.processes)
-    threads = spec.resources.cpu_threads or (state["config"]["cpu_threads"] if state else default_threads(spec))
+    saved_threads = state["config"]["cpu_threads"] if state is not None and resharding is None else None
+    threads = spec.resources.cpu_threads or saved_threads or default_threads(spec)
     configure(spec.loop.deterministic, threads)
     train = functools.partial(_train, spec, job_id, store, attempt, control, state, entry, threads,
                               allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
                               upload_retry_s=upload_retry_s)
-    if spec.resources.processes == 1:
-        return train(None)
+    if spec.resources.processes == 1 and spec.resources.strategy == "ddp":
+        return train(None)  # (a sharded job of one rank is a group of one: its checkpoints are DCP's)
     shards = state.get(SHARDS_KEY) if state is not None else None
     ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log, shards)
     try:
@@ -248,7 +258,7 @@ def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control
         if state is not None:
             if sharded:
                 loop.progress, loop.best, loop.metrics = sharded_state.restore(parts, Path(state[SHARDS_KEY]), 0,
-                                                                               group.checkpoint_group)
+                                                                               group.world_size, group.checkpoint_group)
             else:
                 loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
                 if group is not None:

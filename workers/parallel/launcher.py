@@ -73,8 +73,9 @@ class Ranks:
                          "directory": str(self.directory)}
             env = {**os.environ, ARGS_ENV: json.dumps(rank_args), rendezvous.SECRET_ENV: self.secret}
             self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env))
-        self.log(f"data-parallel: {world_size} ranks; ranks 1..{world_size - 1} are pids "
-                 f"{', '.join(str(p.pid) for p in self.procs)}")
+        if self.procs:
+            self.log(f"data-parallel: {world_size} ranks; ranks 1..{world_size - 1} are pids "
+                     f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
         self._watchdog.start()
 

@@ -113,7 +113,8 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
         else:
             loop.checkpointer = group.checkpointer(None, parts, paths, lambda: loop.progress)
         if shards is not None:
-            loop.progress, loop.best, loop.metrics = sharded_state.restore(parts, shards, rank, group.checkpoint_group)
+            loop.progress, loop.best, loop.metrics = sharded_state.restore(parts, shards, rank, world_size,
+                                                                           group.checkpoint_group)
         elif state is not None:
             loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
             loop.progress = group.restore(parts, state)

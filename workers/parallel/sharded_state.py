@@ -30,6 +30,8 @@ from baton.workers.training import train_state
 from baton.workers.training.components import Components
 from baton.workers.training.progress import BestTracker, Progress
 
+from . import reshard
+
 SHARDED = ("model", "optimizer")
 """The parts of the state DCP writes; the rest is the rank's own file."""
 
@@ -55,12 +57,21 @@ def read_own(directory: Path, rank: int) -> dict[str, Any]:
     return load_bytes((directory / rank_file(rank)).read_bytes(), where=str(directory / rank_file(rank)))
 
 
-def restore(parts: Components, directory: Path, rank: int, process_group: Any) -> tuple[Progress, BestTracker, list[dict]]:
-    """Load this rank's shards (DCP, a collective over ``process_group``) and its own state."""
+def restore(parts: Components, directory: Path, rank: int, world_size: int,
+            process_group: Any) -> tuple[Progress, BestTracker, list[dict]]:
+    """Load this rank's shards (DCP, a collective over ``process_group``) and its own state. A
+    checkpoint written by another number of ranks (allowed by ``resources.reshard``, checked before)
+    is resharded by DCP, and the ranks' own states are mapped onto this rank (``reshard``)."""
     state = sharded_parts(parts)  # the layout to load into: DCP fills these tensors in place
     dcp.load(state, storage_reader=dcp.FileSystemReader(str(directory)), process_group=process_group)
     set_state_dict(parts.model, parts.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return train_state.restore_loop_state(parts, read_own(directory, rank))
+    first = read_own(directory, 0)
+    written_by = reshard.written_by(first)
+    if written_by == world_size:
+        return train_state.restore_loop_state(parts, read_own(directory, rank) if rank else first)
+    _, best, rows = train_state.restore_loop_state(parts, first)  # what every rank shares: rank 0's
+    owns = [first, *(read_own(directory, old) for old in range(1, written_by))]
+    return reshard.restore_resharded(parts, rank, owns), best, rows
 
 
 def consolidated_model(directory: Path) -> dict[str, torch.Tensor]:

@@ -85,10 +85,11 @@ def _curves(rows: list[dict]) -> str:
 
 def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_attempts: int,
                  best_key: Optional[str] = None, weights_key: Optional[str] = None,
-                 weights_note: Optional[str] = None) -> dict[str, Any]:
+                 weights_note: Optional[str] = None, reshards: Optional[list[str]] = None) -> dict[str, Any]:
     """``best_key``: the object key of the best checkpoint (the manifest's ``best.key``).
     ``weights_key``: the checkpoint whose weights best.safetensors holds (None: there is none);
-    ``weights_note``: why that is not the best checkpoint, when it is not."""
+    ``weights_note``: why that is not the best checkpoint, when it is not. ``reshards``: where the
+    state was loaded onto another number of ranks (the run is then not bit-exact with one that was not)."""
     if not rows:
         raise ValueError("no validation rows: nothing to report")
     by_step = (spec.get("loop") or {}).get("max_steps") is not None
@@ -116,6 +117,7 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
     ]
     if weights_note is not None:
         note.append(f"best weights: {weights_note}")
+    note.extend(reshards or [])
     overfit = _overfitting_from(rows)
     return {
         "job_id": job_id,
@@ -145,5 +147,6 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
             "write_s": sum(r.get("ckpt_write_s", 0.0) for r in rows),
         },
         "attempts": resumed_attempts,
+        "resharded": list(reshards or []),
         "note": note,
     }

@@ -96,10 +96,11 @@ class Components:
     scheduler: Optional[LRScheduler]
     scaler: torch.amp.GradScaler
     precision: Precision
+    run_steps: Optional[int] = None  # the run's optimizer steps where not the spec's (a resharded resume's)
 
     @property
     def total_steps(self) -> Optional[int]:
-        return run_length(self.spec, self.data)
+        return self.run_steps if self.run_steps is not None else run_length(self.spec, self.data)
 
 
 def run_length(spec: JobSpec, data: Union[DataPlan, StreamPlan]) -> Optional[int]:

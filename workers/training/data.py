@@ -192,22 +192,30 @@ class EvalView(SplitView):
             raise
 
 
-class EpochBatches(Sampler[list[int]]):
-    """The batches of one epoch's shuffle, starting at batch ``start``."""
+def pass_batches(n: int, batch_size: int, sample_offset: int = 0) -> int:
+    """Batches of a pass over ``n`` samples whose first ``sample_offset`` (in its order) were consumed before."""
+    return math.ceil((n - sample_offset) / batch_size)
 
-    def __init__(self, n: int, batch_size: int, seed: int, epoch: int, start: int = 0):
+
+class EpochBatches(Sampler[list[int]]):
+    """The batches of one epoch's shuffle, starting at batch ``start``; with ``offset``, the shuffle's
+    first ``offset`` samples were consumed before (in batches of another size: a resharded resume)
+    and the batches cut the rest."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, epoch: int, start: int = 0, offset: int = 0):
         self.n, self.batch_size, self.seed, self.epoch, self.start = n, batch_size, seed, epoch, start
+        self.offset = offset
 
     @property
     def total(self) -> int:
-        return math.ceil(self.n / self.batch_size)
+        return pass_batches(self.n, self.batch_size, self.offset)
 
     def __len__(self) -> int:
         return max(0, self.total - self.start)
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "shuffle", self.epoch))
-        order = torch.randperm(self.n, generator=generator).tolist()
+        order = torch.randperm(self.n, generator=generator).tolist()[self.offset:]
         for b in range(self.start, self.total):
             yield order[b * self.batch_size:(b + 1) * self.batch_size]
 
@@ -262,13 +270,24 @@ class DataPlan:
         return cls(base, loading, train, base, val)
 
     @property
-    def batches_per_pass(self) -> Optional[int]:
-        return math.ceil(len(self.train_indices) / self.loading.spec.batch_size)
+    def global_batch_size(self) -> int:
+        return self.loading.spec.batch_size
 
-    def train_batches(self, epoch: int, start_batch: int = 0) -> DataLoader:
+    @property
+    def train_samples(self) -> int:
+        return len(self.train_indices)
+
+    @property
+    def batches_per_pass(self) -> Optional[int]:
+        return self.pass_batches()
+
+    def pass_batches(self, sample_offset: int = 0) -> int:
+        return pass_batches(self.train_samples, self.global_batch_size, sample_offset)
+
+    def train_batches(self, epoch: int, start_batch: int = 0, sample_offset: int = 0) -> DataLoader:
         seed = self.loading.seed
         view = TrainView(self.base, self.train_indices, seed, epoch)
-        batches = EpochBatches(len(view), self.loading.spec.batch_size, seed, epoch, start_batch)
+        batches = EpochBatches(len(view), self.loading.spec.batch_size, seed, epoch, start_batch, sample_offset)
         return self.loading.loader(view, derive_seed(seed, "loader", epoch), batch_sampler=batches)
 
     def end_pass(self) -> None:

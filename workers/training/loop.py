@@ -105,7 +105,7 @@ class TrainingLoop:
         parts.model.train()
         self._clock, self._samples_timed = time.perf_counter(), 0
         self._exhausted = False
-        for batch in parts.data.train_batches(p.epoch, start_batch=p.batch_in_epoch):
+        for batch in parts.data.train_batches(p.epoch, start_batch=p.batch_in_epoch, sample_offset=p.epoch_sample_offset):
             position, group_size = self._group()
             if position == 0:
                 parts.optimizer.zero_grad(set_to_none=True)
@@ -224,14 +224,20 @@ class TrainingLoop:
     # --- where a step falls ----------------------------------------------------------------
     def _group(self) -> tuple[int, int]:
         """(position of the coming micro-batch in its accumulation group, the group's size)."""
-        p, accum, n = self.progress, self.parts.spec.loop.grad_accum_steps, self.parts.data.batches_per_pass
+        p, accum, n = self.progress, self.parts.spec.loop.grad_accum_steps, self._pass_length()
         if n is None:  # a stream: fixed-size groups, continuing across passes
             return p.micro_step % accum, accum
         group_start = (p.batch_in_epoch // accum) * accum
         return p.batch_in_epoch - group_start, min(accum, n - group_start)
 
+    def _pass_length(self) -> Optional[int]:
+        """Batches in the current pass (None: a stream's, unknown); fewer in a resharded resume's first
+        pass, whose first samples were consumed in batches of another size."""
+        offset = self.progress.epoch_sample_offset
+        return self.parts.data.pass_batches(offset) if offset else self.parts.data.batches_per_pass
+
     def _pass_complete(self) -> bool:
-        n = self.parts.data.batches_per_pass
+        n = self._pass_length()
         return self._exhausted if n is None else self.progress.batch_in_epoch >= n
 
     def _validation_due(self) -> bool:
@@ -245,7 +251,7 @@ class TrainingLoop:
     def _epoch_end_follows(self) -> bool:
         """Whether this step ends an epoch of an epoch-based run: its validation and checkpoint
         come moments later, so neither is taken here."""
-        n = self.parts.data.batches_per_pass
+        n = self._pass_length()
         return self.parts.spec.loop.epochs is not None and n is not None and self.progress.batch_in_epoch >= n
 
     # --- checkpoints -----------------------------------------------------------------------

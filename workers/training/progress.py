@@ -24,6 +24,7 @@ class Progress:
     epoch_grad_norm_sum: float = 0.0
     epoch_grad_norm_max: float = 0.0
     epoch_steps: int = 0  # optimizer steps with a finite gradient norm, this epoch
+    epoch_sample_offset: int = 0  # samples of this pass consumed before its batch 0 (a resharded resume's)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +47,7 @@ class Progress:
     def start_next_pass(self) -> None:
         self.epoch += 1
         self.batch_in_epoch = 0
+        self.epoch_sample_offset = 0
 
     def start_next_interval(self) -> None:
         self.epoch_loss_sum = 0.0

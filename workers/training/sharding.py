@@ -3,19 +3,20 @@
 ``data.batch_size`` is per rank. Every pass's order is drawn identically on every rank from the
 seed and cut into global batches of N x batch_size; rank r takes its contiguous share of each.
 The data position stays (epoch, global batches consumed) and a resumed rank skips consumed
-batches by index. Validation samples are split into N contiguous shards; the task's torchmetrics
+batches by index. A resharded resume (another number of ranks) turns the position into global
+samples consumed (``Progress.epoch_sample_offset``): the rest of that epoch's order is cut into the
+new global batches, so no sample is skipped or served twice. Validation samples are split into N contiguous shards; the task's torchmetrics
 metrics sum their states over ranks on ``compute()``, so validation stays per sample over the
 whole set.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 from baton.schemas.errors import PermanentError
 
-from .data import DataPlan, EpochBatches, TrainView, derive_seed
+from .data import DataPlan, EpochBatches, TrainView, derive_seed, pass_batches
 
 
 def share(batch: list[int], rank: int, world_size: int) -> list[int]:
@@ -38,8 +39,9 @@ def shard_range(n: int, rank: int, world_size: int) -> range:
 class RankBatches(EpochBatches):
     """This rank's share of every global batch of one epoch, from global batch ``start``."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, epoch: int, start: int, rank: int, world_size: int):
-        super().__init__(n, batch_size * world_size, seed, epoch, start)
+    def __init__(self, n: int, batch_size: int, seed: int, epoch: int, start: int, rank: int, world_size: int,
+                 offset: int = 0):
+        super().__init__(n, batch_size * world_size, seed, epoch, start, offset)
         self.rank, self.world_size = rank, world_size
 
     def __iter__(self):
@@ -56,13 +58,25 @@ class ShardedPlan:
     world_size: int
 
     @property
-    def batches_per_pass(self) -> Optional[int]:
-        return math.ceil(len(self.plan.train_indices) / (self.plan.loading.spec.batch_size * self.world_size))
+    def global_batch_size(self) -> int:
+        return self.plan.loading.spec.batch_size * self.world_size
 
-    def train_batches(self, epoch: int, start_batch: int = 0):
+    @property
+    def train_samples(self) -> int:
+        return self.plan.train_samples
+
+    @property
+    def batches_per_pass(self) -> Optional[int]:
+        return self.pass_batches()
+
+    def pass_batches(self, sample_offset: int = 0) -> int:
+        return pass_batches(self.train_samples, self.global_batch_size, sample_offset)
+
+    def train_batches(self, epoch: int, start_batch: int = 0, sample_offset: int = 0):
         plan, seed = self.plan, self.plan.loading.seed
         view = TrainView(plan.base, plan.train_indices, seed, epoch)
-        batches = RankBatches(len(view), plan.loading.spec.batch_size, seed, epoch, start_batch, self.rank, self.world_size)
+        batches = RankBatches(len(view), plan.loading.spec.batch_size, seed, epoch, start_batch, self.rank,
+                              self.world_size, sample_offset)
         loader_seed = derive_seed(seed, "loader", epoch) if self.rank == 0 else derive_seed(seed, "loader", epoch, self.rank)
         return plan.loading.loader(view, loader_seed, batch_sampler=batches)
 

@@ -57,7 +57,8 @@ class StreamPlan:
     def batches_per_pass(self) -> Optional[int]:
         return None
 
-    def train_batches(self, epoch: int, start_batch: int = 0) -> StatefulDataLoader:
+    def train_batches(self, epoch: int, start_batch: int = 0, sample_offset: int = 0) -> StatefulDataLoader:
+        """(``sample_offset`` is a map-style plan's; a stream's position is its loader state.)"""
         dataset = copy.deepcopy(self.base)
         if callable(getattr(dataset, "set_epoch", None)):
             dataset.set_epoch(epoch)

@@ -78,10 +78,11 @@ def test_units_are_the_blocks_and_tied_weights_go_to_the_root():
         shard_units(nested)
 
 
-def test_fsdp_needs_ranks_and_refuses_fp16():
+def test_fsdp_refuses_fp16_and_only_fsdp_reshards():
     assert JobSpec.parse(make_spec()).resources.strategy == "ddp"
-    with pytest.raises(SpecError, match="fsdp shards over the job's ranks: set resources.processes: 2 or more"):
-        JobSpec.parse(make_spec(resources={"strategy": "fsdp"}))
+    assert JobSpec.parse(make_spec(resources={"strategy": "fsdp"})).resources.processes == 1  # a group of one
+    with pytest.raises(SpecError, match="only sharded checkpoints .* can be resharded"):
+        JobSpec.parse(make_spec(resources={"processes": 2, "reshard": True}))
     with pytest.raises(SpecError, match="fsdp trains in bf16 or fp32"):
         JobSpec.parse(make_spec(resources={"strategy": "fsdp", "processes": 2, "device": "cuda"},
                                 loop={"precision": "fp16"}))
