@@ -201,25 +201,45 @@ def test_sigterm_stops_every_rank_at_one_step_and_loses_nothing(tmp_path, fsdp_r
     """SIGTERM to rank 0 alone (the stop flag carries it to rank 1): both ranks stop at the same step
     and write the one stop checkpoint, whose every rank file is at that step; resumed from it, the
     run ends equal to the uninterrupted one."""
-    spec_path = write_spec(tmp_path, FSDP)
+    store = stop_and_resume(tmp_path, FSDP, "term")
+    assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
+
+
+def test_bf16_with_gradient_accumulation_resumes_bit_exact(tmp_path):
+    """bf16 through FSDP's mixed-precision policy, 2 micro-batches per step, clipping on the global
+    norm: stopped mid-epoch and resumed, equal to the uninterrupted run tensor for tensor."""
+    spec = {**FSDP, "loop": {**FSDP["loop"], "precision": "bf16", "grad_accum_steps": 2, "epochs": 2},
+            "checkpoint": {**FSDP["checkpoint"], "every_steps": 2}}
+    reference = run_reference(tmp_path / "reference", spec)
+    store = stop_and_resume(tmp_path, spec, "bf16")
+    assert_same_sharded_training(reference, "reference", store, "bf16", tmp_path)
+    rows = metrics_rows(store, "bf16")
+    assert [r["step"] for r in rows] == [6, 12]  # 12 global batches a pass, 2 per step
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"] and all(0 < r["grad_norm"] < 100 for r in rows)
+
+
+def stop_and_resume(tmp_path: Path, spec: dict, job_id: str) -> FileStore:
+    """``spec`` run by `baton run`, SIGTERMed once a periodic checkpoint is committed: it stops after
+    a stop checkpoint whose every rank file is at its step; then resumed from it to the end."""
+    spec_path = write_spec(tmp_path, spec)
     store = FileStore(tmp_path / "store")
     log = tmp_path / "run.log"
-    proc = start_baton("run", str(spec_path), "--id", "term", "--storage", store.url, log=log)
+    proc = start_baton("run", str(spec_path), "--id", job_id, "--storage", store.url, log=log)
     deadline = time.monotonic() + 120
-    while not ((m := read_manifest(store, "term")) and any(e["kind"] == "step" for e in m["checkpoints"])):
+    while not ((m := read_manifest(store, job_id)) and any(e["kind"] == "step" for e in m["checkpoints"])):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 3, log.read_text()  # EXIT_STOPPED: stopped after its checkpoint
-    latest = read_manifest(store, "term")["checkpoints"][-1]
+    latest = read_manifest(store, job_id)["checkpoints"][-1]
     assert latest["kind"] == "stop" and latest["files"] is not None
     directory = download_checkpoint(store, CheckpointEntry(**latest), tmp_path / "stop")
     assert [read_own(directory, rank)["progress"]["global_step"] for rank in (0, 1)] == [latest["step"]] * 2
 
-    result = run_attempt(JobSpec.parse(FSDP), "term", store, read_manifest(store, "term")["attempt"] + 1, LoopControl(),
-                         allowed_prefixes=("tests",))
+    result = run_attempt(JobSpec.parse(spec), job_id, store, read_manifest(store, job_id)["attempt"] + 1,
+                         LoopControl(), allowed_prefixes=("tests",))
     assert result.outcome.completed and result.resumed_from_step == latest["step"]
-    assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
+    return store
 
 
 def test_ranks_with_uneven_validation_shards_run_the_same_forwards(tmp_path):
