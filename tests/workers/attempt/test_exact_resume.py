@@ -9,8 +9,12 @@ from tests.helpers import (assert_same_training, kill_when, make_spec, mid_epoch
                            run_reference, start_baton, write_spec)
 
 CASES = {
-    # dropout, OneCycle (per-step scheduler), gradient accumulation with a partial last group
-    "mlp-dropout-onecycle-accum3": make_spec(loop={"grad_accum_steps": 3}),
+    # dropout, OneCycle (per-step scheduler), gradient accumulation with a partial last group; the data
+    # paced (1 ms a sample) so that a step checkpoint stays the latest for a while: 3 steps of a loaded
+    # machine's unpaced run could pass between it and the epoch's checkpoint before a poll saw it
+    "mlp-dropout-onecycle-accum3": make_spec(loop={"grad_accum_steps": 3},
+                                             data={"target": "tests.probes:slow_spiral", "kwargs": {
+                                                 "n_per_class": 300, "delay_s": 0.001}}),
     # BatchNorm + Dropout on real data, cosine (per-epoch scheduler), SGD with momentum
     "cnn-batchnorm-digits": make_spec(
         model={"target": "builtin:cnn", "kwargs": {"channels": 8}},
