@@ -40,3 +40,19 @@ def queue_workers(queue: str) -> str:
     """Sorted set of the workers serving ``queue``, each scored by the Redis time (s) its announcement
     lapses at: a worker that stops announcing (gone, SIGKILLed) drops out by itself."""
     return f"{PREFIX}:queue:{queue}:workers"
+
+
+def gang(job_id: str) -> str:
+    """Hash: the gang of workers forming for, or running, an attempt of a multi-node job; it expires
+    unless its leader renews it (``workers/queue/gang.py``)."""
+    return f"{PREFIX}:job:{job_id}:gang"
+
+
+def gang_member(job_id: str, node: int) -> str:
+    """String: the lease of the worker that joined a job's gang as node ``node`` (1..N-1), with a TTL."""
+    return f"{PREFIX}:job:{job_id}:gang:{node}"
+
+
+def queue_forming(queue: str) -> str:
+    """String ``<job>:<attempt>`` with a TTL: the one gang forming on ``queue`` (none may wait beside it)."""
+    return f"{PREFIX}:queue:{queue}:forming"

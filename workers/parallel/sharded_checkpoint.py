@@ -77,6 +77,9 @@ class ShardedCheckpointer:
                                  self._cancelled.is_set) if group.rank == 0 else None)
         self._taken: list[CheckpointStats] = []  # every checkpoint's stats (the latest's stall may still grow)
 
+    captures_weights = False
+    """The loop's capture leaves out the model and the optimizer: this takes them as shards."""
+
     # --- called by the training loop -------------------------------------------------------
     def save(self, capture: Callable[[], dict[str, Any]], request: CheckpointRequest, mandatory: bool,
              stable: Optional[Collection[int]] = None) -> bool:

@@ -275,8 +275,9 @@ class TrainingLoop:
             metrics_rows=list(self.metrics) if with_metrics else None,
         )
         stable = train_state.stable_storages(self.parts) if self.parts.device.type == "cuda" else None
-        self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads),
-                               request, mandatory=mandatory, stable=stable)
+        weights = getattr(self.checkpointer, "captures_weights", True)  # False: it takes them as shards
+        self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads,
+                                                           weights), request, mandatory=mandatory, stable=stable)
 
     def _checkpoint_costs(self) -> dict:
         self.checkpointer.poll()

@@ -19,13 +19,16 @@ from .components import Components
 from .progress import BestTracker, Progress
 
 
-def capture(parts: Components, progress: Progress, best: BestTracker, metrics: list[dict], cpu_threads: int) -> dict[str, Any]:
+def capture(parts: Components, progress: Progress, best: BestTracker, metrics: list[dict], cpu_threads: int,
+            weights: bool = True) -> dict[str, Any]:
     """The live state (tensors are references: snapshot it before the loop moves on). The metrics
-    rows are wrapped in ``Plain``: the snapshot does not walk them (``baton.storage.snapshot.unwrap``)."""
+    rows are wrapped in ``Plain``: the snapshot does not walk them (``baton.storage.snapshot.unwrap``).
+    Without ``weights``, all but the model and the optimizer (a sharded checkpointer takes those as
+    shards: building their whole state dicts here would only add to the stall)."""
+    state = {"model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict()} if weights else {}
     return {
         "format": FORMAT_VERSION,
-        "model": parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
+        **state,
         "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
         "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
         "rng": rng.capture(parts.device),
