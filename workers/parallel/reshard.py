@@ -13,9 +13,11 @@ tensor comes back exact, cut for the new ranks. What belonged to the old ranks i
 - **RNG**: new rank r takes old rank r's streams; a rank the old run did not have is seeded from
   (seed, step, rank).
 - **A per-step learning-rate schedule of an epoch-based run** changes length (a pass has more or
-  fewer steps): it is rebuilt for the steps left and placed at the same fraction of the schedule
-  (the learning rate continues where it was, and the schedule ends with the run). Per-epoch schedules
-  and step-based runs (``loop.max_steps``) keep theirs as saved.
+  fewer steps): it is rebuilt for the steps left and placed at the same point of its decay (an
+  absolute ``warmup_steps`` keeps its steps), so the learning rate continues where it was and the
+  schedule ends with the run. Its new length travels in later checkpoints (``schedule_steps``), so a
+  later resume, resharded again or not, rebuilds the same schedule. Per-epoch schedules and
+  step-based runs (``loop.max_steps``) keep theirs as saved.
 
 The run is not bit-exact with one that kept its count of ranks (other global batches, other rounding),
 and says so: the log, the manifest's ``reshards`` and the report.
@@ -27,7 +29,7 @@ from typing import Any
 
 from baton.schemas.errors import PermanentError
 from baton.workers.training import rng
-from baton.workers.training.components import Components, build_scheduler
+from baton.workers.training.components import Components
 from baton.workers.training.data import derive_seed, pass_batches
 from baton.workers.training.progress import Progress
 
@@ -74,27 +76,39 @@ def restore_rng(owns: list[dict[str, Any]], parts: Components, rank: int, step: 
         rng.seed_all(derive_seed(parts.spec.seed, "reshard", step, rank))
 
 
+def steps_left(parts: Components, progress: Progress) -> int:
+    """Optimizer steps left in an epoch-based run from ``progress``, at this rank count."""
+    spec, accum = parts.spec, parts.spec.loop.grad_accum_steps
+    return (-(-parts.data.pass_batches(progress.epoch_sample_offset) // accum)
+            + (spec.loop.epochs - progress.epoch - 1) * -(-parts.data.batches_per_pass // accum))
+
+
 def refit_schedule(parts: Components, progress: Progress, old_world: int) -> None:
     """Rebuild a per-step schedule of an epoch-based run for the steps left at the new rank count, at
-    the same fraction of the schedule as the saved one (see the module's docstring)."""
+    the same point of its decay (an absolute warmup keeps its steps), ending with the run; the saved
+    schedule (loaded into ``parts``) says where it was and how long it was."""
     spec = parts.spec
     if parts.scheduler is None or not spec.scheduler.per_step or spec.loop.max_steps is not None:
         return
-    accum = spec.loop.grad_accum_steps
-    old_pass = pass_batches(parts.data.train_samples, spec.data.batch_size * old_world)
-    old_total = spec.loop.epochs * -(-old_pass // accum)
-    done = progress.global_step
-    left = (-(-parts.data.pass_batches(progress.epoch_sample_offset) // accum)
-            + (spec.loop.epochs - progress.epoch - 1) * -(-parts.data.batches_per_pass // accum))
-    fraction = done / old_total
-    position = round(fraction * left / (1.0 - fraction))  # position / (position + left) == fraction
-    scheduler = build_scheduler(parts.optimizer, spec.scheduler, spec.optimizer.lr, spec.loop.epochs, position + left)
+    accum, left = spec.loop.grad_accum_steps, steps_left(parts, progress)
+    at = parts.scheduler.last_epoch
+    length = parts.schedule_steps  # None: written before schedules were refit, at the old count's length
+    if length is None:
+        length = spec.loop.epochs * -(-pass_batches(parts.data.train_samples, spec.data.batch_size * old_world) // accum)
+    warmup = spec.scheduler.warmup_steps if spec.scheduler.name in ("warmup_cosine", "constant_warmup") else None
+    warmup = warmup or 0  # a warmup given as a fraction of the run scales with it
+    if left == 0 or at >= length:
+        return  # nothing left to schedule
+    if at < warmup:
+        position = at  # still warming up: the same step of the same warmup
+    else:
+        decayed = (at - warmup) / (length - warmup)
+        position = warmup + round(decayed * left / (1.0 - decayed))  # (position - warmup) / (total - warmup) == decayed
+    parts.rebuild_schedule(position + left)
     with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": placing it, not stepping
         warnings.simplefilter("ignore", UserWarning)
-        scheduler.last_epoch = position - 1
-        scheduler.step()
-    parts.scheduler = scheduler
-    parts.run_steps = done + left
+        parts.scheduler.last_epoch = position - 1
+        parts.scheduler.step()
 
 
 def restore_resharded(parts: Components, rank: int, owns: list[dict[str, Any]]) -> Progress:
@@ -104,6 +118,8 @@ def restore_resharded(parts: Components, rank: int, owns: list[dict[str, Any]]) 
     if parts.data.state_dict() is not None:  # (a stream cannot be sharded over ranks at all)
         raise PermanentError("a resharded resume needs a map-style data set")
     progress = progress_for(owns, rank, parts.data.train_samples, parts.spec.data.batch_size)
+    if parts.spec.loop.max_steps is None:  # the run's length in steps changes with the global batch
+        parts.run_steps = progress.global_step + steps_left(parts, progress)
     refit_schedule(parts, progress, len(owns))
     restore_rng(owns, parts, rank, progress.global_step)
     return progress

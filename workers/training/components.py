@@ -6,6 +6,7 @@ replace parameter objects, leaving the optimizer updating tensors the model no l
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -97,10 +98,28 @@ class Components:
     scaler: torch.amp.GradScaler
     precision: Precision
     run_steps: Optional[int] = None  # the run's optimizer steps where not the spec's (a resharded resume's)
+    schedule_steps: Optional[int] = None  # a per-step schedule's length where not the run's (the same)
 
     @property
     def total_steps(self) -> Optional[int]:
         return self.run_steps if self.run_steps is not None else run_length(self.spec, self.data)
+
+    @property
+    def schedule_total(self) -> Optional[int]:
+        """The length the per-step schedule was built for."""
+        return self.schedule_steps if self.schedule_steps is not None else run_length(self.spec, self.data)
+
+    def rebuild_schedule(self, total: int) -> None:
+        """Build the schedule again for ``total`` steps, the optimizer's param groups (the learning rate,
+        and momentum where the schedule cycles it) left as they were: a schedule's constructor sets them."""
+        groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": building, not stepping
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler = build_scheduler(self.optimizer, self.spec.scheduler, self.spec.optimizer.lr,
+                                             self.spec.loop.epochs, total)
+        for group, saved in zip(self.optimizer.param_groups, groups):
+            group.update(saved)
+        self.schedule_steps = total
 
 
 def run_length(spec: JobSpec, data: Union[DataPlan, StreamPlan]) -> Optional[int]:

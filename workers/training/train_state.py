@@ -36,7 +36,8 @@ def capture(parts: Components, progress: Progress, best: BestTracker, metrics: l
         "data": parts.data.state_dict(),
         "best": best.state_dict(),
         "metrics": Plain(list(metrics)),  # rows are never modified once appended
-        "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type, "epochs_from": 1},
+        "config": {"cpu_threads": cpu_threads, "device_type": parts.device.type, "epochs_from": 1,
+                   "run_steps": parts.run_steps, "schedule_steps": parts.schedule_total},
     }
 
 
@@ -58,6 +59,12 @@ def restore(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTra
 
 def restore_loop_state(parts: Components, state: dict[str, Any]) -> tuple[Progress, BestTracker, list[dict]]:
     """Everything but the model and the optimizer (a sharded job loads those from its shards)."""
+    config = state["config"]
+    saved_length = config.get("schedule_steps")  # differs after a resharded resume refit the schedule
+    if (parts.scheduler is not None and parts.spec.scheduler.per_step and saved_length is not None
+            and saved_length != parts.schedule_total):
+        parts.rebuild_schedule(saved_length)
+    parts.run_steps = config.get("run_steps")
     if parts.scheduler is not None:
         parts.scheduler.load_state_dict(state["scheduler"])
     if parts.scaler.is_enabled():
@@ -65,7 +72,7 @@ def restore_loop_state(parts: Components, state: dict[str, Any]) -> tuple[Progre
     parts.data.load_state_dict(state.get("data"))
     rng.restore(state["rng"], parts.device)
     best, rows = BestTracker.from_state(state["best"]), rows_of(state["metrics"])
-    if state["config"].get("epochs_from") != 1:  # written before rows and the best counted epochs from 1
+    if config.get("epochs_from") != 1:  # written before rows and the best counted epochs from 1
         rows = [{**row, "epoch": row["epoch"] + 1} for row in rows]
         best.epoch = None if best.epoch is None else best.epoch + 1
     return Progress.from_state(state["progress"]), best, rows

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -19,11 +20,12 @@ from baton.schemas.spec import JobSpec
 from baton.storage.artifacts import download_checkpoint
 from baton.storage.file_store import FileStore
 from baton.workers.attempt.session import run_attempt
-from baton.workers.parallel.reshard import progress_for, refit_schedule
+from baton.workers.parallel.reshard import progress_for, restore_resharded
+from baton.workers.training import train_state
 from baton.workers.training.components import build_components
 from baton.workers.training.control import LoopControl
 from baton.workers.training.data import EpochBatches, split_indices
-from baton.workers.training.progress import Progress
+from baton.workers.training.progress import BestTracker, Progress
 
 from tests.helpers import (
     REPO,
@@ -75,43 +77,94 @@ def test_the_position_becomes_samples_consumed_and_the_loss_sums_go_to_rank_0():
     assert (resumed.epoch, resumed.epoch_sample_offset) == (2, 0)
 
 
+def parts_for(processes: int, **sections):
+    spec = make_spec(resources={"processes": processes, "strategy": "fsdp", "reshard": True}, **sections)
+    return build_components(JobSpec.parse(spec), CPU, ("tests",), 0, processes)
+
+
+def steps(parts, times: int) -> float:
+    """``times`` optimizer steps, each followed by the schedule's; the learning rate after them."""
+    for _ in range(times):
+        parts.optimizer.step()
+        parts.scheduler.step()
+    return parts.optimizer.param_groups[0]["lr"]
+
+
+def resharded(new, old, epoch: int, batch_in_epoch: int, old_world: int, step: Optional[int] = None) -> Progress:
+    """``old``'s state at (epoch, batch_in_epoch, step: by default its schedule's) written by ``old_world``
+    ranks, loaded into ``new`` as a resharded resume does (the optimizer as DCP would, the rest from rank files)."""
+    at = Progress(epoch=epoch, batch_in_epoch=batch_in_epoch, global_step=step or old.scheduler.last_epoch)
+    own = train_state.capture(old, at, BestTracker("val_loss", "min"), [], 1, weights=False)
+    own["config"]["processes"], own["metrics"] = old_world, []
+    new.optimizer.load_state_dict(old.optimizer.state_dict())
+    train_state.restore_loop_state(new, own)
+    return restore_resharded(new, 0, [own] * old_world)
+
+
 def test_a_per_step_schedule_is_refit_where_it_was_and_ends_with_the_run():
     """onecycle over 3 epochs, saved by 2 ranks at step 16 of 36 (12 global batches of 64 a pass), resumed
     on 1 rank (23 batches of 32 a pass): the learning rate continues from where it was, and the
     rebuilt schedule lasts exactly the steps left, ending where the saved one would have."""
-    def parts_for(processes: int):
-        spec = make_spec(resources={"processes": processes, "strategy": "fsdp", "reshard": True})
-        return build_components(JobSpec.parse(spec), CPU, ("tests",), 0, processes)
-
     old, new = parts_for(2), parts_for(1)
-    lrs = []
-    for _ in range(16):
-        lrs.append(old.optimizer.param_groups[0]["lr"])
-        old.optimizer.step()
-        old.scheduler.step()
-    new.optimizer.load_state_dict(old.optimizer.state_dict())
-    new.scheduler.load_state_dict(old.scheduler.state_dict())
-    progress = progress_for([{"progress": Progress(epoch=1, batch_in_epoch=4, global_step=16).state_dict()}] * 2,
-                            0, new.data.train_samples, 32)
-    refit_schedule(new, progress, 2)
-    old.optimizer.step()
-    old.scheduler.step()
-    refit_lr, next_lr = new.optimizer.param_groups[0]["lr"], old.optimizer.param_groups[0]["lr"]
-    assert next_lr < refit_lr < lrs[-1]  # annealing: between the saved schedule's steps 15 and 17
+    before = steps(old, 15)
+    steps(old, 1)
+    resharded(new, old, 1, 4, 2)
+    refit_lr, after = new.optimizer.param_groups[0]["lr"], steps(old, 1)
+    assert after < refit_lr < before  # annealing: between the saved schedule's steps 15 and 17
     left = -(-(720 - 256) // 32) + 23  # the rest of pass 2, then pass 3
     assert new.total_steps == 16 + left
-    def step(parts, times: int) -> float:
-        for _ in range(times):
-            parts.optimizer.step()
-            parts.scheduler.step()
-        return parts.optimizer.param_groups[0]["lr"]
-
     # the last step's learning rate (the schedule's floor) is the saved schedule's last, then one step more
     # ends it: OneCycleLR raises if stepped past its total
-    assert step(new, left - 1) == pytest.approx(step(old, 35 - 17), rel=1e-9)
-    step(new, 1)
+    assert steps(new, left - 1) == pytest.approx(steps(old, 35 - 17), rel=1e-9)
+    steps(new, 1)
     with pytest.raises(ValueError, match="Tried to step"):
-        step(new, 1)
+        steps(new, 1)
+
+
+def test_a_second_reshard_and_a_plain_resume_after_one_keep_the_schedule():
+    """2 -> 1 rank at step 16, then 1 -> 2 at step 34: the schedule refit the first time is where the
+    second starts from (its length travels in the checkpoint), so the learning rate goes on smoothly and
+    still ends with the run. A resume on the same count after a reshard rebuilds the refit schedule,
+    not the spec's: a warmup_cosine (a LambdaLR, whose length its state does not hold) continues exactly."""
+    two, one, again = parts_for(2), parts_for(1), parts_for(2)
+    steps(two, 16)
+    resharded(one, two, 1, 4, 2)
+    before = steps(one, 17)  # step 33: the rest of pass 2 was 15 batches of 32, then 2 of pass 3
+    steps(one, 1)
+    resharded(again, one, 2, 3, 1, step=34)
+    after = steps(one, 1)
+    assert after <= again.optimizer.param_groups[0]["lr"] <= before  # within the saved schedule's steps 33 to 35
+    left = again.total_steps - 34
+    assert left == 12 - 2  # pass 3 at 2 ranks: 12 batches of 64, 3 x 32 samples of it consumed
+    steps(again, left)
+    with pytest.raises(ValueError, match="Tried to step"):
+        steps(again, 1)
+
+    cosine = {"scheduler": {"name": "warmup_cosine", "warmup_fraction": 0.1}}
+    two, one, resumed = parts_for(2, **cosine), parts_for(1, **cosine), parts_for(1, **cosine)
+    steps(two, 16)
+    resharded(one, two, 1, 4, 2)
+    steps(one, 5)
+    own = train_state.capture(one, Progress(epoch=1, global_step=21), BestTracker("val_loss", "min"), [], 1,
+                              weights=False)
+    own["metrics"] = []
+    resumed.optimizer.load_state_dict(one.optimizer.state_dict())
+    train_state.restore_loop_state(resumed, own)
+    assert resumed.schedule_total == one.schedule_total != two.schedule_total
+    assert steps(resumed, 7) == steps(one, 7)  # the same schedule, bit for bit
+
+
+def test_an_absolute_warmup_keeps_its_steps_and_a_finished_run_is_left_alone():
+    warm = {"scheduler": {"name": "warmup_cosine", "warmup_steps": 10}}
+    two, one = parts_for(2, **warm), parts_for(1, **warm)
+    steps(two, 5)
+    lr = two.optimizer.param_groups[0]["lr"]
+    resharded(one, two, 0, 5, 2)
+    assert one.scheduler.last_epoch == 5 and one.optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+    two, one = parts_for(2), parts_for(1)
+    steps(two, 36)  # the last epoch's checkpoint: nothing left to schedule
+    resharded(one, two, 3, 0, 2)
+    assert one.total_steps == 36 and one.scheduler.last_epoch == 36
 
 
 LOAD_ON_ONE_RANK = """
