@@ -5,7 +5,7 @@ and a Redis password travels inside ``BATON_REDIS_URL`` (``rediss://`` for TLS).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +43,15 @@ class BatonSettings(BaseSettings):
         "loss (counted against retry.max_attempts) and exits for its supervisor to restart. 0 turns it off; keep it "
         "above the longest validation, checkpoint wait or first-step warm-up."
     )
+    node_address: str = Field(
+        "", description="The address other nodes reach this worker at when it leads a multi-node job (its rendezvous: "
+        "a TCP store on a free port); default: this host's name, resolved.")
+    gang_timeout_s: float = Field(
+        300.0, gt=0, description="How long a multi-node job waits for all its nodes to join before its gang is "
+        "dissolved and the job offered again (no attempt used).")
+    gang_distinct: Literal["host", "worker"] = Field(
+        "host", description="What makes workers distinct nodes of a gang: their hosts, or (one machine standing for "
+        "several, in tests) their names.")
     redis_ca_certs: str = Field("", description="CA bundle for rediss:// (default: the system's).")
     metrics_port: int = Field(9100, ge=0, le=65535, description="Worker's Prometheus /metrics port; 0 turns it off. "
                               "`baton worker --gpus`/`--concurrency` gives child i the port + i.")

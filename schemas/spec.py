@@ -245,6 +245,12 @@ class ResourcesSpec(_Spec):
                     "data.batch_size is per rank, so a step's global batch is processes x batch_size. Part of the "
                     "reproducible configuration: a job resumes only with the same count, unless resources.reshard.",
     )
+    nodes: int = Field(
+        1, ge=1, le=64,
+        description="Workers (nodes) the job runs on at once, each with resources.processes ranks: a gang admitted "
+                    "all or nothing from the job's queue, its ranks joined through torch.distributed's TCP store on "
+                    "the first worker (the leader). Part of the reproducible configuration, as processes.",
+    )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="How the ranks share the work. ddp: every rank holds the whole model and optimizer state "
@@ -261,6 +267,12 @@ class ResourcesSpec(_Spec):
                     "or served twice. The run is not bit-exact with one that kept its rank count, and says so "
                     "(the log, the manifest and the report).",
     )
+
+
+    @property
+    def ranks(self) -> int:
+        """The job's world size: nodes x processes."""
+        return self.nodes * self.processes
 
 
 class RetrySpec(_Spec):
@@ -325,7 +337,7 @@ class JobSpec(_Spec):
         if self.resources.strategy == "fsdp" and self.loop.precision == "fp16":
             problems.add("loop.precision", "fsdp trains in bf16 or fp32 (fp16's GradScaler would see each rank's "
                                            "shard of the gradients alone); use bf16")
-        if self.resources.processes > 1 and self.loop.nonfinite == "skip":
+        if self.resources.ranks > 1 and self.loop.nonfinite == "skip":
             problems.add("loop.nonfinite", "skip is not supported with resources.processes > 1 (a rank skipping its "
                                            "backward would desynchronise the ranks' gradient all-reduce); use fail")
         problems.lines.extend(monitor_problems(self.task, self.checkpoint.monitor, self.checkpoint.mode))

@@ -77,21 +77,45 @@ def test_every_variable_the_deployment_reads_is_documented():
 
 def test_kubernetes_worker_grace_gpus_probes_and_secrets():
     docs = k8s_docs()
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
     config = next(d for d in docs if d["kind"] == "ConfigMap")
-    pod = deployment["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    grace = float(config["data"]["BATON_PREEMPT_GRACE_S"])
-    assert pod["terminationGracePeriodSeconds"] >= grace + 15
-    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
-    assert container["readinessProbe"]["exec"]["command"] == ["baton", "health"]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/metrics"
-    assert pinned(container["image"])
-    assert {"secretRef": {"name": "baton-secrets"}} in container["envFrom"]
-    assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"]) and "value" in e]
+    assert {d["metadata"]["name"] for d in deployments} == {"baton-worker", "baton-worker-multinode"}
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        grace = float(config["data"]["BATON_PREEMPT_GRACE_S"])
+        assert pod["terminationGracePeriodSeconds"] >= grace + 15
+        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+        assert container["readinessProbe"]["exec"]["command"] == ["baton", "health"]
+        assert container["livenessProbe"]["httpGet"]["path"] == "/metrics"
+        assert pinned(container["image"])
+        assert {"secretRef": {"name": "baton-secrets"}} in container["envFrom"]
+        assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"]) and "value" in e]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert not any(SECRET_NAME.search(key) for key in config["data"])
     secret = next(d for d in docs if d["kind"] == "Secret")
     assert all("REPLACE_ME" in value for value in secret["stringData"].values())  # an example only
+
+
+def test_the_multinode_pool_is_one_pod_a_host_reachable_from_itself_on_its_own_queue():
+    docs = k8s_docs()
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("multinode"))
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    command = container["command"]
+    queue, per_job = command[command.index("--queues") + 1], int(command[command.index("--gpus-per-job") + 1])
+    assert queue != "default" and int(container["resources"]["limits"]["nvidia.com/gpu"]) == per_job
+    env = {e["name"]: e for e in container["env"]}
+    assert env["BATON_NODE_ADDRESS"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["NCCL_SOCKET_IFNAME"]["value"] == env["GLOO_SOCKET_IFNAME"]["value"]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"].items() <= labels.items()
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    peers = [rule for rule in policy["spec"]["ingress"] if "from" in rule and "ports" not in rule]
+    assert peers and peers[0]["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()  # every port
 
 
 def test_dockerfile_is_pinned_unprivileged_and_healthchecked():

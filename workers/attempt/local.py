@@ -124,6 +124,9 @@ def run_local(spec: JobSpec, job_id: str, store: ObjectStore, allowed_prefixes: 
               progress_bar: bool) -> int:
     prepare_process()
     check_job_id(job_id)
+    if spec.resources.nodes > 1:
+        raise SpecError([f"resources.nodes: a job on {spec.resources.nodes} nodes runs on workers (baton submit); "
+                         "baton run trains in this process, on this machine only"])
     paths = JobPaths(job_id)
     _refuse_if_queued(store, paths)
     register_spec(store, paths, spec)

@@ -26,7 +26,8 @@ from baton.storage.manifest_store import ManifestStore
 from baton.workers.parallel import sharded_state
 from baton.workers.parallel.distributed import RankGroup, check_same_processes
 from baton.workers.parallel.sharded_checkpoint import ShardedCheckpointer
-from baton.workers.parallel.launcher import Ranks, check_devices
+from baton.workers.parallel import rendezvous
+from baton.workers.parallel.launcher import RENDEZVOUS_TIMEOUT_S, Ranks, check_devices
 from baton.workers.parallel.reshard import check_reshard, written_by
 from baton.workers.tracking.job_logs import JobLogCapture
 from baton.workers.tracking.mlflow_tracking import MlflowTracker, tracking_uri
@@ -38,6 +39,7 @@ from baton.workers.training.determinism import configure, resolve_device
 from baton.workers.training.loop import Outcome, TrainingLoop
 
 from .finalize import finalize
+from .gang_leader import GangLeader
 from .resume import SHARDS_KEY, load_latest_good, pin_resume_point
 from .scratch import remove_orphaned_scratch
 
@@ -161,6 +163,7 @@ def _attempt(
     on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
     upload_retry_s: float = UPLOAD_RETRY_S,
     claim: Optional[str] = None,
+    gang: Optional[GangLeader] = None,
 ) -> AttemptResult:
     paths = JobPaths(job_id)
     manifests = ManifestStore(store, paths)
@@ -173,7 +176,7 @@ def _attempt(
     try:
         return _resume_and_train(spec, job_id, store, attempt, control, manifests, manifest, scratch,
                                  allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
-                                 upload_retry_s=upload_retry_s)
+                                 upload_retry_s=upload_retry_s, gang=gang)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -182,17 +185,17 @@ def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: i
                       manifests: ManifestStore, manifest: CheckpointManifest, scratch: Path, *,
                       allowed_prefixes: tuple[str, ...], fence: Callable[[], None],
                       on_commit: Callable[[CheckpointManifest, CheckpointStats], None],
-                      upload_retry_s: float) -> AttemptResult:
+                      upload_retry_s: float, gang: Optional[GangLeader] = None) -> AttemptResult:
     state, entry = load_latest_good(store, manifest, control.log, scratch)
+    world = spec.resources.ranks
     resharding = None
     if state is not None and SHARDS_KEY in state:  # DCP can load it onto another number of ranks
-        check_reshard(state, spec.resources.processes, spec.resources.reshard)
-        if written_by(state) != spec.resources.processes:
-            resharding = Reshard(step=entry.step, from_ranks=written_by(state), to_ranks=spec.resources.processes,
-                                 attempt=attempt)
+        check_reshard(state, world, spec.resources.reshard)
+        if written_by(state) != world:
+            resharding = Reshard(step=entry.step, from_ranks=written_by(state), to_ranks=world, attempt=attempt)
             control.log(resharding.describe())
     else:
-        check_same_processes(state, spec.resources.processes)
+        check_same_processes(state, world)
     pin_resume_point(manifests, attempt, entry, control.log, resharding)
 
     saved_threads = state["config"]["cpu_threads"] if state is not None and resharding is None else None
@@ -201,10 +204,11 @@ def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: i
     train = functools.partial(_train, spec, job_id, store, attempt, control, state, entry, threads,
                               allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
                               upload_retry_s=upload_retry_s)
-    if spec.resources.processes == 1 and spec.resources.strategy == "ddp":
+    if world == 1 and spec.resources.strategy == "ddp":
         return train(None)  # (a sharded job of one rank is a group of one: its checkpoints are DCP's)
     shards = state.get(SHARDS_KEY) if state is not None else None
-    ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log, shards)
+    ranks, group = start_group(spec, job_id, store, attempt, entry, threads, allowed_prefixes, control.log, shards,
+                               gang)
     try:
         result = train(group)
     except BaseException as exc:
@@ -280,19 +284,33 @@ def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control
 
 def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, entry: Optional[CheckpointEntry],
                 threads: int, allowed_prefixes: tuple[str, ...], log: Callable[[str], None],
-                shards: Optional[str] = None) -> tuple[Ranks, RankGroup]:
-    """Start ranks 1..N-1 (each resumes from ``entry`` itself, or, sharded, from ``shards``: the
-    directory rank 0 downloaded and verified it to) and join the group as rank 0."""
+                shards: Optional[str] = None, gang: Optional[GangLeader] = None) -> tuple[Ranks, RankGroup]:
+    """Start this node's other ranks (each resumes from ``entry`` itself, or, sharded, from
+    ``shards``: the directory rank 0 downloaded and verified it to) and join the group as rank 0.
+    A multi-node attempt's leader (``gang``) serves the rendezvous on a port and publishes it, with
+    the ranks' arguments, for the other nodes, which start theirs (``gang_runner``)."""
     device_type = resolve_device(spec.resources.device).type
     check_devices(device_type, spec.resources.processes)
+    world = spec.resources.ranks
     args = {"spec": spec.model_dump(mode="json"), "job_id": job_id, "attempt": attempt, "storage_url": store.url,
             "resume_key": entry.key if entry and shards is None else None,
             "resume_sha256": entry.sha256 if entry else None, "resume_dir": shards,
             "cpu_threads": threads, "device_type": device_type, "allowed_prefixes": list(allowed_prefixes)}
-    ranks = Ranks(spec.resources.processes, args, log)
+    local = range(1, spec.resources.processes)
+    if gang is None:
+        ranks = Ranks(world, args, log, ranks=local)
+    else:
+        served, endpoint = rendezvous.serve_tcp(gang.address, RENDEZVOUS_TIMEOUT_S)
+        ranks = Ranks(world, args, log, ranks=local, store=served, endpoint=endpoint, remote=gang.remote_failure)
+        ranks.remote_wait_s = gang.loss_wait_s
     try:
+        if gang is not None:
+            log(f"multi-node: {gang.nodes} nodes of {spec.resources.processes} rank(s); rendezvous at {endpoint}")
+            gang.start(endpoint, ranks.secret, {**args, "world_size": world, "resume_dir": None,
+                                                "resume_entry": entry.model_dump(mode="json")
+                                                if entry is not None and shards is not None else None})
         ranks.wait_until_ready()
-        return ranks, RankGroup.join(ranks.store, 0, spec.resources.processes, device_type, spec.seed, ranks.secret,
+        return ranks, RankGroup.join(ranks.store, 0, world, device_type, spec.seed, ranks.secret,
                                      strategy=spec.resources.strategy, precision=spec.loop.precision)
     except BaseException as exc:
         explained = ranks.explain(exc)

@@ -120,11 +120,13 @@ class RankGroup:
 
     @classmethod
     def join(cls, store: "dist.Store", rank: int, world_size: int, device_type: str, seed: int, secret: str,
-             timeout_s: float = COLLECTIVE_TIMEOUT_S, strategy: str = "ddp", precision: str = "fp32") -> "RankGroup":
+             timeout_s: float = COLLECTIVE_TIMEOUT_S, strategy: str = "ddp", precision: str = "fp32",
+             local_rank: Optional[int] = None) -> "RankGroup":
         """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store``, and
-        prove ``secret`` to the other ranks (RankLost if one does not prove it)."""
+        prove ``secret`` to the other ranks (RankLost if one does not prove it). ``local_rank``: the
+        rank's place on its node (its GPU's index), ``rank`` where the job has one node."""
         if device_type == "cuda":
-            device = torch.device("cuda", rank)
+            device = torch.device("cuda", rank if local_rank is None else local_rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")

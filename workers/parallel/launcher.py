@@ -59,22 +59,32 @@ class Ranks:
     """The child ranks of this attempt, the rendezvous rank 0 opens for them and the attempt's secret."""
 
     def __init__(self, world_size: int, args: dict, log: Callable[[str], None],
-                 on_hang: Optional[Callable[[str], None]] = None):
+                 on_hang: Optional[Callable[[str], None]] = None, ranks: Optional[range] = None,
+                 store: Optional["dist.Store"] = None, endpoint: Optional[str] = None, secret: Optional[str] = None,
+                 remote: Callable[[], Optional[BaseException]] = lambda: None):
+        """Start ``ranks`` (default 1..N-1: every rank but this process's 0). A multi-node attempt's
+        ranks meet at ``endpoint`` (a TCP store its leader serves, ``store`` there), with the
+        attempt's ``secret``; else at a file store in this attempt's private directory. ``remote``:
+        what another node reported of its ranks (RankFailed, RankLost), None before."""
         self.world_size, self.log = world_size, log
+        self.ranks = ranks if ranks is not None else range(1, world_size)
         self.directory = Path(tempfile.mkdtemp(prefix="baton-ranks-"))  # 0700: this user's processes only
-        self.store = rendezvous.open_store(self.directory, world_size, RENDEZVOUS_TIMEOUT_S)
-        self.secret = rendezvous.new_secret()
+        self.store = store if store is not None or endpoint is not None else rendezvous.open_store(
+            self.directory, world_size, RENDEZVOUS_TIMEOUT_S)
+        self.secret = secret or rendezvous.new_secret()
         self.procs: list[subprocess.Popen] = []
         self._ending = threading.Event()
         self._lost: Optional[str] = None
         self._on_hang = on_hang or _exit_hung
-        for rank in range(1, world_size):
+        self._remote = remote
+        self.remote_wait_s = 5.0  # how long a broken collective waits for its cause (more across nodes)
+        for rank in self.ranks:
             rank_args = {**args, "rank": rank, "world_size": world_size, "parent_pid": os.getpid(),
-                         "directory": str(self.directory)}
+                         "directory": str(self.directory), "endpoint": endpoint}
             env = {**os.environ, ARGS_ENV: json.dumps(rank_args), rendezvous.SECRET_ENV: self.secret}
             self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env))
         if self.procs:
-            self.log(f"data-parallel: {world_size} ranks; ranks 1..{world_size - 1} are pids "
+            self.log(f"data-parallel: {world_size} ranks; ranks {self.ranks[0]}..{self.ranks[-1]} are pids "
                      f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
         self._watchdog.start()
@@ -85,7 +95,7 @@ class Ranks:
 
     def _watch(self) -> None:
         while not self._ending.wait(0.2):
-            for rank, proc in enumerate(self.procs, start=1):
+            for rank, proc in zip(self.ranks, self.procs):
                 code = proc.poll()
                 if code is not None and code != 0 and self._lost is None:
                     self._lost = describe_exit(rank, code)
@@ -105,7 +115,10 @@ class Ranks:
         keys = [ready_key(rank) for rank in range(1, self.world_size)]
         deadline = time.monotonic() + timeout_s
         while not self.store.check(keys):
-            for rank, proc in enumerate(self.procs, start=1):
+            reported = self._remote()  # another node could not start its ranks, or was lost
+            if reported is not None:
+                raise reported
+            for rank, proc in zip(self.ranks, self.procs):
                 code = proc.poll()
                 if code == EXIT_USER_CODE:
                     raise self._failure(rank)
@@ -126,10 +139,14 @@ class Ranks:
         if isinstance(exc, (FencedOut, KeyboardInterrupt, SystemExit)):
             return exc
         collective = any(_is_collective_error(e) for e in exception_chain(exc, follow_suppressed=True))
-        deadline = time.monotonic() + (5.0 if collective else 2.0)  # a dead rank's sockets close before it is reaped
+        # a dead rank's sockets close before it is reaped; another node's report comes through Redis
+        deadline = time.monotonic() + (self.remote_wait_s if collective else 2.0)
         failed_at = None
         while True:
-            exits = [(rank, proc.poll()) for rank, proc in enumerate(self.procs, start=1)]
+            reported = self._remote()  # another node's ranks: what its worker reported
+            if reported is not None:
+                return reported
+            exits = [(rank, proc.poll()) for rank, proc in zip(self.ranks, self.procs)]
             lost = sorted(((rank, code) for rank, code in exits if code not in (None, 0, EXIT_USER_CODE)),
                           key=lambda lost_rank: lost_rank[1] >= 0)  # a rank killed by a signal first: the likelier cause
             if lost:
@@ -195,7 +212,9 @@ def describe_exit(rank: int, code: int) -> str:
 
 
 def _is_collective_error(exc: BaseException) -> bool:
-    return isinstance(exc, dist.DistError)
+    """torch.distributed's errors; and gloo's transport errors, which reach Python as plain RuntimeErrors
+    ("[.../gloo/transport/tcp/pair.cc] Connection closed by peer": a peer's process died)."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo/transport" in str(exc))
 
 
 

@@ -10,6 +10,7 @@ it to rank 0 (``failure_report``); 1 when storage or the group failed under it (
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ from typing import Callable, Optional
 from . import failure_report
 from .failure_report import EXIT_USER_CODE
 from .launcher import ARGS_ENV, RENDEZVOUS_TIMEOUT_S, die_with_parent, ready_key
-from .rendezvous import SECRET_ENV, open_store
+from .rendezvous import SECRET_ENV, connect_tcp, open_store
 
 
 class RankControl:
@@ -95,11 +96,16 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
         store = open_object_store(args["storage_url"])
         state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
     configure(spec.loop.deterministic, args["cpu_threads"])
-    rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S)
+    if args.get("endpoint"):  # a multi-node attempt: its leader's TCP store
+        rendezvous = connect_tcp(args["endpoint"], RENDEZVOUS_TIMEOUT_S)
+    else:
+        rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S)
     rendezvous.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
     group = RankGroup.join(rendezvous, rank, world_size, args["device_type"], spec.seed, secret,
-                           strategy=spec.resources.strategy, precision=spec.loop.precision)
+                           strategy=spec.resources.strategy, precision=spec.loop.precision,
+                           local_rank=rank % spec.resources.processes)
     checkpointer = None
+    finished = False
     try:
         rng.seed_all(spec.seed)
         parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size,
@@ -123,13 +129,15 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
             checkpointer.close()
             checkpointer = None
         control.log(loop.checkpointer.describe())
+        finished = True
     except Exception as exc:
         report(exc)
         raise
     finally:
         if checkpointer is not None:
             checkpointer.abandon()
-        group.close()
+        if finished:  # a failing rank leaves at once (``main``): tearing the group down under a collective a
+            group.close()  # background thread may still be in (a checkpoint's) aborts the process instead
 
 
 def main() -> int:
@@ -147,5 +155,15 @@ def main() -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown: the rank's work is done or reported, and C++ threads a
+    collective left running (gloo's, a checkpoint's) abort the process when destroyed under it
+    ("terminate called without an active exception"), which would hide its exit status."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

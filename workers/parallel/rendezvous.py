@@ -5,6 +5,10 @@
   authentication, and lists its keys to any client, so any process that reached its port could
   register as a rank, and rank 0 would form the group with it. A file only this user can open
   needs no port.
+- **Across nodes, a port.** A job on several nodes (``resources.nodes``) cannot share a file: its
+  leader serves a ``TCPStore`` on a free port (``serve_tcp``), and every other rank connects to it
+  (``connect_tcp``). Anyone who reaches that port can write to it, so what follows matters all the
+  more: nothing a peer sends is trusted before it proved the secret.
 - **A secret, proven.** Each attempt has a random secret, handed to its ranks in their environment
   (never on their command line: every user of the node can read /proc/PID/cmdline). Once the group
   is formed, every rank proves it over the group's own connections (an HMAC of its rank) before
@@ -37,6 +41,18 @@ def open_store(directory: Path, world_size: int, timeout_s: float) -> "dist.File
     store = dist.FileStore(str(directory / "rendezvous"), world_size)
     store.set_timeout(timedelta(seconds=timeout_s))
     return store
+
+
+def serve_tcp(address: str, timeout_s: float) -> tuple["dist.TCPStore", str]:
+    """A multi-node attempt's rendezvous, served by its leader on a free port: (the store, the
+    endpoint ``address:port`` the other nodes' ranks connect to)."""
+    store = dist.TCPStore(address, 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+    return store, f"{address}:{store.port}"
+
+
+def connect_tcp(endpoint: str, timeout_s: float) -> "dist.TCPStore":
+    host, port = endpoint.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), None, False, timedelta(seconds=timeout_s))
 
 
 def prove_membership(secret: str, rank: int, world_size: int, group) -> None:

@@ -24,7 +24,7 @@ from baton.workers.tracking import prometheus
 from baton.workers.training.determinism import prepare_process
 
 from . import presence
-from .celery_app import app, publish_run
+from .celery_app import app, publish_join, publish_run
 from .job_runner import WorkerContext
 from .preemption import PREEMPTION
 from .redis_retry import TRANSIENT_REDIS_ERRORS
@@ -42,7 +42,9 @@ def worker_context(hostname: str) -> WorkerContext:
         client = connect(settings)
         _context = WorkerContext(settings, client, JobRecords(client),
                                  lambda job_id, attempt, queue: publish_run(app, job_id, attempt, queue),
-                                 PREEMPTION, hostname)
+                                 PREEMPTION, hostname,
+                                 publish_join=lambda job_id, attempt, nodes, queue: publish_join(
+                                     app, job_id, attempt, nodes, queue))
     return _context
 
 

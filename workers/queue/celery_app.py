@@ -12,6 +12,7 @@ from baton.schemas.settings import BatonSettings
 from .celery_config import celery_settings
 
 RUN_JOB_TASK = "baton.run_job"
+JOIN_GANG_TASK = "baton.join_gang"
 
 
 def make_app(settings: BatonSettings) -> Celery:
@@ -23,6 +24,11 @@ def make_app(settings: BatonSettings) -> Celery:
 def publish_run(celery: Celery, job_id: str, attempt: int, queue: str) -> None:
     """Queue attempt ``attempt`` of ``job_id`` (JSON: two plain values)."""
     celery.send_task(RUN_JOB_TASK, args=[job_id, attempt], queue=queue)
+
+
+def publish_join(celery: Celery, job_id: str, attempt: int, nodes: int, queue: str) -> None:
+    """Ask a worker of ``queue`` to join the gang of attempt ``attempt`` of a job on ``nodes`` nodes."""
+    celery.send_task(JOIN_GANG_TASK, args=[job_id, attempt, nodes], queue=queue)
 
 
 app = make_app(BatonSettings())

@@ -5,25 +5,29 @@ change one script, as Kueue admits a workload only when all its pods can start:
 
 - **The leader** is the worker that took the message of the job's next attempt. It opens the gang
   (``form``) and publishes N-1 join messages to the job's queue; it does not claim the attempt yet.
+  Every later script of the leader names the gang by its id, so a leader that stalled past its gang's
+  life cannot act on the gang another leader formed since.
 - **Followers** are workers that take a join message (``join``). Each gets a node index (1..N-1)
-  and a lease of its own, renewed while it waits and while it runs. Members are distinct hosts
-  (``distinct: host``); workers sharing a host stand for nodes only where told to (``worker``: tests,
-  one machine).
-- **Admission** (``admit``, by the leader): once N have joined and every follower's lease is alive
-  (a follower that died while waiting is dropped, and its place offered again), the gang is
-  admitted. Only then does the leader claim the attempt, as any worker claims a job, and publish
-  the rendezvous (``start``).
+  and a lease of its own, renewed while it waits and while it runs; a place whose lease lapsed is
+  free again. Members are distinct hosts (``distinct: host``); workers sharing a host stand for
+  nodes only where told to (``worker``: tests, one machine).
+- **Admission** (``admit``, by the leader): once N have joined and every follower's lease is alive,
+  the gang is admitted. Only then does the leader claim the attempt, as any worker claims a job,
+  and publish the rendezvous (``start``).
 - **Nothing is used up by a gang that does not fill.** The leader dissolves it when its timeout
-  passes, and passes the message on: no attempt is claimed, no loss counted. The job's record says
+  passes and passes the message on: no attempt is claimed, no loss counted. The job's record says
   why it waits ("waiting for nodes: 1 of 2 joined").
-- **No deadlock.** One gang forms at a time on a queue (``keys.queue_forming``, expiring with the
-  gang's timeout). Two gangs can therefore never each hold part of the pool while they wait for
-  the rest: a leader that finds another gang forming passes its message on at once, which frees its
-  worker to join the gang that is forming. A worker is in one gang at most: it holds the Celery task
-  of its membership while it waits and runs, so its queue gives it nothing else meanwhile.
-- **A leader that dies while forming** stops renewing the gang, which expires; its followers see it
-  gone and leave, and the reaper publishes the message again (the leader's renewals had kept the
-  message's ``published_at`` fresh, so that the reaper did not publish copies while it formed).
+- **No deadlock within a queue.** One gang forms at a time on a queue (``keys.queue_forming``, held
+  while its leader renews it). Two gangs of one queue therefore never each hold part of its workers
+  while they wait for the rest: a leader that finds another gang forming passes its message on at
+  once, which frees its worker to join the gang that is forming. A worker is in one gang at most: it
+  holds the Celery task of its membership while it waits and runs, so its queue gives it nothing
+  else meanwhile. (A worker serving several queues can be held by a gang forming on one while another
+  forms on the next; give multi-node jobs queues of their own workers.)
+- **A leader that dies while forming** stops renewing: its gang and the queue's slot expire within a
+  lease TTL, its followers see the gang gone and leave, and the reaper publishes the message again
+  (the leader's renewals had kept the message's ``published_at`` fresh, so that the reaper published
+  no copies while it formed). A gang left by an earlier attempt gives way to the next attempt's.
 """
 from __future__ import annotations
 
@@ -36,34 +40,60 @@ import redis
 from baton.jobs import keys
 from baton.jobs.records import now
 
-# KEYS: forming slot, gang, job. ARGV: job id, attempt, nodes, worker, host, timeout ms, gang ttl ms, now, gang id.
-# A dissolved gang's record (kept for its followers to read why) gives way to a new one.
-_FORM = """
-local state = redis.call('HGET', KEYS[3], 'state')
-if state ~= 'queued' and state ~= 'retrying' then return {'state', state or 'missing'} end
+# The scripts' shared parts. WAITING: whether the job still waits for a worker (a cancelled one does not).
+_WAITING = """
+local function waiting(job)
+  local state = redis.call('HGET', job, 'state')
+  return state == 'queued' or state == 'retrying'
+end
+"""
+
+# KEYS: forming slot, gang, job. ARGV: job id, attempt, nodes, worker, host, gang ttl ms, now, gang id.
+# A gang of an older attempt (its leader died with it) or a dissolved one gives way to the new one; a
+# live gang of this attempt is another copy of the message's.
+_FORM = _WAITING + """
+if not waiting(KEYS[3]) then return {'state', redis.call('HGET', KEYS[3], 'state') or 'missing'} end
 if tonumber(redis.call('HGET', KEYS[3], 'attempt')) + 1 ~= tonumber(ARGV[2]) then return {'stale'} end
 local mine = ARGV[1] .. ':' .. ARGV[2]
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= mine then return {'busy', holder} end
 local existing = redis.call('HGET', KEYS[2], 'state')
-if existing and existing ~= 'dissolved' then return {'duplicate'} end
+if existing and existing ~= 'dissolved' and redis.call('HGET', KEYS[2], 'attempt') == ARGV[2] then
+  return {'duplicate'}
+end
 redis.call('DEL', KEYS[2])
 redis.call('SET', KEYS[1], mine, 'PX', ARGV[6])
-redis.call('HSET', KEYS[2], 'id', ARGV[9], 'attempt', ARGV[2], 'nodes', ARGV[3], 'state', 'forming', 'joined', 1,
+redis.call('HSET', KEYS[2], 'id', ARGV[8], 'attempt', ARGV[2], 'nodes', ARGV[3], 'state', 'forming', 'joined', 1,
            'worker:0', ARGV[4], 'host:0', ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[7])
-redis.call('HSET', KEYS[3], 'published_at', ARGV[8], 'updated_at', ARGV[8],
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('HSET', KEYS[3], 'published_at', ARGV[7], 'updated_at', ARGV[7],
            'last_event', 'waiting for nodes: 1 of ' .. ARGV[3] .. ' joined')
-return {'ok'}
+return {'ok', ARGV[8]}
+"""
+
+# The places of followers whose lease lapsed are freed (KEYS[first + k - 1]: node k's lease).
+_FREE_LAPSED = """
+local function free_lapsed(gang, first)
+  local nodes = tonumber(redis.call('HGET', gang, 'nodes'))
+  for k = 1, nodes - 1 do
+    if redis.call('HEXISTS', gang, 'worker:' .. k) == 1 and redis.call('EXISTS', KEYS[first + k - 1]) == 0 then
+      redis.call('HDEL', gang, 'worker:' .. k, 'host:' .. k)
+      redis.call('HINCRBY', gang, 'joined', -1)
+    end
+  end
+  return nodes
+end
 """
 
 # KEYS: gang, job, member leases of nodes 1..N-1. ARGV: attempt, worker, host, distinct (host|worker),
-# lease ttl ms, nonce, now. A follower takes the lowest free node index.
-_JOIN = """
+# lease ttl ms, nonce, now. A follower takes the lowest free node index (a lapsed follower's is free).
+_JOIN = _WAITING + _FREE_LAPSED + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'forming' then return {'closed'} end
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return {'stale'} end
+if not waiting(KEYS[2]) then return {'closed'} end
 local nodes = tonumber(redis.call('HGET', KEYS[1], 'nodes'))
 if #KEYS ~= nodes + 1 then return {'nodes'} end
+free_lapsed(KEYS[1], 3)
 local free = nil
 for k = 0, nodes - 1 do
   local member = redis.call('HGET', KEYS[1], 'worker:' .. k)
@@ -83,12 +113,17 @@ redis.call('HSET', KEYS[2], 'updated_at', ARGV[7],
 return {'ok', tostring(free), token, redis.call('HGET', KEYS[1], 'id')}
 """
 
-# KEYS: gang, job. ARGV: attempt, gang ttl ms, now. The leader's renewal while the gang lives.
+# KEYS: forming slot, gang, job. ARGV: gang id, gang ttl ms, now, job id, attempt. The leader's renewal of
+# its live gang; while it forms, of the queue's forming slot too, and of the message's published_at (the
+# reaper publishes no copy of a message whose gang is forming).
 _RENEW_GANG = """
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if redis.call('HGET', KEYS[1], 'state') == 'forming' then
-  redis.call('HSET', KEYS[2], 'published_at', ARGV[3])
+if redis.call('HGET', KEYS[2], 'id') ~= ARGV[1] then return 0 end
+local state = redis.call('HGET', KEYS[2], 'state')
+if state ~= 'forming' and state ~= 'admitted' and state ~= 'running' then return 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+if state == 'forming' then
+  if redis.call('GET', KEYS[1]) == ARGV[4] .. ':' .. ARGV[5] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  redis.call('HSET', KEYS[3], 'published_at', ARGV[3])
 end
 return 1
 """
@@ -100,56 +135,62 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
-# KEYS: forming slot, gang, job, member leases of nodes 1..N-1. ARGV: job id, attempt, now. Drops the
-# followers whose lease lapsed; admits a full gang (and frees the queue's forming slot).
-_ADMIT = """
-if redis.call('HGET', KEYS[2], 'state') ~= 'forming' then return {'closed', '0'} end
-if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return {'closed', '0'} end
-local nodes = tonumber(redis.call('HGET', KEYS[2], 'nodes'))
-for k = 1, nodes - 1 do
-  if redis.call('HEXISTS', KEYS[2], 'worker:' .. k) == 1 and redis.call('EXISTS', KEYS[k + 3]) == 0 then
-    redis.call('HDEL', KEYS[2], 'worker:' .. k, 'host:' .. k)
-    redis.call('HINCRBY', KEYS[2], 'joined', -1)
-  end
+# KEYS: forming slot, gang, job, member leases of nodes 1..N-1. ARGV: gang id, job id, attempt. Frees the
+# places of followers whose lease lapsed; admits a full gang (and frees the queue's forming slot).
+_ADMIT = _WAITING + _FREE_LAPSED + """
+if redis.call('HGET', KEYS[2], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[2], 'state') ~= 'forming' then
+  return {'closed', '0'}
 end
+if not waiting(KEYS[3]) then return {'closed', '0'} end
+local nodes = free_lapsed(KEYS[2], 4)
+if #KEYS ~= nodes + 2 then return {'nodes', '0'} end
 local joined = tonumber(redis.call('HGET', KEYS[2], 'joined'))
 if joined < nodes then
   redis.call('HSET', KEYS[3], 'last_event', 'waiting for nodes: ' .. joined .. ' of ' .. nodes .. ' joined')
   return {'forming', tostring(joined)}
 end
 redis.call('HSET', KEYS[2], 'state', 'admitted')
-if redis.call('GET', KEYS[1]) == ARGV[1] .. ':' .. ARGV[2] then redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[2] .. ':' .. ARGV[3] then redis.call('DEL', KEYS[1]) end
 return {'admitted', tostring(joined)}
 """
 
-# KEYS: gang. ARGV: attempt, endpoint, secret.
+# KEYS: gang. ARGV: gang id, endpoint, secret, the ranks' arguments (JSON).
 _START = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'admitted' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then
+if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'state') ~= 'admitted' then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'running', 'endpoint', ARGV[2], 'secret', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', 'endpoint', ARGV[2], 'secret', ARGV[3], 'args', ARGV[4])
 return 1
 """
 
-# KEYS: forming slot, gang, job. ARGV: job id, attempt, reason, keep ms, now.
-_DISSOLVE = """
-if redis.call('HGET', KEYS[2], 'attempt') ~= ARGV[2] then return 0 end
+# KEYS: gang. ARGV: gang id, field (failure|lost), value. A follower's report to its leader; the first stays.
+_REPORT = """
+if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'failure') == 1 or redis.call('HEXISTS', KEYS[1], 'lost') == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+return 1
+"""
+
+# KEYS: forming slot, gang, job. ARGV: gang id, job id, attempt, reason, keep ms, now.
+_DISSOLVE = _WAITING + """
+if redis.call('HGET', KEYS[2], 'id') ~= ARGV[1] then return 0 end
 local was = redis.call('HGET', KEYS[2], 'state')
-redis.call('HSET', KEYS[2], 'state', 'dissolved', 'reason', ARGV[3])
-redis.call('HDEL', KEYS[2], 'secret', 'endpoint')
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-if redis.call('GET', KEYS[1]) == ARGV[1] .. ':' .. ARGV[2] then redis.call('DEL', KEYS[1]) end
-if was == 'forming' or was == 'admitted' then
-  redis.call('HSET', KEYS[3], 'updated_at', ARGV[5], 'last_event', ARGV[3])
+redis.call('HSET', KEYS[2], 'state', 'dissolved', 'reason', ARGV[4])
+redis.call('HDEL', KEYS[2], 'secret', 'endpoint', 'args')
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+if redis.call('GET', KEYS[1]) == ARGV[2] .. ':' .. ARGV[3] then redis.call('DEL', KEYS[1]) end
+if (was == 'forming' or was == 'admitted') and waiting(KEYS[3]) then
+  redis.call('HSET', KEYS[3], 'updated_at', ARGV[6], 'last_event', ARGV[4])
 end
 return 1
 """
 
-# KEYS: gang, member lease. ARGV: attempt, node, token. A follower leaves a gang still forming.
+# KEYS: gang, member lease. ARGV: gang id, node, token. A follower gives up its place (a gang still
+# forming offers it again).
 _LEAVE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
 redis.call('DEL', KEYS[2])
-if redis.call('HGET', KEYS[1], 'attempt') == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'forming'
+if redis.call('HGET', KEYS[1], 'id') == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'forming'
    and redis.call('HEXISTS', KEYS[1], 'worker:' .. ARGV[2]) == 1 then
   redis.call('HDEL', KEYS[1], 'worker:' .. ARGV[2], 'host:' .. ARGV[2])
   redis.call('HINCRBY', KEYS[1], 'joined', -1)
@@ -174,10 +215,25 @@ class Gang:
     hosts: dict[int, str] = field(default_factory=dict)
     endpoint: Optional[str] = None
     secret: Optional[str] = None
-    reason: Optional[str] = None
+    args: Optional[str] = None  # the ranks' arguments, as the leader gives its own (JSON)
+    reason: Optional[str] = None  # why it was dissolved
+    failure: Optional[str] = None  # a follower's report: the job's code failed on one of its ranks (JSON)
+    lost: Optional[str] = None  # a follower's report: a rank or the node was lost
 
     def describe(self) -> str:
         return f"{self.joined} of {self.nodes} nodes joined"
+
+
+@dataclass(frozen=True)
+class Led:
+    """A leader's gang: what every script of the leader names it by (its id: a gang formed again for the
+    same attempt by another leader, after this one's expired, has another)."""
+
+    job_id: str
+    queue: str
+    attempt: int
+    nodes: int
+    id: str
 
 
 @dataclass(frozen=True)
@@ -199,38 +255,49 @@ class Gangs:
         self._renew_gang, self._renew_member = client.register_script(_RENEW_GANG), client.register_script(_RENEW_MEMBER)
         self._admit, self._start = client.register_script(_ADMIT), client.register_script(_START)
         self._dissolve, self._leave = client.register_script(_DISSOLVE), client.register_script(_LEAVE)
+        self._report = client.register_script(_REPORT)
 
     # --- the leader ----------------------------------------------------------------------------
-    def form(self, job_id: str, queue: str, attempt: int, nodes: int, worker: str, host: str, timeout_s: float,
-             ttl_s: float) -> tuple[str, Optional[str]]:
-        """Open the gang for ``attempt`` (the message's: the record's attempt + 1), led by ``worker``.
-        ('ok', None); ('busy', '<job>:<attempt>') when another gang is forming on ``queue``;
-        ('duplicate', None) when another copy of this message leads it; ('stale'|'state', ...) when the
-        message is not the job's next attempt."""
+    def form(self, job_id: str, queue: str, attempt: int, nodes: int, worker: str, host: str,
+             ttl_s: float) -> tuple[str, Optional["Led"]]:
+        """Open the gang for ``attempt`` (the message's: the record's attempt + 1), led by ``worker``,
+        alive while the leader renews it within ``ttl_s``. ('ok', Led); ('busy', None) when another gang
+        is forming on ``queue`` (``busy_with`` says whose); ('duplicate', None) when another copy of this
+        message leads it; ('stale'|'state', None) when the message is not the job's next attempt."""
+        gang_id = secrets.token_hex(8)
         result = self._form(keys=[keys.queue_forming(queue), keys.gang(job_id), keys.job(job_id)],
-                            args=[job_id, attempt, nodes, worker, host, _ms(timeout_s), _ms(ttl_s), now(),
-                                  secrets.token_hex(8)])
-        return result[0], (result[1] if len(result) > 1 else None)
+                            args=[job_id, attempt, nodes, worker, host, _ms(ttl_s), now(), gang_id])
+        if result[0] == "ok":
+            return "ok", Led(job_id, queue, attempt, nodes, gang_id)
+        return result[0], None
 
-    def renew(self, job_id: str, attempt: int, ttl_s: float) -> bool:
-        """Keep the gang (False: it is gone, or another attempt's)."""
-        return bool(self._renew_gang(keys=[keys.gang(job_id), keys.job(job_id)], args=[attempt, _ms(ttl_s), now()]))
+    def busy_with(self, queue: str) -> Optional[str]:
+        """The job whose gang is forming on ``queue``, if any."""
+        holder = self.client.get(keys.queue_forming(queue))
+        return holder.rsplit(":", 1)[0] if holder else None
 
-    def admit(self, job_id: str, queue: str, attempt: int, nodes: int) -> tuple[str, int]:
+    def renew(self, led: "Led", ttl_s: float) -> bool:
+        """Keep the leader's gang (and, while it forms, the queue's forming slot); False when it is gone,
+        dissolved, or another leader's."""
+        return bool(self._renew_gang(keys=[keys.queue_forming(led.queue), keys.gang(led.job_id), keys.job(led.job_id)],
+                                     args=[led.id, _ms(ttl_s), now(), led.job_id, led.attempt]))
+
+    def admit(self, led: "Led") -> tuple[str, int]:
         """('admitted', N) once every node has joined and every follower's lease is alive;
-        ('forming', joined) before; ('closed', 0) when the gang is no longer forming."""
-        result = self._admit(keys=[keys.queue_forming(queue), keys.gang(job_id), keys.job(job_id),
-                                   *_member_keys(job_id, nodes)], args=[job_id, attempt, now()])
+        ('forming', joined) before; ('closed', 0) when the gang no longer forms (or the job no longer waits)."""
+        result = self._admit(keys=[keys.queue_forming(led.queue), keys.gang(led.job_id), keys.job(led.job_id),
+                                   *_member_keys(led.job_id, led.nodes)], args=[led.id, led.job_id, led.attempt])
         return result[0], int(result[1])
 
-    def start(self, job_id: str, attempt: int, endpoint: str, secret: str) -> bool:
-        """Publish the rendezvous of an admitted gang whose attempt the leader has claimed."""
-        return bool(self._start(keys=[keys.gang(job_id)], args=[attempt, endpoint, secret]))
+    def start(self, led: "Led", endpoint: str, secret: str, args: str = "{}") -> bool:
+        """Publish the rendezvous of an admitted gang whose attempt the leader has claimed, with the
+        ranks' arguments (``args``, JSON)."""
+        return bool(self._start(keys=[keys.gang(led.job_id)], args=[led.id, endpoint, secret, args]))
 
-    def dissolve(self, job_id: str, queue: str, attempt: int, reason: str) -> bool:
+    def dissolve(self, led: "Led", reason: str) -> bool:
         """End the gang (its followers leave); the record keeps ``reason`` for a while."""
-        return bool(self._dissolve(keys=[keys.queue_forming(queue), keys.gang(job_id), keys.job(job_id)],
-                                   args=[job_id, attempt, reason, _ms(DISSOLVED_KEPT_S), now()]))
+        return bool(self._dissolve(keys=[keys.queue_forming(led.queue), keys.gang(led.job_id), keys.job(led.job_id)],
+                                   args=[led.id, led.job_id, led.attempt, reason, _ms(DISSOLVED_KEPT_S), now()]))
 
     # --- a follower ----------------------------------------------------------------------------
     def join(self, job_id: str, attempt: int, nodes: int, worker: str, host: str, distinct: str,
@@ -246,10 +313,22 @@ class Gangs:
         return bool(self._renew_member(keys=[keys.gang_member(job_id, membership.node)],
                                        args=[membership.token, _ms(ttl_s)]))
 
-    def leave(self, job_id: str, attempt: int, membership: Membership) -> bool:
+    def leave(self, job_id: str, membership: Membership) -> bool:
         """Give up a place (the lease ends; a gang still forming offers the place again)."""
         return bool(self._leave(keys=[keys.gang(job_id), keys.gang_member(job_id, membership.node)],
-                                args=[attempt, membership.node, membership.token]))
+                                args=[membership.gang, membership.node, membership.token]))
+
+    def report(self, job_id: str, gang_id: str, what: str, value: str) -> bool:
+        """Tell the leader why this node's ranks ended: ``failure`` (the job's code, JSON) or ``lost``."""
+        return bool(self._report(keys=[keys.gang(job_id)], args=[gang_id, what, value]))
+
+    def lapsed_members(self, job_id: str, gang: Gang) -> list[int]:
+        """The followers of ``gang`` whose lease is gone (their worker died or was cut off)."""
+        nodes = [node for node in sorted(gang.workers) if node > 0]
+        alive = self.client.exists(*[keys.gang_member(job_id, node) for node in nodes]) if nodes else 0
+        if alive == len(nodes):
+            return []
+        return [node for node in nodes if not self.client.exists(keys.gang_member(job_id, node))]
 
     # --- anyone --------------------------------------------------------------------------------
     def read(self, job_id: str) -> Optional[Gang]:
@@ -260,7 +339,8 @@ class Gangs:
         workers = {k: raw[f"worker:{k}"] for k in range(nodes) if f"worker:{k}" in raw}
         hosts = {k: raw[f"host:{k}"] for k in range(nodes) if f"host:{k}" in raw}
         return Gang(raw["id"], raw["state"], int(raw["attempt"]), nodes, int(raw["joined"]), workers, hosts,
-                    raw.get("endpoint"), raw.get("secret"), raw.get("reason"))
+                    raw.get("endpoint"), raw.get("secret"), raw.get("args"), raw.get("reason"), raw.get("failure"),
+                    raw.get("lost"))
 
 
 def _member_keys(job_id: str, nodes: int) -> list[str]:

@@ -53,7 +53,7 @@ from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 from baton.workers.training.targets import unavailable
 
-from . import lease
+from . import gang_runner, lease
 from .claims import catch_up_with_manifest, release_if_still_mine
 from .job_store import StoreChecks
 from .preemption import Preemption
@@ -77,6 +77,7 @@ class WorkerContext:
     publish: Callable[[str, int, str], None]  # (job id, attempt, queue)
     preemption: Preemption
     worker: str
+    publish_join: Callable[[str, int, int, str], None] = lambda job_id, attempt, nodes, queue: None  # a gang's join
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
     redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
     stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
@@ -277,9 +278,9 @@ def _cannot_host(ctx: WorkerContext, job_id: str) -> Optional[str]:
     return None if why is None else f"{why} on {ctx.worker}"
 
 
-def _pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str) -> str:
+def _pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Optional[str] = None) -> str:
     """Hand the message back unclaimed (no attempt used, nothing counted), the record saying why."""
-    event = f"waiting for a worker that can host it: {ctx.worker} passed it on: {why}"
+    event = event or f"waiting for a worker that can host it: {ctx.worker} passed it on: {why}"
     _log.warning("job %s attempt %d: not claimed: %s; passed on in %.0fs", job_id, attempt, why, PASS_ON_WAIT_S)
     try:  # the record first: the reaper then waits for this publish instead of adding a copy meanwhile
         if not ctx.records.pass_on(job_id, attempt, event, PASS_ON_WAIT_S):
@@ -294,10 +295,41 @@ def _pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str) -> str:
 
 
 def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
-    """Run one delivered attempt; returns a word saying how it ended (for logs and tests)."""
+    """Run one delivered attempt; returns a word saying how it ended (for logs and tests). A job on
+    several nodes is led from here: its gang forms first, then the attempt is claimed (``gang_runner``)."""
     cannot = _cannot_host(ctx, job_id)
     if cannot is not None:
         return _pass_on(ctx, job_id, attempt, cannot)
+    nodes, queue = _gang_size(ctx, job_id)
+    if nodes > 1:
+        return gang_runner.lead(ctx, job_id, attempt, nodes, queue,
+                                lambda event: _pass_on(ctx, job_id, attempt, event, event),
+                                lambda leadership: _claim_and_run(ctx, job_id, attempt, leadership))
+    return _claim_and_run(ctx, job_id, attempt)
+
+
+def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:
+    """A join message of a multi-node job: this worker becomes one of its nodes, if it can host one."""
+    cannot = _cannot_host(ctx, job_id)
+    if cannot is not None:  # another worker of the queue may: the message goes back for it
+        _log.warning("job %s attempt %d: not joining its gang: %s", job_id, attempt, cannot)
+        time.sleep(PASS_ON_WAIT_S)
+        queue = ctx.redis.hget(keys.job(job_id), "queue") or "default"
+        ctx.publish_join(job_id, attempt, nodes, queue)
+        return "passed on"
+    return gang_runner.follow(ctx, job_id, attempt, nodes)
+
+
+def _gang_size(ctx: WorkerContext, job_id: str) -> tuple[int, str]:
+    """(resources.nodes, queue) from the job's record; (1, ...) when the record cannot tell (the claim decides)."""
+    try:
+        raw, queue = ctx.redis.hmget(keys.job(job_id), ["spec", "queue"])
+        return int(json.loads(raw)["resources"].get("nodes", 1)), queue or "default"
+    except (redis.RedisError, ValueError, KeyError, TypeError):
+        return 1, "default"
+
+
+def _claim_and_run(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional["gang_runner.Leadership"] = None) -> str:
     nonce = lease.new_nonce()
     try:  # no lease yet: wait for Redis one lease TTL, then leave the message to the reaper's re-publish
         wait_until = time.monotonic() + ctx.settings.lease_ttl_s
@@ -326,7 +358,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     outcome = "error"
     try:
         try:
-            outcome = _train(ctx, job_id, attempt, nonce, spec_data, claimed.storage_url, control)
+            outcome = _train(ctx, job_id, attempt, nonce, spec_data, claimed.storage_url, control, gang)
         except FencedOut as exc:  # Redis stayed away past the lease while the outcome was being recorded
             prometheus.FENCING_EVENTS.inc()
             _log.warning("job %s attempt %d: %s; its lease will bring it back", job_id, attempt, exc)
@@ -345,7 +377,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
 
 
 def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data: dict,
-           storage_url: str, control: WorkerControl) -> str:
+           storage_url: str, control: WorkerControl, gang: Optional["gang_runner.Leadership"] = None) -> str:
     try:
         spec = JobSpec.parse(spec_data)
         problems = disallowed_targets(spec.user_targets(), ctx.settings.allowed_prefixes)
@@ -355,7 +387,7 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         attempt = catch_up_with_manifest(control, attempt, nonce, store)
         result = run_attempt(spec, job_id, store, attempt, control, claim=nonce,
                              allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
-                             on_commit=control.on_commit, worker=ctx.worker, job_log=True)
+                             on_commit=control.on_commit, worker=ctx.worker, job_log=True, gang=gang)
     except FencedOut as exc:
         prometheus.FENCING_EVENTS.inc()
         _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from celery.exceptions import Reject
 
 from .bootstrap import worker_context
-from .celery_app import RUN_JOB_TASK, app
-from .job_runner import run_job
+from .celery_app import JOIN_GANG_TASK, RUN_JOB_TASK, app
+from .job_runner import join_gang, run_job
 from .preemption import PREEMPTION
 
 
@@ -15,3 +15,10 @@ def run_job_task(self, job_id: str, attempt: int) -> str:
         # shutting down: a message taken now (perhaps the job this worker just released) goes back
         raise Reject("worker is shutting down", requeue=True)
     return run_job(worker_context(self.request.hostname), job_id, attempt)
+
+
+@app.task(name=JOIN_GANG_TASK, bind=True)
+def join_gang_task(self, job_id: str, attempt: int, nodes: int) -> str:
+    if PREEMPTION.requested.is_set():
+        raise Reject("worker is shutting down", requeue=True)
+    return join_gang(worker_context(self.request.hostname), job_id, attempt, nodes)

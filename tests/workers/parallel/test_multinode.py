@@ -1,0 +1,110 @@
+"""Multi-node jobs (resources.nodes) through real `baton worker` processes standing for nodes on one
+machine (distinct by name, loopback rendezvous): one group across the workers, equal to the same
+ranks on one node; a node's worker SIGKILLed, the gang formed again with a spare and the run
+bit-exact; a gang that cannot fill released without using an attempt."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import mid_epoch_after_two_checkpoints, run_reference
+from tests.workers.parallel.test_ddp import alive
+from tests.workers.parallel.test_ddp_workers import sigkill_worker_pid_when
+from tests.workers.parallel.test_fsdp import FSDP, assert_same_sharded_training
+from tests.workers.queue.test_worker_loss import running_at_step, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tmp_path_factory):
+    """test_fsdp's job on one node, uninterrupted: 2 ranks, as the 2 nodes of 1 rank here."""
+    return run_reference(tmp_path_factory.mktemp("fsdp-reference"), FSDP)
+
+# test_fsdp's job (2 sharded ranks) as 2 nodes of 1 rank each: the same world, so the same bits
+TWO_NODES = {**FSDP, "resources": {**FSDP["resources"], "processes": 1, "nodes": 2}}
+NODES_ENV = {"BATON_GANG_DISTINCT": "worker", "BATON_NODE_ADDRESS": "127.0.0.1"}
+
+
+def gang_of(cluster, job_id: str):
+    from baton.workers.queue.gang import Gangs
+
+    return Gangs(cluster.client.records.redis).read(job_id)
+
+
+def test_two_nodes_train_as_one_group_equal_to_one_node(cluster, fsdp_reference, tmp_path):
+    cluster.start_workers(2, **NODES_ENV)
+    job = cluster.client.submit(TWO_NODES, "two")
+    final = job.wait(timeout=180, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert (final.attempt, final.lost) == (1, 0)
+    gang = gang_of(cluster, "two")
+    assert gang is None or gang.state == "dissolved"
+    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "two", tmp_path)
+
+
+def test_a_node_sigkilled_the_gang_forms_again_and_ends_bit_exact(cluster, fsdp_reference, tmp_path):
+    """The follower's worker SIGKILLed mid-epoch (its rank dies with it, the leader's collective fails):
+    the attempt is lost, the job re-queued; the leader and a spare form the next gang, which resumes
+    from the last sharded checkpoint and ends equal to the uninterrupted run, with no rank left."""
+    cluster.start_workers(2, **NODES_ENV)
+    job = cluster.client.submit(TWO_NODES, "cut")
+    wait_for(running_at_step(job, 1))
+    follower = cluster.worker(gang_of(cluster, "cut").workers[1])
+    committed = sigkill_worker_pid_when(follower, cluster.store(), "cut", mid_epoch_after_two_checkpoints())
+    cluster.start_workers(1, **NODES_ENV)  # the spare
+    final = job.wait(timeout=240, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert final.lost == 1 and final.attempt >= 2 and final.resumed_from == committed["checkpoints"][-1]["step"]
+    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "cut", tmp_path)
+    assert not any(alive(worker.proc.pid) for worker in cluster.workers if worker is follower)
+
+
+def test_a_gang_that_cannot_fill_is_released_without_using_an_attempt(cluster, tmp_path):
+    cluster.start_workers(1, BATON_GANG_TIMEOUT_S="2", **NODES_ENV)
+    job = cluster.client.submit(TWO_NODES, "alone")
+    waiting = wait_for(lambda: (s := job.status()).last_event and "only 1 of 2 joined" in s.last_event and s, timeout=60)
+    assert (waiting.state.value, waiting.attempt, waiting.lost) == ("queued", 0, 0)
+    cluster.start_workers(1, BATON_GANG_TIMEOUT_S="30", **NODES_ENV)
+    final = job.wait(timeout=240, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert (final.attempt, final.lost) == (1, 0)
+
+
+def test_sigterm_on_a_node_stops_every_rank_at_one_step_and_loses_nothing(cluster, fsdp_reference, tmp_path):
+    """SIGTERM to the follower's worker: it passes it to its rank, the whole group agrees to stop at
+    the next step, one stop checkpoint is committed by the leader and the job goes back to the queue
+    uncounted; a spare joins the leader and the run ends bit-exact."""
+    import signal
+
+    from tests.helpers import read_manifest
+
+    cluster.start_workers(2, **NODES_ENV)
+    job = cluster.client.submit(TWO_NODES, "term")
+    store = cluster.store()
+    wait_for(lambda: (m := read_manifest(store, "term")) and any(e["kind"] == "step" for e in m["checkpoints"]))
+    follower = cluster.worker(gang_of(cluster, "term").workers[1])
+    follower.signal(signal.SIGTERM, group=False)
+    stopped = wait_for(lambda: (m := read_manifest(store, "term")) and m["checkpoints"][-1]["kind"] == "stop" and m,
+                       timeout=60)
+    assert follower.proc.wait(timeout=60) is not None
+    cluster.start_workers(1, **NODES_ENV)
+    final = job.wait(timeout=240, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert final.lost == 0 and final.resumed_from == stopped["checkpoints"][-1]["step"]  # 0 steps lost
+    assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
+
+
+def test_the_job_code_failing_on_another_node_fails_the_job_once_with_its_traceback(cluster):
+    import re
+
+    from tests.helpers import make_spec
+
+    cluster.start_workers(2, **NODES_ENV)
+    spec = make_spec(data={"target": "tests.probes:failing_on_rank", "batch_size": 16,
+                           "kwargs": {"n_per_class": 150, "rank": 1, "after": 40}},
+                     loop={"epochs": 1}, checkpoint={"every_steps": 2}, retry={"max_attempts": 3},
+                     resources={"processes": 1, "nodes": 2, "strategy": "fsdp"})
+    final = cluster.client.submit(spec, "bad").wait(timeout=180, progress=False)
+    assert (final.state.value, final.attempt, final.lost) == ("failed", 1, 0), final.error
+    assert re.match(r"ValueError: sample \d+ is unreadable on rank 1 \(on rank 1 of 2\)", final.error), final.error
+    assert re.search(r"tests/probes\.py.*ValueError: sample \d+ is unreadable on rank 1", final.traceback, re.S)
