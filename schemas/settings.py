@@ -45,7 +45,7 @@ class BatonSettings(BaseSettings):
     )
     node_address: str = Field(
         "", description="The address other nodes reach this worker at when it leads a multi-node job (its rendezvous: "
-        "a TCP store on a free port); default: this host's name, resolved.")
+        "a TCP store on a free port); default: the address of the interface its default route leaves by.")
     gang_timeout_s: float = Field(
         300.0, gt=0, description="How long a multi-node job waits for all its nodes to join before its gang is "
         "dissolved and the job offered again (no attempt used).")

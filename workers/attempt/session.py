@@ -204,6 +204,9 @@ def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: i
     train = functools.partial(_train, spec, job_id, store, attempt, control, state, entry, threads,
                               allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
                               upload_retry_s=upload_retry_s)
+    if spec.resources.nodes > 1 and gang is None:
+        raise TransientError(f"resources.nodes: {spec.resources.nodes}: this attempt has no gang of workers; the job "
+                             "goes back to its queue, whose workers form one")
     if world == 1 and spec.resources.strategy == "ddp":
         return train(None)  # (a sharded job of one rank is a group of one: its checkpoints are DCP's)
     shards = state.get(SHARDS_KEY) if state is not None else None

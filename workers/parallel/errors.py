@@ -13,3 +13,8 @@ class RankLost(BatonError):
 class RankFailed(UserCodeError):
     """The job's own code (or its spec) raised on a rank other than 0: the job fails and is not retried,
     as a single-process job whose code raises. ``traceback`` is the rank's own, ``origin`` names the rank."""
+
+
+class NodeReleased(BatonError):
+    """Another node of a multi-node attempt is shutting down (SIGTERM: a spot notice, a pod deleted)
+    before its ranks could stop with the others: the job is released for another gang, not counted."""

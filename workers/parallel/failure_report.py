@@ -42,10 +42,11 @@ class FailureReport:
 def is_job_failure(exc: BaseException) -> bool:
     """Whether ``exc``, raised on a rank, is the job's code (or spec) failing, rather than storage or
     the process group failing under the rank (another rank lost, or not proving the attempt's secret)."""
-    import torch.distributed as dist
+    from .launcher import is_collective_error
 
-    infrastructure = (TransientError, CheckpointCorrupt, RankLost, dist.DistError)
-    return not any(isinstance(e, infrastructure) for e in exception_chain(exc, follow_suppressed=True))
+    infrastructure = (TransientError, CheckpointCorrupt, RankLost)
+    return not any(isinstance(e, infrastructure) or is_collective_error(e)
+                   for e in exception_chain(exc, follow_suppressed=True))
 
 
 def write(directory: Path, rank: int, exc: BaseException) -> None:

@@ -94,17 +94,24 @@ class Ranks:
         return [p.pid for p in self.procs]
 
     def _watch(self) -> None:
+        looks = 0
         while not self._ending.wait(0.2):
+            looks += 1
             for rank, proc in zip(self.ranks, self.procs):
                 code = proc.poll()
                 if code is not None and code != 0 and self._lost is None:
                     self._lost = describe_exit(rank, code)
-                    self.log(f"data-parallel: {self._lost}; stopping the group")
-                    if self._ending.wait(RANK_LOSS_GRACE_S):
-                        return
-                    self.kill()
-                    self._on_hang(f"{self._lost}, and rank 0 did not leave its collective in {RANK_LOSS_GRACE_S:.0f}s")
+            if self._lost is None and looks % 10 == 0:  # another node's ranks: as its worker reports them
+                reported = self._remote()
+                if reported is not None:
+                    self._lost = f"{type(reported).__name__}: {reported}"
+            if self._lost is not None:
+                self.log(f"data-parallel: {self._lost}; stopping the group")
+                if self._ending.wait(RANK_LOSS_GRACE_S):
                     return
+                self.kill()
+                self._on_hang(f"{self._lost}, and rank 0 did not leave its collective in {RANK_LOSS_GRACE_S:.0f}s")
+                return
 
     def wait_until_ready(self, timeout_s: float = RENDEZVOUS_TIMEOUT_S, poll_s: float = 0.05) -> None:
         """Wait until ranks 1..N-1 have reached the rendezvous (each says so in the store just before
@@ -124,10 +131,11 @@ class Ranks:
                     raise self._failure(rank)
                 if code is not None:
                     raise RankLost(f"{describe_exit(rank, code)} before it joined the group")
-            if time.monotonic() >= deadline:
-                missing = [rank for rank, key in enumerate(keys, start=1) if not self.store.check([key])]
-                raise RankLost(f"rank(s) {', '.join(map(str, missing))} did not reach the group within "
-                               f"{timeout_s:.0f}s (BATON_RENDEZVOUS_TIMEOUT_S)")
+            if time.monotonic() >= deadline:  # this node's ranks; another node's report for itself (``remote``)
+                missing = [rank for rank in self.ranks if not self.store.check([ready_key(rank)])]
+                if missing:
+                    raise RankLost(f"rank(s) {', '.join(map(str, missing))} did not reach the group within "
+                                   f"{timeout_s:.0f}s (BATON_RENDEZVOUS_TIMEOUT_S)")
             time.sleep(poll_s)
 
     def explain(self, exc: BaseException) -> BaseException:
@@ -138,7 +146,7 @@ class Ranks:
         because another rank died may raise from inside the job's code, and report that."""
         if isinstance(exc, (FencedOut, KeyboardInterrupt, SystemExit)):
             return exc
-        collective = any(_is_collective_error(e) for e in exception_chain(exc, follow_suppressed=True))
+        collective = any(is_collective_error(e) for e in exception_chain(exc, follow_suppressed=True))
         # a dead rank's sockets close before it is reaped; another node's report comes through Redis
         deadline = time.monotonic() + (self.remote_wait_s if collective else 2.0)
         failed_at = None
@@ -211,7 +219,7 @@ def describe_exit(rank: int, code: int) -> str:
     return f"rank {rank} {how}"
 
 
-def _is_collective_error(exc: BaseException) -> bool:
+def is_collective_error(exc: BaseException) -> bool:
     """torch.distributed's errors; and gloo's transport errors, which reach Python as plain RuntimeErrors
     ("[.../gloo/transport/tcp/pair.cc] Connection closed by peer": a peer's process died)."""
     return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo/transport" in str(exc))

@@ -163,11 +163,21 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'endpoint', ARGV[2], 'secret', A
 return 1
 """
 
-# KEYS: gang. ARGV: gang id, field (failure|lost), value. A follower's report to its leader; the first stays.
+# KEYS: gang. ARGV: gang id, field (failure|lost|released), value. A follower's report to its leader of
+# why its ranks ended; the first stays.
 _REPORT = """
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then return 0 end
-if redis.call('HEXISTS', KEYS[1], 'failure') == 1 or redis.call('HEXISTS', KEYS[1], 'lost') == 1 then return 0 end
+for _, field in ipairs({'failure', 'lost', 'released'}) do
+  if redis.call('HEXISTS', KEYS[1], field) == 1 then return 0 end
+end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+return 1
+"""
+
+# KEYS: gang. ARGV: gang id, node. A follower whose ranks all finished: its lease may lapse, not a loss.
+_DONE = """
+if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'done:' .. ARGV[2], '1')
 return 1
 """
 
@@ -214,11 +224,13 @@ class Gang:
     workers: dict[int, str] = field(default_factory=dict)  # node index -> worker name
     hosts: dict[int, str] = field(default_factory=dict)
     endpoint: Optional[str] = None
-    secret: Optional[str] = None
-    args: Optional[str] = None  # the ranks' arguments, as the leader gives its own (JSON)
+    secret: Optional[str] = field(default=None, repr=False)
+    args: Optional[str] = field(default=None, repr=False)  # the ranks' arguments, as the leader gives its own (JSON)
     reason: Optional[str] = None  # why it was dissolved
     failure: Optional[str] = None  # a follower's report: the job's code failed on one of its ranks (JSON)
     lost: Optional[str] = None  # a follower's report: a rank or the node was lost
+    released: Optional[str] = None  # a follower's report: its worker is shutting down
+    done: frozenset = frozenset()  # the followers whose ranks all finished
 
     def describe(self) -> str:
         return f"{self.joined} of {self.nodes} nodes joined"
@@ -255,7 +267,7 @@ class Gangs:
         self._renew_gang, self._renew_member = client.register_script(_RENEW_GANG), client.register_script(_RENEW_MEMBER)
         self._admit, self._start = client.register_script(_ADMIT), client.register_script(_START)
         self._dissolve, self._leave = client.register_script(_DISSOLVE), client.register_script(_LEAVE)
-        self._report = client.register_script(_REPORT)
+        self._report, self._done = client.register_script(_REPORT), client.register_script(_DONE)
 
     # --- the leader ----------------------------------------------------------------------------
     def form(self, job_id: str, queue: str, attempt: int, nodes: int, worker: str, host: str,
@@ -319,12 +331,18 @@ class Gangs:
                                 args=[membership.gang, membership.node, membership.token]))
 
     def report(self, job_id: str, gang_id: str, what: str, value: str) -> bool:
-        """Tell the leader why this node's ranks ended: ``failure`` (the job's code, JSON) or ``lost``."""
+        """Tell the leader why this node's ranks ended: ``failure`` (the job's code, JSON), ``lost``, or
+        ``released`` (this worker is shutting down: not counted)."""
         return bool(self._report(keys=[keys.gang(job_id)], args=[gang_id, what, value]))
 
+    def mark_done(self, job_id: str, gang_id: str, node: int) -> bool:
+        """Node ``node``'s ranks all finished: its lease may end without its being lost."""
+        return bool(self._done(keys=[keys.gang(job_id)], args=[gang_id, node]))
+
     def lapsed_members(self, job_id: str, gang: Gang) -> list[int]:
-        """The followers of ``gang`` whose lease is gone (their worker died or was cut off)."""
-        nodes = [node for node in sorted(gang.workers) if node > 0]
+        """The followers of ``gang`` whose lease is gone (their worker died or was cut off) before their
+        ranks finished."""
+        nodes = [node for node in sorted(gang.workers) if node > 0 and node not in gang.done]
         alive = self.client.exists(*[keys.gang_member(job_id, node) for node in nodes]) if nodes else 0
         if alive == len(nodes):
             return []
@@ -340,7 +358,8 @@ class Gangs:
         hosts = {k: raw[f"host:{k}"] for k in range(nodes) if f"host:{k}" in raw}
         return Gang(raw["id"], raw["state"], int(raw["attempt"]), nodes, int(raw["joined"]), workers, hosts,
                     raw.get("endpoint"), raw.get("secret"), raw.get("args"), raw.get("reason"), raw.get("failure"),
-                    raw.get("lost"))
+                    raw.get("lost"), raw.get("released"),
+                    frozenset(k for k in range(nodes) if f"done:{k}" in raw))
 
 
 def _member_keys(job_id: str, nodes: int) -> list[str]:

@@ -32,7 +32,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from baton.schemas.errors import TransientError
+import redis
+
 from baton.schemas.manifest import CheckpointEntry
 from baton.schemas.spec import JobSpec
 from baton.storage import owned_dirs
@@ -40,8 +41,7 @@ from baton.storage.artifacts import download_checkpoint
 from baton.storage.checkpointer import SPOOL_PREFIX
 from baton.storage.open import open_store
 from baton.workers.parallel import failure_report
-from baton.workers.parallel.errors import RankFailed, RankLost
-from baton.workers.parallel.failure_report import EXIT_USER_CODE
+from baton.workers.parallel.errors import NodeReleased, RankFailed, RankLost
 from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit
 
 from .gang import Gang, Gangs, Led, Membership
@@ -52,43 +52,67 @@ POLL_S = 0.1
 """How often a leader looks for its gang to fill, and a follower for its gang to start."""
 WATCH_S = 0.2
 """How often a follower looks at its ranks (and, every few looks, at its gang)."""
+REPORT_WAIT_S = 3.0
+"""How long the leader's rank 0, its collective broken, waits for another node's report of why (a
+follower reports within WATCH_S + SETTLE_S of its rank's end) before it counts the attempt lost.
+Waiting for a dead follower's lease to lapse instead would add up to a lease TTL to every recovery."""
 
 
 def node_address(settings) -> str:
-    """Where this worker is reached by other nodes: BATON_NODE_ADDRESS, else its host name resolved."""
+    """Where this worker is reached by other nodes: BATON_NODE_ADDRESS, else the address of the
+    interface its default route leaves by (a host name often resolves to loopback: 127.0.1.1 on
+    Debian), else its host name."""
     if settings.node_address:
         return settings.node_address
     try:
-        return socket.gethostbyname(socket.gethostname())
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # a UDP "connect" sends nothing: it only chooses the route
+            address = probe.getsockname()[0]
+        if not address.startswith("127."):
+            return address
     except OSError:
-        return socket.gethostname()
+        pass
+    return socket.gethostname()
+
+
+def node_host() -> str:
+    """What tells this worker's host from another's (gangs' nodes are distinct hosts): its host name,
+    the pod's name on Kubernetes."""
+    return socket.gethostname()
 
 
 class Leadership:
     """What a gang's leader gives its attempt: where to serve the rendezvous, how to publish it, and
     what the other nodes reported."""
 
-    def __init__(self, gangs: Gangs, led: Led, address: str, lease_ttl_s: float):
+    def __init__(self, gangs: Gangs, led: Led, address: str):
         self.gangs, self.led, self.nodes, self.address = gangs, led, led.nodes, address
-        self.loss_wait_s = lease_ttl_s + 1.0  # a dead follower's lease lapses within its TTL
+        self.loss_wait_s = REPORT_WAIT_S
 
     def start(self, endpoint: str, secret: str, args: dict) -> None:
         if not self.gangs.start(self.led, endpoint, secret, json.dumps(args)):
             raise RankLost(f"the gang of job {self.led.job_id} was dissolved before its ranks could start")
 
     def remote_failure(self) -> Optional[BaseException]:
-        """A follower's report: the job's code failed on one of its ranks (RankFailed), or a rank or
-        the node was lost (RankLost: reported, or its worker's lease in the gang lapsed); None before."""
-        gang = self.gangs.read(self.led.job_id)
-        if gang is None or gang.id != self.led.id:
+        """A follower's report: the job's code failed on one of its ranks (RankFailed), a rank or the
+        node was lost (RankLost: reported, or its worker's lease in the gang lapsed before its ranks
+        finished), or its worker is shutting down (NodeReleased); None before, and while Redis cannot
+        be read (the collective's own failure still ends the attempt)."""
+        try:
+            gang = self.gangs.read(self.led.job_id)
+            if gang is None or gang.id != self.led.id:
+                return None
+            lapsed = self.gangs.lapsed_members(self.led.job_id, gang)
+        except redis.RedisError:
             return None
         if gang.failure:
             report = json.loads(gang.failure)
             where = f"rank {report['rank']} of {report['world_size']}"
             return RankFailed(f"{where}: {report['exception']}", report["traceback"], origin=f"on {where}")
+        if gang.released:
+            return NodeReleased(gang.released)
         if gang.lost:
             return RankLost(gang.lost)
-        lapsed = self.gangs.lapsed_members(self.led.job_id, gang)
         if lapsed:
             return RankLost(f"node {lapsed[0]} ({gang.workers[lapsed[0]]}) was lost: its worker's lease in the gang "
                             "lapsed")
@@ -101,7 +125,7 @@ def lead(ctx, job_id: str, attempt: int, nodes: int, queue: str, pass_on: Callab
     attempt and trains it (``job_runner``)."""
     settings = ctx.settings
     gangs, address = Gangs(ctx.redis), node_address(settings)
-    status, led = gangs.form(job_id, queue, attempt, nodes, ctx.worker, address, settings.lease_ttl_s)
+    status, led = gangs.form(job_id, queue, attempt, nodes, ctx.worker, node_host(), settings.lease_ttl_s)
     if status == "busy":
         return pass_on(f"waiting for nodes: the gang of {gangs.busy_with(queue) or 'another job'} is forming on "
                        f"queue {queue} first")
@@ -132,7 +156,7 @@ def lead(ctx, job_id: str, attempt: int, nodes: int, queue: str, pass_on: Callab
     keeper.start()
     outcome = "error"
     try:
-        outcome = run(Leadership(gangs, led, address, settings.lease_ttl_s))
+        outcome = run(Leadership(gangs, led, address))
         return outcome
     finally:
         keeper.stop()
@@ -143,7 +167,7 @@ def follow(ctx, job_id: str, attempt: int, nodes: int) -> str:
     """A follower's part, for the join message of ``attempt``."""
     settings = ctx.settings
     gangs = Gangs(ctx.redis)
-    membership, why = gangs.join(job_id, attempt, nodes, ctx.worker, node_address(settings), settings.gang_distinct,
+    membership, why = gangs.join(job_id, attempt, nodes, ctx.worker, node_host(), settings.gang_distinct,
                                  settings.lease_ttl_s)
     if membership is None:
         _log.info("job %s attempt %d: not joined (%s)", job_id, attempt, why)
@@ -151,23 +175,41 @@ def follow(ctx, job_id: str, attempt: int, nodes: int) -> str:
     _log.info("job %s attempt %d: joined its gang as node %d", job_id, attempt, membership.node)
     keeper = _Renewer(lambda: gangs.renew_member(job_id, membership, settings.lease_ttl_s), settings.heartbeat_s)
     keeper.start()
+    # a shutdown from here on (its grace over, or a second signal) tells the leader: not counted as a loss
+    ctx.preemption.register(job_id, lambda reason: _quietly(lambda: gangs.report(
+        job_id, membership.gang, "released", f"node {membership.node} ({ctx.worker}): {reason}")))
     try:
-        gang = _wait_for_start(gangs, job_id, membership, keeper, settings.gang_timeout_s + settings.lease_ttl_s)
+        gang = _wait_for_start(ctx, gangs, job_id, membership, keeper)
         if gang is None:
             _log.info("job %s attempt %d: the gang did not start; left it", job_id, attempt)
             return "left"
         return _run_node(ctx, gangs, job_id, gang, membership, keeper)
     finally:
+        ctx.preemption.unregister(job_id)
         keeper.stop()
-        gangs.leave(job_id, membership)
+        _quietly(lambda: gangs.leave(job_id, membership))
 
 
-def _wait_for_start(gangs: Gangs, job_id: str, membership: Membership, keeper: "_Renewer",
-                    timeout_s: float) -> Optional[Gang]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not keeper.lost.is_set():
-        gang = gangs.read(job_id)
+def _wait_for_start(ctx, gangs: Gangs, job_id: str, membership: Membership, keeper: "_Renewer") -> Optional[Gang]:
+    """The gang once its leader published the rendezvous; None when it was dissolved or expired (its
+    leader renews it while it lives: no deadline here), this place was lost, or this worker is shutting
+    down (a gang already admitted is told so: the leader releases the job, uncounted)."""
+    unread_since: Optional[float] = None
+    while not keeper.lost.is_set():
+        try:
+            gang = gangs.read(job_id)
+            unread_since = None
+        except redis.RedisError:
+            unread_since = unread_since or time.monotonic()
+            if time.monotonic() - unread_since >= ctx.settings.lease_ttl_s:
+                return None
+            time.sleep(POLL_S)
+            continue
         if gang is None or gang.id != membership.gang or gang.state == "dissolved":
+            return None
+        if ctx.preemption.requested.is_set():
+            if gang.state != "forming":
+                _report(gangs, job_id, gang, "released", f"node {membership.node} ({ctx.worker}) is shutting down")
             return None
         if gang.state == "running":
             return gang
@@ -188,9 +230,11 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
         if entry is not None:  # sharded: this node's copy of the checkpoint the leader chose, every file verified
             try:
                 args["resume_dir"] = str(download_checkpoint(store, CheckpointEntry(**entry), scratch / "resume"))
-            except (TransientError, OSError, ValueError) as exc:
-                return _report_lost(gangs, job_id, gang, f"node {membership.node} ({ctx.worker}) could not read the "
-                                    f"checkpoint: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - unreachable, corrupt, a full disk: this node's loss
+                return _report(gangs, job_id, gang, "lost", f"node {membership.node} ({ctx.worker}) could not read "
+                               f"the checkpoint: {type(exc).__name__}: {exc}")
+        if ctx.preemption.requested.is_set():  # shutting down before its ranks started
+            return _report(gangs, job_id, gang, "released", f"node {membership.node} ({ctx.worker}) is shutting down")
         ranks = Ranks(args["world_size"], args, lambda message: _log.info("job %s: %s", job_id, message),
                       on_hang=lambda why: None, ranks=range(first, first + per_node), endpoint=gang.endpoint,
                       secret=gang.secret)
@@ -206,24 +250,15 @@ def _watch(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, k
            ranks: Ranks) -> str:
     forwarded = False
     looks = 0
+    unread_since: Optional[float] = None  # Redis unreachable since (a blip is no reason to stop)
     while True:
         codes = [proc.poll() for proc in ranks.procs]
         if all(code == 0 for code in codes):
+            _quietly(lambda: gangs.mark_done(job_id, gang.id, membership.node))  # its lease may go now: not a loss
             return "done"
         if any(code not in (None, 0) for code in codes):
             time.sleep(SETTLE_S)  # a rank whose collective broke under it may exit before the one that failed
-            codes = [proc.poll() for proc in ranks.procs]
-            ended = sorted(((rank, code) for rank, code in zip(ranks.ranks, codes) if code not in (None, 0)),
-                           key=lambda ended_rank: ended_rank[1] != EXIT_USER_CODE)
-            rank, code = ended[0]
-            report = failure_report.read_earliest(ranks.directory)  # written before the rank left, however it left
-            if report is not None:
-                gangs.report(job_id, gang.id, "failure", json.dumps({
-                    "rank": report.rank, "world_size": ranks.world_size, "exception": report.exception,
-                    "traceback": report.traceback}))
-                return "failed"
-            return _report_lost(gangs, job_id, gang, f"{describe_exit(rank, code)} on node {membership.node} "
-                                f"({ctx.worker})")
+            return _report_end(ctx, gangs, job_id, gang, membership, ranks)
         if ctx.preemption.requested.is_set() and not forwarded:  # every rank stops at the same step, once
             for proc in ranks.procs:
                 if proc.poll() is None:
@@ -231,7 +266,17 @@ def _watch(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, k
             forwarded = True
         looks += 1
         if looks % 5 == 0:
-            now = gangs.read(job_id)
+            try:
+                now = gangs.read(job_id)
+                unread_since = None
+            except redis.RedisError as exc:
+                unread_since = unread_since or time.monotonic()
+                if time.monotonic() - unread_since < ctx.settings.lease_ttl_s:
+                    time.sleep(WATCH_S)
+                    continue
+                _log.warning("job %s: Redis unreachable for %.0fs (%s); stopping node %d's ranks", job_id,
+                             ctx.settings.lease_ttl_s, exc, membership.node)
+                return "lost"
             if now is None or now.id != gang.id or now.state != "running":
                 _log.warning("job %s: its gang ended (%s); stopping node %d's ranks", job_id,
                              now.reason if now is not None else "gone", membership.node)
@@ -242,10 +287,40 @@ def _watch(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, k
         time.sleep(WATCH_S)
 
 
-def _report_lost(gangs: Gangs, job_id: str, gang: Gang, what: str) -> str:
-    _log.warning("job %s: %s", job_id, what)
-    gangs.report(job_id, gang.id, "lost", what)
-    return "lost"
+def _report_end(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, ranks: Ranks) -> str:
+    """Tell the leader why this node's ranks ended, judged as the leader judges its own: a rank killed
+    by a signal is a loss before any report (a rank whose collective broke may report after it); else
+    the job's code failed where a rank reported it; ranks ended by this worker's own shutdown are a
+    release (not counted); anything else is a loss."""
+    codes = [proc.poll() for proc in ranks.procs]
+    ended = sorted(((rank, code) for rank, code in zip(ranks.ranks, codes) if code not in (None, 0)),
+                   key=lambda ended_rank: ended_rank[1] >= 0)  # killed by a signal first
+    rank, code = ended[0]
+    where = f"node {membership.node} ({ctx.worker})"
+    if ctx.preemption.requested.is_set():
+        return _report(gangs, job_id, gang, "released", f"{where} is shutting down")
+    report = failure_report.read_earliest(ranks.directory)
+    if code >= 0 and report is not None:
+        _report(gangs, job_id, gang, "failure", json.dumps({
+            "rank": report.rank, "world_size": ranks.world_size, "exception": report.exception,
+            "traceback": report.traceback}))
+        return "failed"
+    return _report(gangs, job_id, gang, "lost", f"{describe_exit(rank, code)} on {where}")
+
+
+def _report(gangs: Gangs, job_id: str, gang: Gang, what: str, detail: str) -> str:
+    _log.warning("job %s: %s: %s", job_id, what, detail)
+    _quietly(lambda: gangs.report(job_id, gang.id, what, detail))
+    return what
+
+
+def _quietly(write: Callable[[], object]) -> None:
+    """A write to the gang's record that may fail: the leader still learns what happened (its collective
+    breaks, or this node's lease lapses)."""
+    try:
+        write()
+    except redis.RedisError as exc:
+        _log.warning("could not write to the gang's record (%s)", exc)
 
 
 class _Renewer(threading.Thread):

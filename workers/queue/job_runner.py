@@ -47,7 +47,7 @@ from baton.schemas.targets import disallowed_targets
 from baton.storage.checkpointer import CheckpointStats
 from baton.storage.open import open_store
 from baton.workers.attempt.session import run_attempt
-from baton.workers.parallel.errors import RankLost
+from baton.workers.parallel.errors import NodeReleased, RankLost
 from baton.workers.parallel.launcher import devices_missing, offered_gpus
 from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport, describe_row
@@ -301,6 +301,8 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     if cannot is not None:
         return _pass_on(ctx, job_id, attempt, cannot)
     nodes, queue = _gang_size(ctx, job_id)
+    if nodes is None:  # the record cannot be read: claiming could run a multi-node job on one node
+        return _pass_on(ctx, job_id, attempt, "its record could not be read")
     if nodes > 1:
         return gang_runner.lead(ctx, job_id, attempt, nodes, queue,
                                 lambda event: _pass_on(ctx, job_id, attempt, event, event),
@@ -320,13 +322,17 @@ def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:
     return gang_runner.follow(ctx, job_id, attempt, nodes)
 
 
-def _gang_size(ctx: WorkerContext, job_id: str) -> tuple[int, str]:
-    """(resources.nodes, queue) from the job's record; (1, ...) when the record cannot tell (the claim decides)."""
+def _gang_size(ctx: WorkerContext, job_id: str) -> tuple[Optional[int], str]:
+    """(resources.nodes, queue) from the job's record; (None, ...) when Redis cannot be read; (1, ...)
+    when the record holds no spec that says (the claim decides: a missing job is dropped there)."""
     try:
         raw, queue = ctx.redis.hmget(keys.job(job_id), ["spec", "queue"])
+    except redis.RedisError:
+        return None, "default"
+    try:
         return int(json.loads(raw)["resources"].get("nodes", 1)), queue or "default"
-    except (redis.RedisError, ValueError, KeyError, TypeError):
-        return 1, "default"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return 1, queue or "default"
 
 
 def _claim_and_run(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional["gang_runner.Leadership"] = None) -> str:
@@ -394,6 +400,9 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         return "fenced"
     except TransientError as exc:
         _release(ctx, control, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
+        return "released"
+    except NodeReleased as exc:  # another node of the gang is shutting down: as a preemption, not counted
+        _release(ctx, control, f"{exc}")
         return "released"
     except RankLost as exc:  # a data-parallel rank died: infrastructure, counted as a worker loss
         _release_lost(ctx, control, f"{exc} on {ctx.worker}")

@@ -108,3 +108,13 @@ def test_the_job_code_failing_on_another_node_fails_the_job_once_with_its_traceb
     assert (final.state.value, final.attempt, final.lost) == ("failed", 1, 0), final.error
     assert re.match(r"ValueError: sample \d+ is unreadable on rank 1 \(on rank 1 of 2\)", final.error), final.error
     assert re.search(r"tests/probes\.py.*ValueError: sample \d+ is unreadable on rank 1", final.traceback, re.S)
+
+
+def test_two_gangs_on_two_workers_both_finish(cluster):
+    """Two jobs of 2 nodes submitted at once to a queue of 2 workers: were each to take one worker and
+    wait for another, neither would ever start. One gang forms at a time, so one runs, then the other."""
+    cluster.start_workers(2, **NODES_ENV)
+    short = {**TWO_NODES, "loop": {**TWO_NODES["loop"], "epochs": 1}}
+    jobs = [cluster.client.submit(short, name) for name in ("first", "second")]
+    finals = [job.wait(timeout=240, progress=False) for job in jobs]
+    assert [(f.state.value, f.attempt, f.lost) for f in finals] == [("succeeded", 1, 0)] * 2, [f.error for f in finals]

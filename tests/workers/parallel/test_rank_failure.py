@@ -46,3 +46,23 @@ def test_a_worker_fails_the_job_with_rank_1s_exception_and_does_not_retry_it(clu
     assert re.search(r"Traceback \(most recent call last\):\n.*tests/probes\.py.*\n"
                      r"ValueError: sample \d+ is unreadable on rank 1\n", final.traceback, re.S), final.traceback
     assert "RankLost" not in final.traceback
+
+
+def test_a_collective_broken_under_a_rank_is_not_the_jobs_failure():
+    """A rank whose collective broke because a peer died (gloo reports it as a plain RuntimeError, even
+    from inside the job's forward) is lost, not failed: on a job of several ranks a node, where another
+    node's loss breaks every survivor's collective, the job must be retried rather than failed."""
+    from baton.workers.parallel.failure_report import is_job_failure
+
+    broken = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                          "[127.0.0.1]:35001")
+    assert not is_job_failure(broken)
+    try:
+        try:
+            raise broken
+        except RuntimeError as inner:
+            raise ValueError("the task's forward failed") from inner
+    except ValueError as wrapped:
+        assert not is_job_failure(wrapped)
+    assert is_job_failure(RuntimeError("CUDA error: an illegal memory access"))  # the job's own
+    assert is_job_failure(ValueError("sample 3 is unreadable"))
