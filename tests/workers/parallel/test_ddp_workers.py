@@ -39,7 +39,10 @@ def sigkill_worker_pid_when(worker, store, job_id: str, ready) -> dict:
             if manifest and ready(manifest):
                 worker.proc.send_signal(signal.SIGKILL)
                 worker.proc.wait()
-                os.killpg(worker.proc.pid, signal.SIGCONT)  # the ranks, frozen too, must now die by themselves
+                try:
+                    os.killpg(worker.proc.pid, signal.SIGCONT)  # the ranks, frozen too, must now die by themselves
+                except ProcessLookupError:
+                    pass  # a worker without child ranks: nothing of its group is left
                 return manifest
             os.killpg(worker.proc.pid, signal.SIGCONT)
         time.sleep(0.01)

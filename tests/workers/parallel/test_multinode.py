@@ -118,3 +118,24 @@ def test_two_gangs_on_two_workers_both_finish(cluster):
     jobs = [cluster.client.submit(short, name) for name in ("first", "second")]
     finals = [job.wait(timeout=240, progress=False) for job in jobs]
     assert [(f.state.value, f.attempt, f.lost) for f in finals] == [("succeeded", 1, 0)] * 2, [f.error for f in finals]
+
+
+def test_the_leader_sigkilled_its_gang_ends_and_a_new_one_ends_bit_exact(cluster, fsdp_reference, tmp_path):
+    """The leader's worker SIGKILLed mid-epoch (its rank 0 dies with it): the follower's rank is stopped
+    by its worker (the gang expires without its leader), the job's lease lapses and a reaper queues it
+    again; the follower and a spare form the next gang, which ends equal to the uninterrupted run."""
+    from tests.workers.parallel.test_ddp_workers import rank_pids
+
+    cluster.start_workers(2, **NODES_ENV)
+    job = cluster.client.submit(TWO_NODES, "headless")
+    holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
+    follower = cluster.worker(gang_of(cluster, "headless").workers[1])
+    assert follower is not holder
+    follower_ranks = wait_for(lambda: rank_pids(follower), timeout=30)
+    committed = sigkill_worker_pid_when(holder, cluster.store(), "headless", mid_epoch_after_two_checkpoints())
+    wait_for(lambda: not any(alive(pid) for pid in follower_ranks), timeout=30)  # no orphan on the follower
+    cluster.start_workers(1, **NODES_ENV)  # the spare
+    final = job.wait(timeout=240, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert final.lost == 1 and final.resumed_from == committed["checkpoints"][-1]["step"]
+    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "headless", tmp_path)
