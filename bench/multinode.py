@@ -30,16 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
+from bench import recovery  # noqa: E402
 from bench.recovery import poll  # noqa: E402
 
-SPEC = {
-    "name": "multinode", "seed": 3,
-    "model": {"target": "builtin:mlp", "kwargs": {"in_features": 2, "hidden": 256, "layers": 3, "out_features": 3}},
-    "data": {"target": "builtin:spiral", "kwargs": {"n_per_class": 20000}, "batch_size": 256},
-    "optimizer": {"name": "adamw", "lr": 1e-3},
-    "loop": {"epochs": 50}, "checkpoint": {"every_steps": 20, "keep_last": 3},
-    "resources": {"device": "cpu", "cpu_threads": 1, "strategy": "fsdp", "processes": 1, "nodes": 2},
-}
+# bench/recovery.py's job (an MLP on the spiral, a checkpoint every 20 steps) on 2 nodes of 1 sharded rank
+SPEC = {**recovery.SPEC, "name": "multinode",
+        "resources": {"device": "cpu", "cpu_threads": 1, "strategy": "fsdp", "processes": 1, "nodes": 2}}
 ONE_NODE = {**SPEC, "resources": {**SPEC["resources"], "processes": 2, "nodes": 1}}
 NODE_ENV = {"BATON_GANG_DISTINCT": "worker", "BATON_NODE_ADDRESS": "127.0.0.1"}
 
