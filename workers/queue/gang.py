@@ -40,11 +40,16 @@ import redis
 from baton.jobs import keys
 from baton.jobs.records import now
 
-# The scripts' shared parts. WAITING: whether the job still waits for a worker (a cancelled one does not).
+# The scripts' shared parts. waiting: whether the job still waits for a worker (a cancelled one does not);
+# waiting_for: what its status says meanwhile (with why a worker was not taken, if one was not).
 _WAITING = """
 local function waiting(job)
   local state = redis.call('HGET', job, 'state')
   return state == 'queued' or state == 'retrying'
+end
+local function waiting_for(gang, joined, nodes)
+  local refused = redis.call('HGET', gang, 'refused')
+  return 'waiting for nodes: ' .. joined .. ' of ' .. nodes .. ' joined' .. (refused and ('; ' .. refused) or '')
 end
 """
 
@@ -99,6 +104,8 @@ for k = 0, nodes - 1 do
   local member = redis.call('HGET', KEYS[1], 'worker:' .. k)
   if member == ARGV[2] then return {'member'} end
   if member and ARGV[4] == 'host' and redis.call('HGET', KEYS[1], 'host:' .. k) == ARGV[3] then
+    redis.call('HSET', KEYS[1], 'refused', ARGV[2] .. ' did not join: it is on the host of ' .. member ..
+               ' (nodes are distinct hosts; BATON_GANG_DISTINCT)')
     return {'same-host', member}
   end
   if not member and not free and k > 0 then free = k end
@@ -108,8 +115,7 @@ local token = ARGV[1] .. ':' .. ARGV[2] .. ':' .. ARGV[6]
 redis.call('SET', KEYS[free + 2], token, 'PX', ARGV[5])
 local joined = redis.call('HINCRBY', KEYS[1], 'joined', 1)
 redis.call('HSET', KEYS[1], 'worker:' .. free, ARGV[2], 'host:' .. free, ARGV[3])
-redis.call('HSET', KEYS[2], 'updated_at', ARGV[7],
-           'last_event', 'waiting for nodes: ' .. joined .. ' of ' .. nodes .. ' joined')
+redis.call('HSET', KEYS[2], 'updated_at', ARGV[7], 'last_event', waiting_for(KEYS[1], joined, nodes))
 return {'ok', tostring(free), token, redis.call('HGET', KEYS[1], 'id')}
 """
 
@@ -146,10 +152,14 @@ local nodes = free_lapsed(KEYS[2], 4)
 if #KEYS ~= nodes + 2 then return {'nodes', '0'} end
 local joined = tonumber(redis.call('HGET', KEYS[2], 'joined'))
 if joined < nodes then
-  redis.call('HSET', KEYS[3], 'last_event', 'waiting for nodes: ' .. joined .. ' of ' .. nodes .. ' joined')
+  redis.call('HSET', KEYS[3], 'last_event', waiting_for(KEYS[2], joined, nodes))
   return {'forming', tostring(joined)}
 end
 redis.call('HSET', KEYS[2], 'state', 'admitted')
+local members = {}
+for k = 0, nodes - 1 do members[#members + 1] = redis.call('HGET', KEYS[2], 'worker:' .. k) end
+redis.call('HSET', KEYS[3], 'last_event', 'gang of ' .. nodes .. ' nodes admitted: ' .. table.concat(members, ', ') ..
+           ' (the first leads)')
 if redis.call('GET', KEYS[1]) == ARGV[2] .. ':' .. ARGV[3] then redis.call('DEL', KEYS[1]) end
 return {'admitted', tostring(joined)}
 """
@@ -230,6 +240,7 @@ class Gang:
     failure: Optional[str] = None  # a follower's report: the job's code failed on one of its ranks (JSON)
     lost: Optional[str] = None  # a follower's report: a rank or the node was lost
     released: Optional[str] = None  # a follower's report: its worker is shutting down
+    refused: Optional[str] = None  # why a worker that took a join message did not join (the same host)
     done: frozenset = frozenset()  # the followers whose ranks all finished
 
     def describe(self) -> str:
@@ -358,7 +369,7 @@ class Gangs:
         hosts = {k: raw[f"host:{k}"] for k in range(nodes) if f"host:{k}" in raw}
         return Gang(raw["id"], raw["state"], int(raw["attempt"]), nodes, int(raw["joined"]), workers, hosts,
                     raw.get("endpoint"), raw.get("secret"), raw.get("args"), raw.get("reason"), raw.get("failure"),
-                    raw.get("lost"), raw.get("released"),
+                    raw.get("lost"), raw.get("released"), raw.get("refused"),
                     frozenset(k for k in range(nodes) if f"done:{k}" in raw))
 
 

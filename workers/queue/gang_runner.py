@@ -30,7 +30,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import redis
 
@@ -47,6 +47,7 @@ from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit
 from .gang import Gang, Gangs, Led, Membership
 
 _log = logging.getLogger("baton.worker")
+T = TypeVar("T")
 
 POLL_S = 0.1
 """How often a leader looks for its gang to fill, and a follower for its gang to start."""
@@ -148,6 +149,9 @@ def lead(ctx, job_id: str, attempt: int, nodes: int, queue: str, pass_on: Callab
         if time.monotonic() >= deadline or ctx.preemption.requested.is_set():
             why = (f"waiting for nodes: only {joined} of {nodes} joined in {settings.gang_timeout_s:.0f}s; offered again"
                    if not ctx.preemption.requested.is_set() else f"waiting for nodes: {ctx.worker} is shutting down")
+            refused = _quietly(lambda: gangs.read(job_id))
+            if refused is not None and refused.refused:
+                why += f"; {refused.refused}"
             gangs.dissolve(led, why)
             return pass_on(why)
         time.sleep(POLL_S)
@@ -314,13 +318,14 @@ def _report(gangs: Gangs, job_id: str, gang: Gang, what: str, detail: str) -> st
     return what
 
 
-def _quietly(write: Callable[[], object]) -> None:
-    """A write to the gang's record that may fail: the leader still learns what happened (its collective
-    breaks, or this node's lease lapses)."""
+def _quietly(call: Callable[[], T]) -> Optional[T]:
+    """A call on the gang's record that may fail: the leader still learns what happened (its collective
+    breaks, or this node's lease lapses), a status goes without a detail."""
     try:
-        write()
+        return call()
     except redis.RedisError as exc:
-        _log.warning("could not write to the gang's record (%s)", exc)
+        _log.warning("could not reach the gang's record (%s)", exc)
+        return None
 
 
 class _Renewer(threading.Thread):

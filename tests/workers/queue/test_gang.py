@@ -41,13 +41,16 @@ def test_a_gang_is_admitted_once_every_node_has_joined_then_claims_as_any_job(en
     first, why = gangs.join("a", 1, 3, "w1", "h1", "host", ttl_s=5)
     assert first is not None and first.node == 1 and first.gang == led.id and why == "ok"
     assert gangs.join("a", 1, 3, "w1", "h1", "host", ttl_s=5) == (None, "member")
-    assert gangs.join("a", 1, 3, "w9", "h1", "host", ttl_s=5) == (None, "same-host w1")  # one node a host
     assert records.status("a").last_event == "waiting for nodes: 2 of 3 joined"
+    assert gangs.join("a", 1, 3, "w9", "h1", "host", ttl_s=5) == (None, "same-host w1")  # one node a host
     assert gangs.admit(led) == ("forming", 2)
+    assert records.status("a").last_event == ("waiting for nodes: 2 of 3 joined; w9 did not join: it is on the host "
+                                              "of w1 (nodes are distinct hosts; BATON_GANG_DISTINCT)")
     second, _ = gangs.join("a", 1, 3, "w2", "h2", "host", ttl_s=5)
     assert second is not None and second.node == 2
     assert gangs.join("a", 1, 3, "w3", "h3", "host", ttl_s=5) == (None, "full")
     assert gangs.admit(led) == ("admitted", 3)
+    assert records.status("a").last_event == "gang of 3 nodes admitted: w0, w1, w2 (the first leads)"
     assert not client.exists(keys.queue_forming("default"))  # the next gang may form now
     assert gangs.join("a", 1, 3, "w3", "h3", "host", ttl_s=5) == (None, "closed")
 
