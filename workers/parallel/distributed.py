@@ -67,12 +67,17 @@ STOP_CODES = {"interrupted": 1, "preempted": 2, "cancelled": 3}
 _REASONS = {code: reason for reason, code in STOP_CODES.items()}
 
 
+def written_by(state: dict) -> int:
+    """How many ranks wrote a checkpoint (its state, or a sharded one's rank file); 1 before the field."""
+    return int(state.get("config", {}).get("processes", 1))
+
+
 def check_same_processes(state: Optional[dict], processes: int) -> None:
     """A checkpoint resumes only with the rank count that wrote it (each rank's RNG and data share
     belong to it; resharding would change the bits)."""
     if state is None:
         return
-    saved = int(state.get("config", {}).get("processes", 1))
+    saved = written_by(state)
     if saved != processes:
         raise PermanentError(
             f"resources.processes: this job's checkpoints were written by {saved} process(es) and the spec asks for "

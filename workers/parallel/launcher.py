@@ -61,11 +61,12 @@ class Ranks:
     def __init__(self, world_size: int, args: dict, log: Callable[[str], None],
                  on_hang: Optional[Callable[[str], None]] = None, ranks: Optional[range] = None,
                  store: Optional["dist.Store"] = None, endpoint: Optional[str] = None, secret: Optional[str] = None,
-                 remote: Callable[[], Optional[BaseException]] = lambda: None):
+                 remote: Callable[[], Optional[BaseException]] = lambda: None, remote_wait_s: float = 5.0):
         """Start ``ranks`` (default 1..N-1: every rank but this process's 0). A multi-node attempt's
         ranks meet at ``endpoint`` (a TCP store its leader serves, ``store`` there), with the
         attempt's ``secret``; else at a file store in this attempt's private directory. ``remote``:
-        what another node reported of its ranks (RankFailed, RankLost), None before."""
+        what another node reported of its ranks (RankFailed, RankLost), None before; a broken
+        collective waits up to ``remote_wait_s`` for its cause (a dead rank here, or a report)."""
         self.world_size, self.log = world_size, log
         self.ranks = ranks if ranks is not None else range(1, world_size)
         self.directory = Path(tempfile.mkdtemp(prefix="baton-ranks-"))  # 0700: this user's processes only
@@ -77,7 +78,7 @@ class Ranks:
         self._lost: Optional[str] = None
         self._on_hang = on_hang or _exit_hung
         self._remote = remote
-        self.remote_wait_s = 5.0  # how long a broken collective waits for its cause (more across nodes)
+        self.remote_wait_s = remote_wait_s
         for rank in self.ranks:
             rank_args = {**args, "rank": rank, "world_size": world_size, "parent_pid": os.getpid(),
                          "directory": str(self.directory), "endpoint": endpoint}

@@ -33,10 +33,7 @@ from baton.workers.training.components import Components
 from baton.workers.training.data import derive_seed, pass_batches
 from baton.workers.training.progress import Progress
 
-
-def written_by(own: dict[str, Any]) -> int:
-    """How many ranks wrote the checkpoint whose rank file ``own`` is."""
-    return int(own.get("config", {}).get("processes", 1))
+from .distributed import written_by
 
 
 def check_reshard(own: dict[str, Any], processes: int, allowed: bool) -> None:

@@ -44,6 +44,8 @@ from baton.workers.parallel import failure_report
 from baton.workers.parallel.errors import NodeReleased, RankFailed, RankLost
 from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit
 
+from baton.jobs import keys
+
 from .gang import Gang, Gangs, Led, Membership
 
 _log = logging.getLogger("baton.worker")
@@ -167,9 +169,29 @@ def lead(ctx, job_id: str, attempt: int, nodes: int, queue: str, pass_on: Callab
         gangs.dissolve(led, f"attempt {attempt} ended ({outcome})")
 
 
-def follow(ctx, job_id: str, attempt: int, nodes: int) -> str:
-    """A follower's part, for the join message of ``attempt``."""
+def gang_size(client: redis.Redis, job_id: str) -> tuple[Optional[int], str]:
+    """(resources.nodes, queue) from the job's record; (None, ...) when Redis cannot be read; (1, ...)
+    when the record holds no spec that says (the claim decides: a missing job is dropped there)."""
+    try:
+        raw, queue = client.hmget(keys.job(job_id), ["spec", "queue"])
+    except redis.RedisError:
+        return None, "default"
+    try:
+        return int(json.loads(raw)["resources"].get("nodes", 1)), queue or "default"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return 1, queue or "default"
+
+
+def follow(ctx, job_id: str, attempt: int, nodes: int, cannot_host: Optional[str] = None,
+           pass_on_wait_s: float = 0.0) -> str:
+    """A follower's part, for the join message of ``attempt``. A worker that ``cannot_host`` a node
+    (why not: GPUs, code, store) hands the join message back, after ``pass_on_wait_s``, for another."""
     settings = ctx.settings
+    if cannot_host is not None:
+        _log.warning("job %s attempt %d: not joining its gang: %s", job_id, attempt, cannot_host)
+        time.sleep(pass_on_wait_s)
+        ctx.publish_join(job_id, attempt, nodes, gang_size(ctx.redis, job_id)[1])
+        return "passed on"
     gangs = Gangs(ctx.redis)
     membership, why = gangs.join(job_id, attempt, nodes, ctx.worker, node_host(), settings.gang_distinct,
                                  settings.lease_ttl_s)

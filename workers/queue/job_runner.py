@@ -300,7 +300,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     cannot = _cannot_host(ctx, job_id)
     if cannot is not None:
         return _pass_on(ctx, job_id, attempt, cannot)
-    nodes, queue = _gang_size(ctx, job_id)
+    nodes, queue = gang_runner.gang_size(ctx.redis, job_id)
     if nodes is None:  # the record cannot be read: claiming could run a multi-node job on one node
         return _pass_on(ctx, job_id, attempt, "its record could not be read")
     if nodes > 1:
@@ -312,27 +312,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
 
 def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:
     """A join message of a multi-node job: this worker becomes one of its nodes, if it can host one."""
-    cannot = _cannot_host(ctx, job_id)
-    if cannot is not None:  # another worker of the queue may: the message goes back for it
-        _log.warning("job %s attempt %d: not joining its gang: %s", job_id, attempt, cannot)
-        time.sleep(PASS_ON_WAIT_S)
-        queue = ctx.redis.hget(keys.job(job_id), "queue") or "default"
-        ctx.publish_join(job_id, attempt, nodes, queue)
-        return "passed on"
-    return gang_runner.follow(ctx, job_id, attempt, nodes)
-
-
-def _gang_size(ctx: WorkerContext, job_id: str) -> tuple[Optional[int], str]:
-    """(resources.nodes, queue) from the job's record; (None, ...) when Redis cannot be read; (1, ...)
-    when the record holds no spec that says (the claim decides: a missing job is dropped there)."""
-    try:
-        raw, queue = ctx.redis.hmget(keys.job(job_id), ["spec", "queue"])
-    except redis.RedisError:
-        return None, "default"
-    try:
-        return int(json.loads(raw)["resources"].get("nodes", 1)), queue or "default"
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return 1, queue or "default"
+    return gang_runner.follow(ctx, job_id, attempt, nodes, _cannot_host(ctx, job_id), PASS_ON_WAIT_S)
 
 
 def _claim_and_run(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional["gang_runner.Leadership"] = None) -> str:
