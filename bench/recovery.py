@@ -1,22 +1,36 @@
-"""How fast a job comes back after its worker is lost, and how much training it loses.
+"""How fast a job comes back after a fault, how much training it redoes, and what keeping the last
+step in memory costs.
 
 Real redis-server, S3 endpoint (moto) and two `baton worker` processes on this machine. For each
-trial a job is submitted; once it trains, the worker holding it gets SIGKILL (its whole process
-group: the node is gone) or SIGTERM (a spot notice). Measured from the signal:
+trial a job is submitted; once it trains, one fault:
 
-- claimed: another worker has claimed the job (a new attempt started),
-- resumed: that worker has trained its first step after loading the checkpoint,
-- steps lost: training steps done before the signal that the new attempt repeats
-  (progress reaches Redis every 0.5 s, so up to 0.5 s of steps may go uncounted).
+- crash: the job's training process gets SIGKILL (its worker lives: the OOM killer, a segfault);
+  its copies in memory taken as ``auto`` chooses;
+- crash-1: the same, with a copy after every step (``checkpoint.memory_every_steps: 1``);
+- SIGTERM: its worker gets SIGTERM (a spot notice);
+- node: its worker's whole process group gets SIGKILL (the node is gone).
 
-    python bench/recovery.py [--trials 3] [--out bench/results/recovery.json]
+Measured from the signal, by the job's own model (``bench.probes.counting_mlp``: every training
+forward appends the time to a file per process), not by baton's records:
+
+- back s: until the first training step of the process that took over;
+- redone: steps the dead process had trained (or begun) past the point the next one resumed from.
+
+Then the cost of the in-memory copies on the loop, runs with ``checkpoint.memory_every_steps`` auto
+(and 1) against off, interleaved: in one process (``run_attempt`` on a file store, the loop alone)
+for a small and a 25M-parameter model, and through a worker (the job's training time from its
+metrics rows). ``baton run`` keeps no copies (it has no worker to keep them for it).
+
+    python bench/recovery.py [--trials 3] [--cost-repeats 3] [--out bench/results/recovery.json]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import sys
@@ -24,11 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
+from bench.probes import forwards  # noqa: E402
 
 SPEC = {
     "name": "recovery", "seed": 3,
@@ -37,6 +53,12 @@ SPEC = {
     "optimizer": {"name": "adamw", "lr": 1e-3},
     "loop": {"epochs": 50}, "checkpoint": {"every_steps": 20, "keep_last": 3},
 }
+LARGE = {**SPEC, "model": {"target": "builtin:mlp", "kwargs": {"in_features": 2, "hidden": 2896, "layers": 4,
+                                                               "out_features": 3}},
+         "data": {**SPEC["data"], "kwargs": {"n_per_class": 800}}, "loop": {"epochs": 5}}
+"""About 25M parameters (301 MB of state with AdamW's): the copy costs more than 3 % of a step, so
+``auto`` spaces the copies out."""
+FAULTS = ("crash", "crash-1", "SIGTERM", "node")
 
 
 def poll(fn, timeout_s: float = 120, every_s: float = 0.01):
@@ -49,78 +71,163 @@ def poll(fn, timeout_s: float = 120, every_s: float = 0.01):
     raise TimeoutError("gave up waiting")
 
 
-def trial(client: JobClient, workers: list[WorkerProcess], kind: str, index: int) -> dict:
-    job = client.submit(SPEC, f"{kind.lower()}-{index}-{int(time.time())}")
-    poll(lambda: (s := job.status()).state.value == "running" and (s.step or 0) >= 30)
-    status = job.status()
+def counting(spec: dict, directory: Path) -> dict:
+    """``spec`` with its model counting its own training steps into ``directory``."""
+    return {**copy.deepcopy(spec), "model": {"target": "bench.probes:counting_mlp",
+                                             "kwargs": {"directory": str(directory), **spec["model"]["kwargs"]}}}
+
+
+def trial(client: JobClient, workers: list[WorkerProcess], kind: str, index: int, root: Path) -> dict:
+    directory = root / f"{kind}-{index}"
+    directory.mkdir()
+    spec = counting(SPEC, directory)
+    if kind == "crash-1":
+        spec["checkpoint"] = {**spec["checkpoint"], "memory_every_steps": 1}
+    job = client.submit(spec, f"{kind.lower()}-{index}-{int(time.time())}")
+    status = poll(lambda: (s := job.status()).state.value == "running" and (s.step or 0) >= 30 and s.pid and s)
     holder = next(w for w in workers if w.name == status.worker)
-    step_at_signal = status.step
-    started = time.monotonic()
-    holder.signal(signal.SIGKILL if kind == "SIGKILL" else signal.SIGTERM, group=kind == "SIGKILL")
-    claimed = poll(lambda: job.status().attempt >= 2 and time.monotonic())
-    resumed_status = poll(lambda: (s := job.status()).attempt >= 2 and s.resumed_from is not None
-                          and (s.step or 0) > s.resumed_from and s)
-    resumed = time.monotonic()
+    dead = status.pid
+    at = time.time()
+    if kind.startswith("crash"):
+        os.kill(dead, signal.SIGKILL)
+    else:
+        holder.signal(signal.SIGKILL if kind == "node" else signal.SIGTERM, group=kind == "node")
+    back = poll(lambda: min((t for pid, times in forwards(directory).items() if pid != dead for t in times if t > at),
+                            default=None))
+    resumed = poll(lambda: (s := job.status()).attempt >= 2 and s.resumed_from is not None and s)
+    trained = len(forwards(directory)[dead])
     job.cancel()
-    holder.proc.wait(timeout=120)
-    return {"kind": kind, "trial": index, "claimed_s": claimed - started, "resumed_s": resumed - started,
-            "step_at_signal": step_at_signal, "resumed_from": resumed_status.resumed_from,
-            "steps_lost": max(0, step_at_signal - resumed_status.resumed_from), "exit_code": holder.proc.returncode}
+    if not kind.startswith("crash"):
+        holder.proc.wait(timeout=120)
+    source = "memory" if re.search(r"resumed in memory", resumed.last_event or "") else "checkpoint"
+    return {"fault": kind, "trial": index, "back_s": back - at, "trained_by_dead": trained,
+            "resumed_from": resumed.resumed_from, "redone": trained - resumed.resumed_from, "source": source,
+            "same_worker": resumed.worker == holder.name}
+
+
+def in_process_cost(spec: dict, repeats: int, root: Path, modes: tuple = ("off", "auto")) -> dict:
+    """Seconds per optimizer step of the loop with in-memory copies (``modes``: auto, 1) and without,
+    interleaved."""
+    from baton.schemas.spec import JobSpec
+    from baton.storage.file_store import FileStore
+    from baton.storage.layout import JobPaths
+    from baton.workers.attempt.local import register_spec
+    from baton.workers.attempt.session import run_attempt
+    from baton.workers.training.control import LoopControl
+
+    class Quiet(LoopControl):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def log(self, message: str) -> None:
+            self.lines.append(message)
+
+    times: dict = {mode: [] for mode in modes}
+    said: dict = {}
+    for r in range(repeats):
+        for mode in modes:
+            parsed = JobSpec.parse({**spec, "checkpoint": {**spec["checkpoint"], "memory_every_steps": mode}})
+            store = FileStore(root / f"store-{mode}-{r}")
+            job = f"{mode}-{r}"
+            register_spec(store, JobPaths(job), parsed)
+            dirs = [root / f"memory-{mode}-{r}"]
+            dirs[0].mkdir(parents=True)
+            control = Quiet()
+            started = time.perf_counter()
+            result = run_attempt(parsed, job, store, 1, control, memory=[str(d) for d in dirs])
+            times[mode].append((time.perf_counter() - started) / result.outcome.step)
+            said[mode] = next((line for line in control.lines if line.startswith("in-memory copies:")), "")
+    off = statistics.median(times["off"])
+    return {str(mode): {"step_s": statistics.median(times[mode]), "ratio": statistics.median(times[mode]) / off,
+                        "copier": said[mode]} for mode in modes}
+
+
+def worker_cost(client: JobClient, repeats: int) -> dict:
+    """The training time of one job (its metrics rows' epoch_s) with copies (auto) and without, on one
+    worker, interleaved."""
+    spec = {**SPEC, "loop": {"epochs": 4}}
+    times: dict[str, list[float]] = {"auto": [], "off": []}
+    for r in range(repeats):
+        for mode in ("off", "auto"):
+            job = client.submit({**spec, "checkpoint": {**spec["checkpoint"], "memory_every_steps": mode}},
+                                f"cost-{mode}-{r}-{int(time.time())}")
+            final = job.wait(timeout=600, progress=False)
+            assert final.state.value == "succeeded", final.error
+            times[mode].append(sum(row["epoch_s"] for row in job.metrics()))
+    off, auto = statistics.median(times["off"]), statistics.median(times["auto"])
+    return {"train_s_off": off, "train_s_auto": auto, "ratio": auto / off}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--cost-repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/recovery.json")
     args = parser.parse_args()
 
     settings = BatonSettings()
-    logs = Path(tempfile.mkdtemp(prefix="baton-recovery-"))
+    root = Path(tempfile.mkdtemp(prefix="baton-recovery-"))
     redis, s3 = RedisServer().start(), S3Server().start()
     s3.create_bucket("recovery")
-    env = {**os.environ, **s3.env(), "BATON_REDIS_URL": redis.url, "BATON_STORAGE_URL": "s3://recovery/bench"}
+    env = {**os.environ, **s3.env(), "BATON_REDIS_URL": redis.url, "BATON_STORAGE_URL": "s3://recovery/bench",
+           "BATON_ALLOWED_MODULES": "bench", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                                      os.environ.get("PYTHONPATH")]))}
     os.environ.update(env)
     client = JobClient()
     workers: list[WorkerProcess] = []
     names = iter(range(1000))
     rows = []
     try:
-        for kind in ("SIGKILL", "SIGTERM"):
+        for kind in FAULTS:
             for index in range(args.trials):
                 workers = [w for w in workers if w.proc.poll() is None]
                 while len(workers) < 2:
                     n = next(names)
-                    workers.append(WorkerProcess(f"bench-{n}@local", env, str(logs / f"w{n}.log")).start().wait_ready())
-                row = trial(client, workers, kind, index)
+                    workers.append(WorkerProcess(f"bench-{n}@local", env, str(root / f"w{n}.log")).start().wait_ready())
+                row = trial(client, workers, kind, index, root)
                 rows.append(row)
-                print(f"  {kind} trial {index}: resumed after {row['resumed_s']:.2f}s, {row['steps_lost']} steps lost",
-                      flush=True)
+                print(f"  {kind} trial {index}: training again after {row['back_s']:.2f}s, {row['redone']} step(s) "
+                      f"redone (from {row['source']})", flush=True)
+        print("cost through a worker ...", flush=True)
+        through_worker = worker_cost(client, args.cost_repeats)
     finally:
         for worker in workers:
             worker.stop()
         redis.stop()
         s3.stop()
+    print("cost in one process ...", flush=True)
+    in_process = {"small": in_process_cost({**SPEC, "loop": {"epochs": 2}}, args.cost_repeats, root / "small",
+                                           ("off", "auto", 1)),
+                  "25M": in_process_cost(LARGE, args.cost_repeats, root / "large")}
 
     print(f"\nrecovery, {args.trials} trials each (lease TTL {settings.lease_ttl_s:g}s, heartbeat {settings.heartbeat_s:g}s, "
           f"reaper every {settings.reaper_period_s:g}s; {os.cpu_count()} cores)")
-    print(f"{'signal':>8} {'trial':>5} {'claimed s':>10} {'resumed s':>10} {'step@signal':>12} {'resumed from':>13} {'lost':>5}")
+    print(f"{'fault':>8} {'trial':>5} {'back s':>7} {'trained':>8} {'resumed from':>13} {'redone':>7} {'source':>11} "
+          f"{'same worker':>12}")
     for r in rows:
-        print(f"{r['kind']:>8} {r['trial']:>5} {r['claimed_s']:>10.2f} {r['resumed_s']:>10.2f} {r['step_at_signal']:>12} "
-              f"{r['resumed_from']:>13} {r['steps_lost']:>5}")
+        print(f"{r['fault']:>8} {r['trial']:>5} {r['back_s']:>7.2f} {r['trained_by_dead']:>8} {r['resumed_from']:>13} "
+              f"{r['redone']:>7} {r['source']:>11} {str(r['same_worker']):>12}")
     summary = {}
-    for kind in ("SIGKILL", "SIGTERM"):
-        mine = [r for r in rows if r["kind"] == kind]
-        summary[kind] = {"resumed_s_median": statistics.median(r["resumed_s"] for r in mine),
-                         "resumed_s_max": max(r["resumed_s"] for r in mine),
-                         "steps_lost_max": max(r["steps_lost"] for r in mine)}
-        print(f"{kind}: resumed in {summary[kind]['resumed_s_median']:.2f}s median, {summary[kind]['resumed_s_max']:.2f}s max; "
-              f"at most {summary[kind]['steps_lost_max']} steps lost")
+    for kind in FAULTS:
+        mine = [r for r in rows if r["fault"] == kind]
+        summary[kind] = {"back_s_median": statistics.median(r["back_s"] for r in mine),
+                         "back_s_max": max(r["back_s"] for r in mine), "redone_max": max(r["redone"] for r in mine)}
+        print(f"{kind}: training again in {summary[kind]['back_s_median']:.2f}s median, "
+              f"{summary[kind]['back_s_max']:.2f}s max; at most {summary[kind]['redone_max']} step(s) redone")
+    print("\nin-memory copies (checkpoint.memory_every_steps against off), medians:")
+    for name, cost in in_process.items():
+        for mode, row in cost.items():
+            print(f"  one process, {name} model, {mode}: {row['step_s'] * 1e3:.2f} ms a step ({row['ratio']:.3f}x); "
+                  f"{row['copier']}")
+    print(f"  through a worker: {through_worker['train_s_auto']:.2f} against {through_worker['train_s_off']:.2f} s of "
+          f"training ({through_worker['ratio']:.3f}x)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                                "settings": {"lease_ttl_s": settings.lease_ttl_s, "heartbeat_s": settings.heartbeat_s,
                                             "reaper_period_s": settings.reaper_period_s},
-                               "trials": rows, "summary": summary}, indent=2))
+                               "trials": rows, "summary": summary,
+                               "copy_cost": {"in_process": in_process, "through_worker": through_worker}}, indent=2))
     print(f"wrote {out}")
 
 

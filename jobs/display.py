@@ -44,10 +44,17 @@ def _metric_rows(s: JobStatus) -> list[tuple[str, str]]:
     return [(f"{name} (monitored)" if name == s.monitor else name, _num(metrics.get(name))) for name in names]
 
 
+def _training_process(s: JobStatus) -> str:
+    if s.pid is None or s.worker is None or s.state.value != "running":
+        return "-"
+    return f"pid {s.pid} on {s.worker.partition('@')[2] or s.worker}"
+
+
 def details(s: JobStatus) -> str:
     rows = [
         ("id", s.id), ("name", s.name), ("state", s.state.value), ("queue", s.queue),
         ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"), ("worker", s.worker or "-"),
+        ("training process", _training_process(s)),
         ("epoch", _epoch(s)),
         ("step", f"{s.step}/{s.total_steps}" if s.total_steps else "-"),
         ("loss", _num(s.loss)), *_metric_rows(s),

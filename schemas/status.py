@@ -31,6 +31,7 @@ class JobStatus(BaseModel):
     lost: int = Field(0, description="Attempts lost with their worker (SIGKILL, node gone); preemptions do not count.")
     max_attempts: int = 1
     worker: Optional[str] = Field(None, description="The worker running (or last running) it.")
+    pid: Optional[int] = Field(None, description="The process id of its training process, on the worker's host.")
     epoch: Optional[int] = Field(None, description="The epoch (pass over the data) being trained, counting from 1.")
     epochs: Optional[int] = Field(None, description="Epochs in all; None for a step-based run (loop.max_steps).")
     step: Optional[int] = None

@@ -66,6 +66,17 @@ class SharedBuffers:
         self._paths: dict[int, Path] = {}  # a buffer's storage address -> its file
         self._counter = itertools.count()
 
+    @classmethod
+    def within(cls, dirs: list[Path], log: Callable[[str], None] = print,
+               headroom: int = SHM_HEADROOM) -> "SharedBuffers":
+        """Buffers in directories someone else made and removes (an in-memory copy's slot: it must
+        outlive this process), the first preferred, the next used once one has no room."""
+        buffers = cls.__new__(cls)
+        buffers.headroom, buffers.log = headroom, log
+        buffers.dirs, buffers._made = list(dirs), []
+        buffers._paths, buffers._counter = {}, itertools.count()
+        return buffers
+
     @property
     def dir(self) -> Path:
         """Where new buffers go."""

@@ -137,7 +137,11 @@ class ProcessWriter:
             pass
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Ask the writer to exit (after its checkpoint in flight) and wait for it."""
+        """Ask the writer to exit (after its checkpoint in flight) and wait for it. One still starting
+        (importing torch) holds no checkpoint: it is killed rather than waited for (a preempted attempt
+        seconds old would otherwise wait out those imports before handing its job over)."""
+        if not self.ready.is_set() and self._pending is None:
+            self.proc.kill()
         try:
             self._send(("exit",))
         except OSError:

@@ -43,6 +43,35 @@ def recording_mlp(**kwargs) -> nn.Module:
     return RecordingMLP(**kwargs)
 
 
+class _CountingMLP(RecordingMLP):
+    """Appends a line to ``forwards-<pid>`` in ``directory`` for each training forward: the user's own
+    count of the steps it trained, across processes (a step redone after a crash is counted twice)."""
+
+    def __init__(self, directory: str, **kwargs):
+        super().__init__(**kwargs)
+        self.directory = directory
+
+    def forward(self, x):
+        if self.training:
+            with open(os.path.join(self.directory, f"forwards-{os.getpid()}"), "a") as out:
+                out.write(f"{len(x)}\n")
+        return super().forward(x)
+
+
+def counting_mlp(directory: str, **kwargs) -> nn.Module:
+    return _CountingMLP(directory, **kwargs)
+
+
+def forwards_counted(directory: str) -> dict[int, int]:
+    """Training forwards per process, as ``counting_mlp`` recorded them."""
+    counts = {}
+    for name in os.listdir(directory):
+        if name.startswith("forwards-"):
+            with open(os.path.join(directory, name)) as records:
+                counts[int(name.split("-", 1)[1])] = sum(1 for _ in records)
+    return counts
+
+
 def linear(in_features: int = 2, out_features: int = 3) -> nn.Module:
     return nn.Linear(in_features, out_features)
 
@@ -111,6 +140,13 @@ class _Slow(Dataset):
 def slow_spiral(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:
     """The built-in spiral, loading each sample in ``delay_s``: training paced like real data."""
     return _Slow(spiral(seed=seed, **kwargs), delay_s)
+
+
+def slow_diabetes(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:
+    """The built-in diabetes set, paced as ``slow_spiral``."""
+    from baton.workers.training.builtins.data import diabetes
+
+    return _Slow(diabetes(seed=seed, **kwargs), delay_s)
 
 
 class _Served(_Slow):

@@ -2,6 +2,8 @@
 with state_dict(), and tasks that break the protocol. Imported by jobs as ``tests.tasks:NAME``."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -26,18 +28,21 @@ def _blob(seed: int, index: int) -> dict:
 class DictBlobs(Dataset):
     """Three Gaussian blobs as {"features": (2,), "label": ()} samples."""
 
-    def __init__(self, n: int = 300, seed: int = 0, offset: int = 0):
-        self.n, self.seed, self.offset = n, seed, offset
+    def __init__(self, n: int = 300, seed: int = 0, offset: int = 0, delay_s: float = 0.0):
+        self.n, self.seed, self.offset, self.delay_s = n, seed, offset, delay_s
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> dict:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         return _blob(self.seed, self.offset + index)
 
 
-def dict_blobs(n: int = 300, seed: int = 0, offset: int = 0) -> Dataset:
-    return DictBlobs(n, seed, offset)
+def dict_blobs(n: int = 300, seed: int = 0, offset: int = 0, delay_s: float = 0.0) -> Dataset:
+    """``delay_s`` paces loading (seconds a sample), as real data is: a test polling a run needs time."""
+    return DictBlobs(n, seed, offset, delay_s)
 
 
 class BlobStream(IterableDataset):
@@ -47,8 +52,8 @@ class BlobStream(IterableDataset):
     randomness must come from its own state, never a loader worker's global RNG.
     """
 
-    def __init__(self, n: int = 400, seed: int = 0):
-        self.n, self.seed, self.epoch, self.position = n, seed, 0, 0
+    def __init__(self, n: int = 400, seed: int = 0, delay_s: float = 0.0):
+        self.n, self.seed, self.epoch, self.position, self.delay_s = n, seed, 0, 0, delay_s
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = epoch, 0
@@ -61,6 +66,8 @@ class BlobStream(IterableDataset):
         while self.position < len(mine):
             index = mine[self.position]
             self.position += 1
+            if self.delay_s:
+                time.sleep(self.delay_s)
             sample = _blob(self.seed, index)
             noise = torch.Generator().manual_seed(derive_seed(self.seed, "noise", self.epoch, index))
             sample["features"] = sample["features"] + 0.1 * torch.randn(2, generator=noise)
@@ -73,8 +80,8 @@ class BlobStream(IterableDataset):
         self.epoch, self.position = state["epoch"], state["position"]
 
 
-def blob_stream(n: int = 400, seed: int = 0) -> IterableDataset:
-    return BlobStream(n, seed)
+def blob_stream(n: int = 400, seed: int = 0, delay_s: float = 0.0) -> IterableDataset:
+    return BlobStream(n, seed, delay_s)
 
 
 class NumpyStateStream(BlobStream):

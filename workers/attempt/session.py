@@ -21,7 +21,11 @@ from baton.schemas.spec import JobSpec
 from baton.storage.base import ObjectStore
 from baton.storage import owned_dirs
 from baton.storage.checkpointer import SPOOL_PREFIX, UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
+from baton.storage import memory_slots
+from baton.storage.checkpoint_io import rows_of
 from baton.storage.layout import JobPaths
+from baton.storage.memory_copy import MemoryCopier
+from baton.storage.memory_slots import InMemoryState
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.parallel import sharded_state
 from baton.workers.parallel.distributed import RankGroup, check_same_processes
@@ -164,6 +168,7 @@ def _attempt(
     upload_retry_s: float = UPLOAD_RETRY_S,
     claim: Optional[str] = None,
     gang: Optional[GangLeader] = None,
+    memory: Optional[list[str]] = None,
 ) -> AttemptResult:
     paths = JobPaths(job_id)
     manifests = ManifestStore(store, paths)
@@ -176,7 +181,7 @@ def _attempt(
     try:
         return _resume_and_train(spec, job_id, store, attempt, control, manifests, manifest, scratch,
                                  allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
-                                 upload_retry_s=upload_retry_s, gang=gang)
+                                 upload_retry_s=upload_retry_s, gang=gang, memory=memory)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -185,9 +190,19 @@ def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: i
                       manifests: ManifestStore, manifest: CheckpointManifest, scratch: Path, *,
                       allowed_prefixes: tuple[str, ...], fence: Callable[[], None],
                       on_commit: Callable[[CheckpointManifest, CheckpointStats], None],
-                      upload_retry_s: float, gang: Optional[GangLeader] = None) -> AttemptResult:
-    state, entry = load_latest_good(store, manifest, control.log, scratch)
+                      upload_retry_s: float, gang: Optional[GangLeader] = None,
+                      memory: Optional[list[str]] = None) -> AttemptResult:
     world = spec.resources.ranks
+    memory = memory if world == 1 and spec.resources.strategy == "ddp" else None  # one process's state only
+    latest = manifest.checkpoints[-1] if manifest.checkpoints else None
+    copy = newer_in_memory([Path(d) for d in memory], latest, control.log) if memory else None
+    if copy is not None:  # (the durable checkpoint is not read: only its step, to compare)
+        state, entry, point = copy.state, latest, ResumePoint(copy.step, copy.epoch, copy.batch_in_epoch, "memory")
+    else:
+        if memory:  # copies not taken belong to a run this attempt does not continue
+            memory_slots.forget([Path(d) for d in memory])
+        state, entry = load_latest_good(store, manifest, control.log, scratch)
+        point = ResumePoint.of(entry)
     resharding = None
     if state is not None and SHARDS_KEY in state:  # DCP can load it onto another number of ranks
         check_reshard(state, world, spec.resources.reshard)
@@ -201,9 +216,9 @@ def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: i
     saved_threads = state["config"]["cpu_threads"] if state is not None and resharding is None else None
     threads = spec.resources.cpu_threads or saved_threads or default_threads(spec)
     configure(spec.loop.deterministic, threads)
-    train = functools.partial(_train, spec, job_id, store, attempt, control, state, entry, threads,
+    train = functools.partial(_train, spec, job_id, store, attempt, control, state, point, threads,
                               allowed_prefixes=allowed_prefixes, fence=fence, on_commit=on_commit,
-                              upload_retry_s=upload_retry_s)
+                              upload_retry_s=upload_retry_s, memory=memory)
     if spec.resources.nodes > 1 and gang is None:
         raise TransientError(f"resources.nodes: {spec.resources.nodes}: this attempt has no gang of workers; the job "
                              "goes back to its queue, whose workers form one")
@@ -226,6 +241,41 @@ def _resume_and_train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: i
     return result
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where an attempt resumes: a durable checkpoint's step and position, or an in-memory copy's."""
+
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    source: str = "checkpoint"  # or "memory"
+
+    @classmethod
+    def of(cls, entry: Optional[CheckpointEntry]) -> Optional["ResumePoint"]:
+        return None if entry is None else cls(entry.step, entry.epoch, entry.batch_in_epoch)
+
+
+def newer_in_memory(dirs: list[Path], entry: Optional[CheckpointEntry],
+                    log: Callable[[str], None]) -> Optional[InMemoryState]:
+    """The in-memory copy a crashed training process left on this machine, when it is newer than the
+    durable checkpoint ``entry`` and none of its validations lacks a durable checkpoint (a validation's
+    checkpoint may hold the best weights: they must be in the store); else None, saying why."""
+    copy = memory_slots.newest(dirs, log)
+    if copy is None:
+        return None
+    durable = entry.step if entry is not None else 0
+    if copy.step <= durable:
+        log(f"the in-memory copy (step {copy.step}) is not newer than the durable checkpoint (step {durable}): "
+            "resuming from the checkpoint")
+        return None
+    rows = rows_of(copy.state["metrics"])
+    if rows and rows[-1]["step"] > durable:
+        log(f"the in-memory copy (step {copy.step}) follows a validation at step {rows[-1]['step']} whose checkpoint "
+            f"was not committed: resuming from the durable checkpoint (step {durable})")
+        return None
+    return copy
+
+
 def default_threads(spec: JobSpec) -> int:
     """Intra-op threads when the spec sets none: torch's default (the machine's cores), shared out among
     the ranks of a data-parallel job on the CPU (ranks that each took every core would contend)."""
@@ -236,10 +286,12 @@ def default_threads(spec: JobSpec) -> int:
 
 
 def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control: LoopControl,
-           state: Optional[dict], entry: Optional[CheckpointEntry], threads: int, group: Optional[RankGroup], *,
+           state: Optional[dict], point: Optional["ResumePoint"], threads: int, group: Optional[RankGroup], *,
            allowed_prefixes: tuple[str, ...], fence: Callable[[], None],
-           on_commit: Callable[[CheckpointManifest, CheckpointStats], None], upload_retry_s: float) -> AttemptResult:
-    """Build, resume, train and finalize; ``group`` is rank 0's place in a data-parallel job, else None."""
+           on_commit: Callable[[CheckpointManifest, CheckpointStats], None], upload_retry_s: float,
+           memory: Optional[list[str]] = None) -> AttemptResult:
+    """Build, resume, train and finalize; ``group`` is rank 0's place in a data-parallel job, else None.
+    ``memory``: the directories of this job's in-memory copies (a single process's state), or None."""
     paths = JobPaths(job_id)
     device = group.device if group is not None else resolve_device(spec.resources.device)
     rng.seed_all(spec.seed)
@@ -261,7 +313,11 @@ def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control
             if not sharded:
                 saver = group.checkpointer(checkpointer, parts, checkpointer.paths, lambda: loop.progress)
             loop_control = group.control(control)
-        loop = TrainingLoop(parts, saver, loop_control, threads, group=group)
+        every = spec.checkpoint.memory_every_steps
+        copier = None if memory is None or every == "off" else MemoryCopier(
+            [Path(d) for d in memory], every=None if every == "auto" else every, cuda=device.type == "cuda",
+            log=control.log)
+        loop = TrainingLoop(parts, saver, loop_control, threads, group=group, memory=copier)
         if state is not None:
             if sharded:
                 loop.progress, loop.best, loop.metrics = sharded_state.restore(parts, Path(state[SHARDS_KEY]), 0,
@@ -270,19 +326,22 @@ def _train(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, control
                 loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
                 if group is not None:
                     loop.progress = group.restore(parts, state)
-            control.on_resume(entry.step, entry.epoch, entry.batch_in_epoch, attempt)
+            control.on_resume(point.step, point.epoch, point.batch_in_epoch, attempt, point.source)
         outcome = loop.run()
     except BaseException:
         checkpointer.abandon()
         raise
     checkpointer.close()
+    if copier is not None:
+        copier.close()
+        control.log(copier.stats.describe())
     if group is not None:
         control.log(f"rank 0: {saver.describe()}")
     report = None
     if outcome.completed:
         report = finalize(store, paths, attempt, spec.model_dump(mode="json"), None if sharded else parts.model,
                           loop.metrics, loop.best.state_dict(), fence, control.log)
-    return AttemptResult(outcome, entry.step if entry else None, report)
+    return AttemptResult(outcome, point.step if point else None, report)
 
 
 def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, entry: Optional[CheckpointEntry],

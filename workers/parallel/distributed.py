@@ -265,8 +265,8 @@ class GroupControl(LoopControl):
     def on_epoch(self, row: dict) -> None:
         self.inner.on_epoch(row)
 
-    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
-        self.inner.on_resume(step, epoch, batch_in_epoch, attempt)
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
+        self.inner.on_resume(step, epoch, batch_in_epoch, attempt, source)
 
     def log(self, message: str) -> None:
         self.inner.log(message)

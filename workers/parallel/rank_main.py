@@ -46,7 +46,7 @@ class RankControl:
     def on_epoch(self, row: dict) -> None:
         pass
 
-    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
         pass
 
     def log(self, message: str) -> None:

@@ -19,17 +19,18 @@ from baton.jobs.redaction import RedactingFilter, Redactor
 from baton.jobs.redis_conn import connect
 from baton.schemas.settings import BatonSettings
 from baton.storage.open import open_store
+from baton.storage import memory_slots
+from baton.workers.attempt.process import start_forkserver
 from baton.workers.attempt.scratch import remove_orphaned_scratch
 from baton.workers.tracking import prometheus
 from baton.workers.training.determinism import prepare_process
 
 from . import presence
 from .celery_app import app, publish_join, publish_run
-from .job_runner import WorkerContext
+from .worker_control import WorkerContext
 from .preemption import PREEMPTION
 from .redis_retry import TRANSIENT_REDIS_ERRORS
 from .reaper import Reaper
-from .warmup import warm_up
 
 _log = logging.getLogger("baton.worker")
 _context: Optional[WorkerContext] = None
@@ -112,9 +113,13 @@ def _on_ready(sender, **_) -> None:
         ctx.redis.set(keys.worker_stopping(ctx.worker), "1", ex=int(ctx.settings.preempt_grace_s) + 60)
 
     _log.info("baton worker %s: connected to the broker; starting up", ctx.worker)
-    warm_up(ctx.settings.storage_url)
-    # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool and event files
+    took = start_forkserver()  # the training processes' parent: its imports and warm-up, paid before any job
+    _log.info("baton worker %s: training processes' forkserver ready in %.1fs", ctx.worker, took)
+    # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool, event files and
+    # in-memory copies
     remove_orphaned_scratch(open_store(ctx.settings.storage_url), _log.warning)
+    for path in memory_slots.remove_orphans():
+        _log.warning("removed %s: left by a worker that is gone (killed outright)", path)
     # Redis may be away right now (the consumer connected a moment ago): wait for it, as every job
     # would; failing here left a worker taking jobs with no reaper, no preemption handler, no presence
     queues = sorted(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)

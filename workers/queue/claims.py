@@ -31,7 +31,7 @@ from . import lease
 from .redis_retry import while_leased
 
 if TYPE_CHECKING:
-    from .job_runner import WorkerControl
+    from .worker_control import WorkerControl
 
 _log = logging.getLogger("baton.worker")
 

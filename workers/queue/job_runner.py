@@ -26,169 +26,36 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Optional, TypeVar
+from dataclasses import dataclass
+from typing import Optional
 
 import redis
 from kombu.exceptions import KombuError
 
 from baton.jobs import keys
 from baton.jobs.display import summary
-from baton.jobs.records import JobRecords
-from baton.jobs.redaction import Redactor
-from baton.schemas.errors import (CheckpointWriteFailed, FencedOut, LeaseUnconfirmed, SpecError, TransientError,
-                                  formatted_traceback)
+from baton.schemas.errors import FencedOut, SpecError, TransientError, formatted_traceback
 from baton.schemas.manifest import CheckpointManifest
-from baton.schemas.metrics import val_metrics
-from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
 from baton.storage.checkpointer import CheckpointStats
+from baton.storage.memory_slots import JobMemory
 from baton.storage.open import open_store
-from baton.workers.attempt.session import run_attempt
-from baton.workers.parallel.errors import NodeReleased, RankLost
-from baton.workers.parallel.launcher import devices_missing, offered_gpus
+from baton.workers.attempt.process import Death, TrainingProcess
+from baton.workers.parallel.launcher import devices_missing
 from baton.workers.tracking import prometheus
-from baton.workers.training.control import LoopControl, StepReport, describe_row
+from baton.workers.training.control import StepReport
+from baton.workers.training.loop import Outcome
 from baton.workers.training.targets import unavailable
 
 from . import gang_runner, lease
 from .claims import catch_up_with_manifest, release_if_still_mine
-from .job_store import StoreChecks
-from .preemption import Preemption
-from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
+from .redis_retry import while_leased
 from .stall import StallWatchdog, exit_process
+from .worker_control import WorkerContext, WorkerControl
 
 _log = logging.getLogger("baton.worker")
-T = TypeVar("T")
-
-PROGRESS_EVERY_S = 0.5
-"""Least time between two progress writes to the job record."""
-
-
-@dataclass
-class WorkerContext:
-    """What a worker process sets up once and every job it runs shares."""
-
-    settings: BatonSettings
-    redis: redis.Redis
-    records: JobRecords
-    publish: Callable[[str, int, str], None]  # (job id, attempt, queue)
-    preemption: Preemption
-    worker: str
-    publish_join: Callable[[str, int, int, str], None] = lambda job_id, attempt, nodes, queue: None  # a gang's join
-    offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
-    redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
-    stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
-
-    def __post_init__(self) -> None:
-        self.stores = StoreChecks(self.settings.storage_url)
-
-
-class WorkerControl(LoopControl):
-    """The loop's view of the lease, the cancel flag and the worker's shutdown."""
-
-    def __init__(self, ctx: WorkerContext, job_id: str, heartbeat: lease.Heartbeat):
-        self.ctx, self.job_id, self.heartbeat = ctx, job_id, heartbeat
-        self._last_progress = 0.0
-        self._last_step = None
-        self.step_now: Optional[int] = None  # the last optimizer step completed (progress records are spaced out)
-        self._progress_failing = False
-        self.stall: Optional[StallWatchdog] = None
-
-    @property
-    def token(self) -> str:
-        """The lease this attempt holds (it changes when the attempt catches up with the manifest)."""
-        return self.heartbeat.token
-
-    def leased(self, call: Callable[[], T], what: str) -> T:
-        """``call()`` through a Redis outage while the lease may be valid; LeaseUnconfirmed after."""
-        try:
-            return while_leased(call, self.heartbeat.valid_until, f"job {self.job_id}: {what}")
-        except FencedOut as exc:
-            if isinstance(exc, LeaseUnconfirmed):
-                self.heartbeat.unreachable.set()
-            self.heartbeat.fenced.set()
-            raise
-
-    def fence(self) -> None:
-        """Raise FencedOut unless this attempt still holds the job (checked before every commit)."""
-        if self.heartbeat.fenced.is_set() or not self.leased(
-                lambda: self.ctx.records.fenced_set(self.job_id, self.token, {}), "the checkpoint fence"):
-            self.heartbeat.fenced.set()
-            raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
-
-    def _record(self, fields: dict, what: str) -> None:
-        if not self.leased(lambda: self.ctx.records.fenced_set(self.job_id, self.token,
-                                                               {**fields, "updated_at": time.time()}), what):
-            self.heartbeat.fenced.set()
-
-    def _record_progress(self, fields: dict) -> bool:
-        """One try, never waited for: the loop must not stall on a progress line, and the next step's
-        write carries newer values. The heartbeat decides whether the lease is lost."""
-        try:
-            self._record_once(fields)
-        except TRANSIENT_REDIS_ERRORS as exc:
-            if not self._progress_failing:
-                _log.warning("job %s: progress not recorded, Redis unavailable (%s: %s); training goes on",
-                             self.job_id, type(exc).__name__, exc)
-            self._progress_failing = True
-            return False
-        self._progress_failing = False
-        return True
-
-    def _record_once(self, fields: dict) -> None:
-        if not self.ctx.records.fenced_set(self.job_id, self.token, {**fields, "updated_at": time.time()}):
-            self.heartbeat.fenced.set()
-
-    def stop_reason(self) -> Optional[str]:
-        if self.heartbeat.fenced.is_set():
-            raise FencedOut(f"job {self.job_id}: lease {self.token} lost")
-        if self.heartbeat.cancel_requested.is_set():
-            return "cancelled"
-        if self.ctx.preemption.requested.is_set() or self.heartbeat.worker_stopping.is_set():
-            return "preempted"
-        return None
-
-    def on_step(self, report: StepReport) -> None:
-        self.step_now = report.step
-        if self.stall is not None:
-            self.stall.progress()
-        prometheus.STEPS.inc()
-        elapsed = time.monotonic() - self._last_progress
-        if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
-            if self._last_step is not None:
-                prometheus.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
-            prometheus.SAMPLES_PER_S.set(report.samples_per_s)
-            where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {})}
-            if self._record_progress({**where, "step": report.step, "total_steps": report.total_steps,
-                                      "loss": report.loss, "lr": report.lr,
-                                      "samples_per_s": round(report.samples_per_s, 1)}):
-                self._last_progress, self._last_step = time.monotonic(), report.step
-
-    def on_epoch(self, row: dict) -> None:
-        metrics = val_metrics(row)
-        self._record({**{k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "metrics": json.dumps(metrics)},
-                     "the epoch's metrics")
-        self.log(describe_row(row))
-
-    def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
-        prometheus.CHECKPOINT_STALL.observe(stats.stall_s)
-        prometheus.CHECKPOINT_WRITE.observe(stats.write_s)
-        prometheus.CHECKPOINT_BYTES.inc(stats.bytes)
-        fields = {"latest_checkpoint": manifest.latest.key}
-        if manifest.best is not None:
-            fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
-        self._record(fields, "the committed checkpoint's record")
-
-    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
-        self._record({"resumed_from": step}, "the resume point")
-        self.log(f"resuming from step {step} (epoch {epoch + 1}, batch {batch_in_epoch}) as attempt {attempt}")
-
-    def log(self, message: str) -> None:
-        _log.info("job %s: %s", self.job_id, message)
-
 
 def _release(ctx: WorkerContext, control: "WorkerControl", reason: str, kind: str = "preempted") -> None:
     """Give the job back for another worker now, as its next attempt."""
@@ -202,12 +69,18 @@ def _release(ctx: WorkerContext, control: "WorkerControl", reason: str, kind: st
     _log.warning("job %s: released (%s), queued as attempt %d", job_id, reason, next_attempt)
 
 
-def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks: str) -> None:
-    """The stall watchdog fired: give the job back as a worker loss, then leave this process."""
-    job_id = control.job_id
+def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, own_stacks: str) -> None:
+    """The stall watchdog fired: the training process's stacks recorded, it and everything below it
+    killed, the job given back as a worker loss. A worker hung itself before its training process
+    started (``own_stacks``: its threads') hands the job back and leaves."""
+    job_id, process = control.job_id, control.process
+    if process is not None and process.reported_end:
+        return  # it said how its attempt ended meanwhile: that is recorded instead
     reason = f"no optimizer step for {idle_s:.0f}s on {ctx.worker} (BATON_STALL_TIMEOUT_S); stopped as hung"
-    stacks = ctx.redact(stacks)
+    stacks = ctx.redact(process.stacks() if process is not None else own_stacks)
     _log.error("job %s: %s; every thread's stack:\n%s", job_id, reason, stacks)
+    if process is not None:
+        process.kill("stalled")
     try:
         if not control.heartbeat.fenced.is_set():
             next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, stacks),
@@ -215,9 +88,10 @@ def _stalled(ctx: WorkerContext, control: "WorkerControl", idle_s: float, stacks
             if next_attempt > 0:
                 prometheus.JOBS_RETRIED.labels("stalled").inc()
                 _publish(ctx, job_id, next_attempt)
-    except (redis.RedisError, FencedOut) as exc:  # its lease expires once this process is gone: reaped instead
+    except (redis.RedisError, FencedOut) as exc:  # its lease expires once this attempt is gone: reaped instead
         _log.error("job %s: could not release the hung attempt (%s); its lease will expire", job_id, exc)
-    exit_process(f"job {job_id} hung; a fresh worker process must take over")
+    if process is None:
+        exit_process(f"job {job_id} hung; a fresh worker process must take over")
 
 
 def _release_lost(ctx: WorkerContext, control: "WorkerControl", reason: str, metric_reason: str = "rank_lost") -> None:
@@ -316,6 +190,30 @@ def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:
 
 
 def _claim_and_run(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional["gang_runner.Leadership"] = None) -> str:
+    """Claim ``attempt`` and train it; when its training process dies, the next attempt is claimed
+    and run here again (``_crashed``), resuming from what that process left in memory."""
+    memory = JobMemory()
+    comeback: Optional[Death] = None
+    try:
+        while True:
+            outcome = _claim_and_run_once(ctx, job_id, attempt, gang, memory, comeback)
+            if not isinstance(outcome, Comeback):
+                return outcome
+            attempt, comeback = outcome.attempt, outcome.death
+    finally:
+        memory.remove()
+
+
+@dataclass(frozen=True)
+class Comeback:
+    """The training process died; the job's next attempt is this worker's to run at once."""
+
+    attempt: int
+    death: Death
+
+
+def _claim_and_run_once(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional["gang_runner.Leadership"],
+                        memory: JobMemory, comeback: Optional[Death]) -> "str | Comeback":
     nonce = lease.new_nonce()
     try:  # no lease yet: wait for Redis one lease TTL, then leave the message to the reaper's re-publish
         wait_until = time.monotonic() + ctx.settings.lease_ttl_s
@@ -335,6 +233,7 @@ def _claim_and_run(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional
     prometheus.JOBS_STARTED.inc()
     prometheus.JOBS_RUNNING.inc()
     control = WorkerControl(ctx, job_id, heartbeat)
+    control.comeback = comeback
     ctx.preemption.register(job_id, lambda why: _release(ctx, control, why))
     if ctx.settings.stall_timeout_s > 0:
         control.stall = StallWatchdog(job_id, ctx.settings.stall_timeout_s,
@@ -344,15 +243,16 @@ def _claim_and_run(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional
     outcome = "error"
     try:
         try:
-            outcome = _train(ctx, job_id, attempt, nonce, spec_data, claimed.storage_url, control, gang)
+            ended = _train(ctx, job_id, attempt, nonce, spec_data, claimed.storage_url, control, gang, memory)
+            outcome = "crashed" if isinstance(ended, Comeback) else ended
         except FencedOut as exc:  # Redis stayed away past the lease while the outcome was being recorded
             prometheus.FENCING_EVENTS.inc()
             _log.warning("job %s attempt %d: %s; its lease will bring it back", job_id, attempt, exc)
-            outcome = "fenced"
+            ended = outcome = "fenced"
         if outcome == "fenced" and heartbeat.unreachable.is_set():
             heartbeat.stop()  # the lease is not renewed any more: the release below must find it as it is
             release_if_still_mine(control, lease.attempt_of(control.token), lambda n: _publish(ctx, job_id, n))
-        return outcome
+        return ended
     finally:
         if control.stall is not None:
             control.stall.stop()
@@ -362,8 +262,8 @@ def _claim_and_run(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional
         prometheus.JOBS_FINISHED.labels(outcome).inc()
 
 
-def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data: dict,
-           storage_url: str, control: WorkerControl, gang: Optional["gang_runner.Leadership"] = None) -> str:
+def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data: dict, storage_url: str,
+           control: WorkerControl, gang: Optional["gang_runner.Leadership"], memory: JobMemory) -> "str | Comeback":
     try:
         spec = JobSpec.parse(spec_data)
         problems = disallowed_targets(spec.user_targets(), ctx.settings.allowed_prefixes)
@@ -371,32 +271,72 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
             raise SpecError([f"{p} (on worker {ctx.worker})" for p in problems])
         store = open_store(storage_url)
         attempt = catch_up_with_manifest(control, attempt, nonce, store)
-        result = run_attempt(spec, job_id, store, attempt, control, claim=nonce,
-                             allowed_prefixes=ctx.settings.allowed_prefixes, fence=control.fence,
-                             on_commit=control.on_commit, worker=ctx.worker, job_log=True, gang=gang)
     except FencedOut as exc:
-        prometheus.FENCING_EVENTS.inc()
-        _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, exc)
-        return "fenced"
+        return _fenced(job_id, attempt, exc)
     except TransientError as exc:
         _release(ctx, control, f"storage unavailable on {ctx.worker}: {exc}", kind="storage")
         return "released"
-    except NodeReleased as exc:  # another node of the gang is shutting down: as a preemption, not counted
-        _release(ctx, control, f"{exc}")
+    except Exception as exc:  # the job's spec: record it, do not retry
+        return _failed(ctx, control, summary(exc, ctx.settings.allowed_prefixes), formatted_traceback(exc),
+                       f"{type(exc).__name__}: {exc}")
+    single = spec.resources.ranks == 1 and spec.resources.strategy == "ddp"
+    args = {"spec": spec_data, "job_id": job_id, "storage_url": storage_url, "attempt": attempt, "claim": nonce,
+            "allowed_prefixes": list(ctx.settings.allowed_prefixes), "worker": ctx.worker,
+            "memory": memory.get() if single and spec.checkpoint.memory_every_steps != "off" else None,
+            "gang": None if gang is None else {"nodes": gang.nodes, "address": gang.address,
+                                               "loss_wait_s": gang.loss_wait_s}}
+    process = control.process = TrainingProcess(args)
+    try:
+        return _serve(ctx, job_id, attempt, control, gang, process)
+    except BaseException:  # the worker's side failed (Redis past the lease...): no attempt may train unserved
+        process.kill("the worker's side failed")
+        raise
+    finally:
+        process.close()
+
+
+def _serve(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl,
+           gang: Optional["gang_runner.Leadership"], process: TrainingProcess) -> "str | Comeback":
+    control._record({"pid": process.pid}, "the training process's pid")
+    _log.info("job %s: attempt %d trains in process %d", job_id, attempt, process.pid)
+    handlers = {"log": control.log, "on_epoch": control.on_epoch, "on_resume": control.on_resume,
+                "on_step": lambda report, steps: control.on_step(StepReport(**report), steps),
+                "on_commit": lambda manifest, stats: control.on_commit(CheckpointManifest.model_validate(manifest),
+                                                                       CheckpointStats(**stats)),
+                "fence": control.fence,
+                "gang_start": gang.start if gang is not None else None,
+                "gang_remote_failure": gang.remote_failure if gang is not None else None}
+    ended = process.serve(handlers, control.stop_flag)
+    if ended.result is None:
+        if process.killed_for == "stalled":
+            return "stalled"  # the watchdog has released it
+        return _crashed(ctx, control, ended.death, gang)
+    return _ended(ctx, job_id, attempt, control, ended.result)
+
+
+def _ended(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl, result: dict) -> str:
+    """What the training process said of its attempt's end, recorded."""
+    error = result.get("error")
+    message = result.get("message", "")
+    if error == "fenced":
+        return _fenced(job_id, attempt, message)
+    if error == "transient":
+        _release(ctx, control, f"storage unavailable on {ctx.worker}: {message}", kind="storage")
         return "released"
-    except RankLost as exc:  # a data-parallel rank died: infrastructure, counted as a worker loss
-        _release_lost(ctx, control, f"{exc} on {ctx.worker}")
+    if error == "node_released":  # another node of the gang is shutting down: as a preemption, not counted
+        _release(ctx, control, message)
+        return "released"
+    if error == "rank_lost":  # a data-parallel rank died: infrastructure, counted as a worker loss
+        _release_lost(ctx, control, f"{message} on {ctx.worker}")
         return "lost"
-    except CheckpointWriteFailed as exc:  # this machine's disk or /dev/shm: another worker resumes the job
-        _release_lost(ctx, control, f"{exc} on {ctx.worker}", metric_reason="checkpoint_write")
+    if error == "checkpoint_write":  # this machine's disk or /dev/shm: another worker resumes the job
+        _release_lost(ctx, control, f"{message} on {ctx.worker}", metric_reason="checkpoint_write")
         return "lost"
-    except Exception as exc:  # the job's own code (or its spec) failed: record it, do not retry
-        where = {} if control.step_now is None else {"step": control.step_now}
-        _finish(control, JobState.failed, {"error": ctx.redact(summary(exc, ctx.settings.allowed_prefixes)),
-                                            "traceback": ctx.redact(formatted_traceback(exc)), **where})
-        _log.error("job %s: failed: %s: %s", job_id, type(exc).__name__, exc)
-        return "failed"
-    outcome = result.outcome
+    if error is not None:  # the job's own code (or its spec) failed: record it, do not retry
+        if result.get("step") is not None:
+            control.step_now = result["step"]  # (the last progress report may be older)
+        return _failed(ctx, control, result["summary"], result["traceback"], f"{result['type']}: {message}")
+    outcome = Outcome(**result["outcome"])
     if not outcome.completed:
         _log.info("job %s: stopped at step %s after a committed checkpoint (%s)", job_id, outcome.step, outcome.reason)
         # progress writes are spaced out: the last one may be older than the checkpoint the job stopped with
@@ -410,3 +350,37 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
         return "cancelled"
     _release(ctx, control, f"{outcome.reason} on {ctx.worker}")
     return "released"
+
+
+def _fenced(job_id: str, attempt: int, why: object) -> str:
+    prometheus.FENCING_EVENTS.inc()
+    _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, attempt, why)
+    return "fenced"
+
+
+def _failed(ctx: WorkerContext, control: WorkerControl, error: str, traceback: str, what: str) -> str:
+    where = {} if control.step_now is None else {"step": control.step_now}
+    _finish(control, JobState.failed, {"error": ctx.redact(error), "traceback": ctx.redact(traceback), **where})
+    _log.error("job %s: failed: %s", control.job_id, what)
+    return "failed"
+
+
+def _crashed(ctx: WorkerContext, control: WorkerControl, death: Death,
+             gang: Optional["gang_runner.Leadership"]) -> "str | Comeback":
+    """The training process died without ending its attempt: a worker loss, counted. The next attempt
+    is this worker's to run at once (from the copy the process left in memory, else its checkpoint)
+    when the process had made a step here (one that dies before its first step may die of this node:
+    any worker takes it), the worker is not shutting down, and the job runs on this node alone."""
+    reason = f"{death.describe()} on {ctx.worker}"
+    here = control.step_now is not None and gang is None and not ctx.preemption.requested.is_set()
+    _log.error("job %s: %s; released as a worker loss%s", control.job_id, reason,
+               ", resuming here" if here else "")
+    next_attempt = control.leased(lambda: ctx.records.release_lost(control.job_id, control.token, ctx.redact(reason), ""),
+                                  "the release of a lost attempt")
+    if next_attempt <= 0:
+        return "lost"
+    prometheus.JOBS_RETRIED.labels("crashed").inc()
+    if here:
+        return Comeback(next_attempt, death)
+    _publish(ctx, control.job_id, next_attempt)
+    return "lost"

@@ -8,6 +8,9 @@ from baton.jobs import keys
 
 LAPSES_AFTER_PERIODS = 3
 """An announcement lapses after this many reaper periods without a new one: one late pass keeps it."""
+LAPSES_AFTER_MIN_S = 5.0
+"""...and never sooner than this: a worker whose passes come late on a loaded machine does not
+flicker out of its queues."""
 
 
 def announce(client: redis.Redis, worker: str, queues: list[str], period_s: float) -> None:
@@ -15,13 +18,13 @@ def announce(client: redis.Redis, worker: str, queues: list[str], period_s: floa
     every worker and client share), and drop announcements that have lapsed."""
     seconds, micros = client.time()
     now = seconds + micros / 1e6
-    lapses_at = now + LAPSES_AFTER_PERIODS * period_s
+    lapses_at = now + max(LAPSES_AFTER_PERIODS * period_s, LAPSES_AFTER_MIN_S)
     pipe = client.pipeline(transaction=False)
     for queue in queues:
         key = keys.queue_workers(queue)
         pipe.zadd(key, {worker: lapses_at})
         pipe.zremrangebyscore(key, "-inf", now)
-        pipe.expire(key, int(LAPSES_AFTER_PERIODS * period_s) + 60)
+        pipe.expire(key, int(lapses_at - now) + 60)
     pipe.execute()
 
 

@@ -2,26 +2,25 @@
 
 A stuck data loader or user code keeps the heartbeat renewing (it runs on its own thread), so
 the lease alone would keep a hung job "running" forever. The loop reports every optimizer step
-(``LoopControl.on_step``); when none has come for the timeout, the watchdog records every
-thread's stack, hands the job back as a worker loss (counted against ``retry.max_attempts``: a
-hang that repeats must end), and exits the process: a hung thread cannot be interrupted, so the
-worker's supervisor (Kubernetes, compose, ``baton worker --gpus``) starts a fresh one. Every process
-below the worker is killed first (``process_tree.py``): a DataLoader worker hung in the data set's
-code would otherwise outlive it as an orphan.
+(``LoopControl.on_step``); when none has come for the timeout, the watchdog calls its ``on_stall``:
+the job runner asks the training process for every thread's stack, kills it and every process
+below it (a DataLoader worker hung in the data set's code would otherwise outlive it as an orphan),
+and hands the job back as a worker loss (counted against ``retry.max_attempts``: a hang that
+repeats must end). The worker goes on. Only a worker hung itself before its training process
+started leaves (``exit_process``): a hung thread cannot be interrupted, so the worker's supervisor
+(Kubernetes, compose, ``baton worker --gpus``) starts a fresh one.
 """
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
-import traceback
 from typing import Callable
 
+from baton.workers.attempt.channel import thread_stacks
+from baton.workers.attempt.process_tree import kill_descendants
 from baton.workers.tracking import job_logs
-
-from .process_tree import kill_descendants
 
 _log = logging.getLogger("baton.worker")
 
@@ -29,14 +28,6 @@ EXIT_STALLED = 70
 """Exit status of a worker that abandoned a hung job (EX_SOFTWARE): its supervisor restarts it."""
 CHECK_EVERY_MAX_S = 5.0
 """The watchdog looks at most this long apart (and four times per timeout for short timeouts)."""
-
-
-def thread_stacks() -> str:
-    """Every thread's current stack, named, as faulthandler would print them."""
-    names = {thread.ident: thread.name for thread in threading.enumerate()}
-    return "\n".join(f"Thread {names.get(ident, '?')} ({ident}), most recent call last:\n"
-                     + "".join(traceback.format_stack(frame))
-                     for ident, frame in sys._current_frames().items())
 
 
 class StallWatchdog(threading.Thread):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import codecs
 import logging
 import os
-import re
 import select
 import sys
 import threading

@@ -17,7 +17,8 @@ JOBS_FINISHED = Counter("baton_jobs_finished_total", "Attempts that ended here, 
 JOBS_RETRIED = Counter("baton_jobs_retried_total", "Jobs re-queued, by reason (preempted: released here; "
                        "lost: reaped by this worker's reaper; storage: storage unreachable; stalled: hung, no step in BATON_STALL_TIMEOUT_S; "
                        "redis: its lease lapsed while Redis was unreachable, re-queued uncounted; rank_lost: a data-parallel rank died; "
-                       "checkpoint_write: this machine could not write a checkpoint, a full disk or /dev/shm).", ["reason"])
+                       "checkpoint_write: this machine could not write a checkpoint, a full disk or /dev/shm; crashed: the job's "
+                       "training process died, and this worker took the job back itself).", ["reason"])
 JOBS_RUNNING = Gauge("baton_jobs_running", "Jobs training in this worker now.")
 STEPS = Counter("baton_steps_total", "Optimizer steps trained.")
 STEPS_PER_S = Gauge("baton_steps_per_second", "Optimizer steps per second of the running job (last report).")

@@ -228,9 +228,9 @@ class TrackedControl(LoopControl):
         self.tracker.row(row)
         self.inner.on_epoch(row)
 
-    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
         self.tracker.resumed_from(step)
-        self.inner.on_resume(step, epoch, batch_in_epoch, attempt)
+        self.inner.on_resume(step, epoch, batch_in_epoch, attempt, source)
 
     def log(self, message: str) -> None:
         self.inner.log(message)

@@ -36,13 +36,20 @@ class LoopControl:
     def on_epoch(self, row: dict) -> None:
         """Called after every validation with its metrics row."""
 
-    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int) -> None:
-        """Called once when an attempt resumes from a checkpoint: at ``epoch`` (an index: shown from 1) after
-        ``batch_in_epoch`` of its batches."""
-        self.log(f"resuming from step {step} (epoch {epoch + 1}, batch {batch_in_epoch}) as attempt {attempt}")
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
+        """Called once when an attempt resumes: at ``epoch`` (an index: shown from 1) after ``batch_in_epoch``
+        of its batches, from a durable checkpoint or (``source="memory"``) from the in-memory copy a
+        crashed training process left on this machine."""
+        self.log(f"resuming from {describe_source(source)}step {step} (epoch {epoch + 1}, batch {batch_in_epoch}) "
+                 f"as attempt {attempt}")
 
     def log(self, message: str) -> None:
         print(message, flush=True)
+
+
+def describe_source(source: str) -> str:
+    """What a resume line says of where the state came from ("" for a durable checkpoint)."""
+    return "the in-memory copy of " if source == "memory" else ""
 
 
 def describe_row(row: dict) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Optional
 from baton.schemas.errors import NonFiniteLossError
 from baton.schemas.metrics import MetricsRow
 from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.memory_copy import MemoryCopier
 
 from . import train_state
 from .amp import optimizer_step_norm_tensor
@@ -55,6 +56,7 @@ class TrainingLoop:
     best: Optional[BestTracker] = None
     metrics: list[dict] = field(default_factory=list)
     group: Any = None  # a data-parallel job's RankGroup (baton.workers.parallel.distributed); None for one process
+    memory: Optional[MemoryCopier] = None  # the last step in host memory, for a crash (storage/memory_copy.py)
 
     def __post_init__(self) -> None:
         spec = self.parts.spec
@@ -119,6 +121,7 @@ class TrainingLoop:
                 if reason is not None or self.finished():
                     return reason
                 self._periodic_checkpoint()
+                self._memory_copy()
         self._exhausted = True
         return None
 
@@ -168,6 +171,8 @@ class TrainingLoop:
             self.control.log(f"step {p.global_step}: non-finite loss, optimizer step skipped (loop.nonfinite: skip)")
         else:
             self.checkpointer.before_optimizer_step()  # a snapshot still copying from these tensors
+            if self.memory is not None:
+                self.memory.before_optimizer_step()
             self._pending.add_norm(optimizer_step_norm_tensor(parts.model, parts.optimizer, parts.scaler,
                                                               parts.spec.loop.max_grad_norm))
         if parts.scheduler is not None and parts.spec.scheduler.per_step:
@@ -261,6 +266,17 @@ class TrainingLoop:
         if not every or p.global_step % every or self._validated_at == p.global_step or self._epoch_end_follows():
             return
         self._checkpoint("step", mandatory=False)
+
+    def _memory_copy(self) -> None:
+        """The state in host memory when one is due (not at an epoch's last step: its validation and
+        durable checkpoint come moments later)."""
+        p = self.progress
+        if self.memory is None or not self.memory.due(p.global_step) or self._epoch_end_follows():
+            return
+        self._absorb_readings()  # the running sums travel in the copy
+        stable = train_state.stable_storages(self.parts) if self.parts.device.type == "cuda" else None
+        self.memory.take(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads),
+                         p.global_step, p.epoch, p.batch_in_epoch, stable)
 
     def _stop(self, reason: str) -> Outcome:
         self._checkpoint("stop", mandatory=True)

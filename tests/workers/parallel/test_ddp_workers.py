@@ -51,8 +51,8 @@ def sigkill_worker_pid_when(worker, store, job_id: str, ready) -> dict:
 
 def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orphans(cluster, ddp_reference):
     reference = ddp_reference
-    cluster.start_workers(2)
-    job = cluster.client.submit(SPEC, "ddp")
+    cluster.start_workers(3)  # the third takes the job after the second holder's SIGTERM (all started first:
+    job = cluster.client.submit(SPEC, "ddp")  # a worker started meanwhile could find the job near its end)
     holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
     first_ranks = wait_for(lambda: rank_pids(holder), timeout=30)
 
@@ -62,7 +62,6 @@ def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orp
     committed = sigkill_worker_pid_when(holder, cluster.store(), "ddp", mid_epoch)
     wait_for(lambda: not any(alive(pid) for pid in first_ranks), timeout=10)  # died with their worker (PDEATHSIG)
 
-    cluster.start_workers(1)  # a third worker, to take the job after the second holder's SIGTERM
     resumed_at = committed["checkpoints"][-1]["step"]
     second = wait_for(lambda: (s := job.status()).attempt == 2 and s.state.value == "running"
                       and (s.step or 0) >= resumed_at + 2 and s, timeout=90)

@@ -229,7 +229,8 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     from baton.schemas.spec import JobSpec
     from baton.workers.parallel.launcher import devices_missing
     from baton.workers.queue import job_runner
-    from baton.workers.queue.job_runner import WorkerContext, run_job
+    from baton.workers.queue.job_runner import run_job
+    from baton.workers.queue.worker_control import WorkerContext
     from baton.workers.queue.preemption import PREEMPTION
 
     from tests.helpers import make_spec

@@ -51,22 +51,30 @@ def _no_split(data: dict) -> dict:
     return {**data, "val_fraction": None}
 
 
+def _paced(data: dict) -> dict:
+    """``data`` loading each training sample in 1 ms: a killed run's data, so that a loaded machine's run
+    cannot pass the kill condition between two polls."""
+    return {**data, "kwargs": {**data["kwargs"], "delay_s": 0.001}}
+
+
 CASES = {
-    # the default task, on the classic spec (tests/workers/attempt/test_exact_resume.py kills it once)
-    "classification-spiral": make_spec(checkpoint={"every_steps": 4}),
+    # the default task, on the classic spec (tests/workers/attempt/test_exact_resume.py kills it once); data
+    # paced (1 ms a sample): unpaced, a loaded machine's run could pass the kill condition between two polls
+    "classification-spiral": make_spec(checkpoint={"every_steps": 4},
+                                       data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300}}),
     "regression-diabetes": make_spec(
         model={"target": "builtin:mlp", "kwargs": {"in_features": 10, "hidden": 32, "out_features": 1, "dropout": 0.1}},
-        data={"target": "builtin:diabetes", "kwargs": {"part": "train"}, "val_fraction": None, "batch_size": 16,
-              "val": {"target": "builtin:diabetes", "kwargs": {"part": "val"}}},
+        data={"target": "tests.probes:slow_diabetes", "kwargs": {"part": "train"}, "val_fraction": None,
+              "batch_size": 16, "val": {"target": "builtin:diabetes", "kwargs": {"part": "val"}}},
         task={"target": "builtin:regression"}, loop={"epochs": 4}, checkpoint={"every_steps": 4, "monitor": "val_mae"},
     ),
     "language-model-stream-workers0": lm_spec(0),
     "language-model-stream-workers2": lm_spec(2),
-    "user-dict-task-map": make_spec(model=DICT_MODEL, data=_no_split(DICT_DATA), task=DICT_TASK,
+    "user-dict-task-map": make_spec(model=DICT_MODEL, data=_paced(_no_split(DICT_DATA)), task=DICT_TASK,
                                     loop={"epochs": 3, "grad_accum_steps": 3},
                                     checkpoint={"every_steps": 4, "monitor": "val_f1", "mode": "max"}),
     "user-dict-task-stream-workers2": make_spec(
-        model=DICT_MODEL, data={**_no_split(STREAM_DATA), "num_workers": 2}, task=DICT_TASK,
+        model=DICT_MODEL, data={**_paced(_no_split(STREAM_DATA)), "num_workers": 2}, task=DICT_TASK,
         scheduler={"name": "constant_warmup", "warmup_steps": 10},
         loop={"epochs": None, "max_steps": 60, "eval_every_steps": 15},
         checkpoint={"every_steps": 4, "monitor": "val_f1", "mode": "max"}),

@@ -20,7 +20,7 @@ ROUNDS_MAX = 10
 """Scans for processes forked meanwhile; each round freezes what it found, so they stop forking."""
 
 
-def _parents() -> dict[int, int]:
+def parents() -> dict[int, int]:
     """pid -> parent pid of every process visible now."""
     parents = {}
     for entry in PROC.iterdir():
@@ -36,11 +36,11 @@ def _parents() -> dict[int, int]:
 
 def descendants(root: int) -> set[int]:
     """Every process below ``root`` (children, theirs, ...), as /proc shows them now."""
-    parents = _parents()
+    found_parents = parents()
     found: set[int] = set()
     frontier = {root}
     while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        frontier = {pid for pid, parent in found_parents.items() if parent in frontier} - found
         found |= frontier
     return found
 

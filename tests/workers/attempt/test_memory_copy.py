@@ -1,0 +1,89 @@
+"""The last step in memory (storage/memory_copy.py), in one process: copies taken while training, a
+resume from the newest one that verifies, bit-exact with a run never interrupted."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from baton.schemas.spec import JobSpec
+from baton.storage import memory_slots
+from baton.storage.file_store import FileStore
+from baton.storage.layout import JobPaths
+from baton.workers.attempt.local import register_spec
+from baton.workers.attempt.session import run_attempt
+from baton.workers.training.control import LoopControl
+from tests.helpers import assert_same_training, make_spec, read_manifest, run_reference
+
+SPEC = make_spec(loop={"epochs": 2, "grad_accum_steps": 2}, checkpoint={"every_steps": 8, "memory_every_steps": 1})
+
+
+class Crash(BaseException):
+    """Stands for the training process dying: nothing after it runs in the attempt."""
+
+
+class CrashAt(LoopControl):
+    """Crashes at ``step``, once the durable checkpoint of step ``committed`` is in ``store`` (a copy that
+    follows a validation is used only once that validation's checkpoint is committed)."""
+
+    def __init__(self, step: int, store=None, committed: int = 0):
+        self.step, self.store, self.committed, self.lines = step, store, committed, []
+
+    def on_step(self, report) -> None:
+        if report.step == self.step:
+            deadline = time.monotonic() + 30
+            while (read_manifest(self.store, "cut") or {"checkpoints": [{"step": -1}]})["checkpoints"][-1]["step"] < self.committed:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            raise Crash(self.step)
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    made = [tmp_path / "shm", tmp_path / "disk"]
+    for d in made:
+        d.mkdir()
+    return made
+
+
+def _attempt(store, attempt, control, dirs):
+    return run_attempt(JobSpec.parse(SPEC), "cut", store, attempt, control, allowed_prefixes=("tests",),
+                       memory=[str(d) for d in dirs])
+
+
+def test_copies_taken_while_training_resume_bit_exact(tmp_path, dirs):
+    reference = run_reference(tmp_path / "ref", SPEC)
+    store = FileStore(tmp_path / "store")
+    register_spec(store, JobPaths("cut"), JobSpec.parse(SPEC))
+    crash = CrashAt(15, store, committed=12)  # 12 steps an epoch; between durable checkpoints (epoch 1's at 12, and 16)
+    with pytest.raises(Crash):
+        _attempt(store, 1, crash, dirs)
+    copy = memory_slots.newest(dirs)
+    assert copy is not None and copy.step == 14  # the copy after step 15 was never taken
+
+    resumed = CrashAt(-1)
+    result = _attempt(store, 2, resumed, dirs)
+    assert result.outcome.completed and result.resumed_from_step == 14, resumed.lines
+    assert any("resuming from the in-memory copy of step 14" in line for line in resumed.lines), resumed.lines
+    assert_same_training(reference, "reference", store, "cut")
+
+
+def test_a_copy_that_does_not_verify_falls_back_to_the_one_before(tmp_path, dirs):
+    store = FileStore(tmp_path / "store")
+    register_spec(store, JobPaths("cut"), JobSpec.parse(SPEC))
+    with pytest.raises(Crash):
+        _attempt(store, 1, CrashAt(15, store, committed=12), dirs)
+    newest = memory_slots.newest(dirs)
+    # a bit flipped in the newest copy's largest buffer
+    record = memory_slots.read_record(memory_slots.record_path(dirs, newest.slot))
+    path = max(record.digests, key=os.path.getsize)
+    data = bytearray(open(path, "rb").read())
+    data[0] ^= 1
+    open(path, "wb").write(bytes(data))
+    lines = []
+    older = memory_slots.newest(dirs, lines.append)
+    assert older is not None and older.step == 13 and "does not match its digest" in lines[0]

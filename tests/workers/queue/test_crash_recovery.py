@@ -1,0 +1,108 @@
+"""A crash of the training process, with its worker alive: the worker sees it at once and resumes the
+job itself from the state the process left in memory (storage/memory_copy.py), bit-exact with a run
+never interrupted. Steps redone are counted by the user's own model (tests.probes.counting_mlp)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from tests.helpers import assert_same_training, make_spec, read_manifest, run_reference
+from tests.probes import forwards_counted
+from tests.workers.queue.test_worker_loss import wait_for
+
+
+def counting_spec(directory) -> dict:
+    # ~0.1 s a step (slow data), a copy in memory after every step (auto chooses 1 here on a quiet machine,
+    # 2 on a loaded one), and a kill lands between two durable checkpoints (every 8 steps)
+    return make_spec(model={"target": "tests.probes:counting_mlp", "kwargs": {"directory": str(directory)}},
+                     data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
+                     loop={"epochs": 2}, checkpoint={"every_steps": 8, "keep_last": 3, "memory_every_steps": 1})
+
+
+@pytest.fixture
+def counted(tmp_path):
+    directory = tmp_path / "forwards"
+    directory.mkdir()
+    reference_dir = tmp_path / "reference-forwards"
+    reference_dir.mkdir()
+    reference = run_reference(tmp_path / "reference", counting_spec(reference_dir))
+    return directory, reference, sum(forwards_counted(str(reference_dir)).values())
+
+
+def running_between_checkpoints(cluster, job, after_step: int):
+    """The status once the job runs in its training process at least two steps past its latest durable
+    checkpoint (so the copy in memory is newer), with that checkpoint's step."""
+    def check():
+        status = job.status()
+        manifest = read_manifest(cluster.store(), job.id) or {"checkpoints": []}
+        latest = manifest["checkpoints"][-1]["step"] if manifest["checkpoints"] else 0
+        if status.state.value == "running" and status.pid and (status.step or 0) >= max(after_step, latest + 2):
+            return status, latest
+        return None
+    return wait_for(check, timeout=120, every=0.02)
+
+
+def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluster, counted):
+    directory, reference, reference_forwards = counted
+    cluster.start_workers(2)
+    job = cluster.client.submit(counting_spec(directory), "crashed")
+    status, durable = running_between_checkpoints(cluster, job, after_step=5)
+    holder = cluster.worker(status.worker)
+    os.kill(status.pid, signal.SIGKILL)  # the training process alone: its worker lives on
+
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert (final.attempt, final.lost) == (2, 1) and final.worker == holder.name  # a loss, taken back here
+    resumed = re.search(r"resuming from the in-memory copy of step (\d+)", holder.log())
+    assert resumed, holder.log()
+    assert final.resumed_from == int(resumed[1]) > durable  # newer than the durable checkpoint
+    event = re.search(rf"resumed in memory at step {final.resumed_from} after SIGKILL of pid {status.pid}, "
+                      r"([\d.]+) s", holder.log())
+    assert event, holder.log()
+    assert final.pid != status.pid
+    # the user's model trained the uninterrupted run's steps, plus at most the one the kill interrupted
+    counts = forwards_counted(str(directory))
+    assert set(counts) == {status.pid, final.pid}
+    assert 0 <= sum(counts.values()) - reference_forwards <= 1, counts
+    assert_same_training(reference, "reference", cluster.store(), "crashed")
+
+
+def test_a_crash_halfway_through_a_copy_falls_back_to_the_copy_before(cluster, counted, tmp_path):
+    """The copy of step 7 is cut halfway (a failpoint kills the process there, part of the new state
+    written over the slot's older copy): the worker resumes from step 6's copy, never the torn one."""
+    directory, reference, reference_forwards = counted
+    cluster.start_workers(1, BATON_FAILPOINT=f"memory-copy-torn@7:{tmp_path / 'fired'}")
+    job = cluster.client.submit(counting_spec(directory), "torn")
+
+    final = job.wait(timeout=180, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert (tmp_path / "fired").exists() and (final.attempt, final.lost) == (2, 1)
+    assert final.resumed_from == 6, cluster.workers[0].log()
+    assert "resuming from the in-memory copy of step 6" in cluster.workers[0].log()
+    assert sum(forwards_counted(str(directory)).values()) - reference_forwards == 1  # step 7, trained twice
+    assert_same_training(reference, "reference", cluster.store(), "torn")
+
+
+def test_what_a_crashed_training_process_leaves_is_killed_by_its_worker(cluster, tmp_path):
+    """A DataLoader worker hung in the data set's code never looks at its parent again: when the training
+    process is SIGKILLed, the worker (the subreaper of what its training processes leave) ends it."""
+    from tests.workers.queue.test_stall import _running
+
+    pid_file, hanging_file = tmp_path / "loader.pids", tmp_path / "hanging.pids"
+    spec = make_spec(data={"target": "tests.probes:hanging_in_loader", "num_workers": 1,
+                           "kwargs": {"n_per_class": 300, "pid_file": str(pid_file),
+                                      "hanging_file": str(hanging_file), "hang_after": 96}},
+                     retry={"max_attempts": 1})
+    worker, = cluster.start_workers(1)
+    job = cluster.client.submit(spec, "orphans")
+    wait_for(hanging_file.exists, timeout=60)
+    loaders = {int(line) for line in pid_file.read_text().split()}
+    os.kill(job.status().pid, signal.SIGKILL)
+
+    final = job.wait(timeout=60, progress=False)
+    assert final.state.value == "failed" and "was killed by SIGKILL" in final.error  # its one attempt, lost
+    wait_for(lambda: not any(_running(pid) for pid in loaders), timeout=10)
+    assert worker.proc.poll() is None

@@ -1,0 +1,35 @@
+"""Imported by a worker's forkserver before it forks any training process (``process.py``): what every
+attempt imports, and one tiny training step on one thread, paid once instead of in every start.
+
+Nothing here may initialise CUDA (a CUDA context does not survive a fork) or start torch's intra-op
+thread pool (threads do not survive a fork either): the step runs on the CPU with one thread, and
+each training process sets its own count (``determinism.configure``). (Importing numpy starts
+OpenBLAS's thread pool, which re-initialises itself in a forked child.)
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+# a SIGTERM sent to the whole process group (systemd, an init, `kill -- -PGID`) is the worker's to act
+# on (checkpoint, hand over): the forkserver dying of it would take the training process with it
+# (PR_SET_PDEATHSIG), unsaved. The forkserver still ends when the worker does (its pipe closes).
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+torch.set_num_threads(1)
+
+from baton.workers.training.determinism import prepare_process  # noqa: E402
+
+prepare_process()
+
+from baton.storage import memory_copy, writer_process  # noqa: E402,F401
+from .warmup import warm_up  # noqa: E402
+
+from baton.workers.tracking import tensorboard  # noqa: E402
+
+from . import child  # noqa: E402,F401  (the session, the loop, the trackers)
+
+tensorboard.preload()
+warm_up(os.environ.get("BATON_STORAGE_URL", ""))

@@ -1,0 +1,174 @@
+"""The worker's side of a running attempt: what a worker process sets up once (``WorkerContext``), and
+what an attempt's training process asks of it (``WorkerControl``): the lease behind every record
+and fence, the stop flag (cancel, preemption, fenced out), progress, metrics and commits for the job's
+record and for Prometheus."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, TypeVar
+
+from baton.jobs.records import JobRecords
+from baton.jobs.redaction import Redactor
+from baton.schemas.errors import FencedOut, LeaseUnconfirmed
+from baton.schemas.manifest import CheckpointManifest
+from baton.schemas.metrics import val_metrics
+from baton.schemas.settings import BatonSettings
+from baton.storage.checkpointer import CheckpointStats
+from baton.workers.attempt.process import Death, TrainingProcess
+from baton.workers.parallel.launcher import offered_gpus
+from baton.workers.tracking import prometheus
+from baton.workers.training.control import LoopControl, StepReport
+
+from . import lease
+from .job_store import StoreChecks
+from .preemption import Preemption
+from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
+from .stall import StallWatchdog
+
+_log = logging.getLogger("baton.worker")
+T = TypeVar("T")
+
+PROGRESS_EVERY_S = 0.5
+"""Least time between two progress writes to the job record."""
+
+
+@dataclass
+class WorkerContext:
+    """What a worker process sets up once and every job it runs shares."""
+
+    settings: BatonSettings
+    redis: redis.Redis
+    records: JobRecords
+    publish: Callable[[str, int, str], None]  # (job id, attempt, queue)
+    preemption: Preemption
+    worker: str
+    publish_join: Callable[[str, int, int, str], None] = lambda job_id, attempt, nodes, queue: None  # a gang's join
+    offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
+    redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
+    stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
+
+    def __post_init__(self) -> None:
+        self.stores = StoreChecks(self.settings.storage_url)
+
+
+class WorkerControl(LoopControl):
+    """The loop's view of the lease, the cancel flag and the worker's shutdown."""
+
+    def __init__(self, ctx: WorkerContext, job_id: str, heartbeat: lease.Heartbeat):
+        self.ctx, self.job_id, self.heartbeat = ctx, job_id, heartbeat
+        self._last_progress = 0.0
+        self._last_step = None
+        self.step_now: Optional[int] = None  # the last optimizer step completed (progress records are spaced out)
+        self._progress_failing = False
+        self.stall: Optional[StallWatchdog] = None
+        self.process: Optional[TrainingProcess] = None  # the attempt's training process, once started
+        self.comeback: Optional[Death] = None  # the death of this job's previous training process here
+
+    @property
+    def token(self) -> str:
+        """The lease this attempt holds (it changes when the attempt catches up with the manifest)."""
+        return self.heartbeat.token
+
+    def leased(self, call: Callable[[], T], what: str) -> T:
+        """``call()`` through a Redis outage while the lease may be valid; LeaseUnconfirmed after."""
+        try:
+            return while_leased(call, self.heartbeat.valid_until, f"job {self.job_id}: {what}")
+        except FencedOut as exc:
+            if isinstance(exc, LeaseUnconfirmed):
+                self.heartbeat.unreachable.set()
+            self.heartbeat.fenced.set()
+            raise
+
+    def fence(self) -> None:
+        """Raise FencedOut unless this attempt still holds the job (checked before every commit)."""
+        if self.heartbeat.fenced.is_set() or not self.leased(
+                lambda: self.ctx.records.fenced_set(self.job_id, self.token, {}), "the checkpoint fence"):
+            self.heartbeat.fenced.set()
+            raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
+
+    def _record(self, fields: dict, what: str) -> None:
+        if not self.leased(lambda: self.ctx.records.fenced_set(self.job_id, self.token,
+                                                               {**fields, "updated_at": time.time()}), what):
+            self.heartbeat.fenced.set()
+
+    def _record_progress(self, fields: dict) -> bool:
+        """One try, never waited for: the loop must not stall on a progress line, and the next step's
+        write carries newer values. The heartbeat decides whether the lease is lost."""
+        try:
+            self._record_once(fields)
+        except TRANSIENT_REDIS_ERRORS as exc:
+            if not self._progress_failing:
+                _log.warning("job %s: progress not recorded, Redis unavailable (%s: %s); training goes on",
+                             self.job_id, type(exc).__name__, exc)
+            self._progress_failing = True
+            return False
+        self._progress_failing = False
+        return True
+
+    def _record_once(self, fields: dict) -> None:
+        if not self.ctx.records.fenced_set(self.job_id, self.token, {**fields, "updated_at": time.time()}):
+            self.heartbeat.fenced.set()
+
+    def stop_reason(self) -> Optional[str]:
+        if self.heartbeat.fenced.is_set():
+            raise FencedOut(f"job {self.job_id}: lease {self.token} lost")
+        if self.heartbeat.cancel_requested.is_set():
+            return "cancelled"
+        if self.ctx.preemption.requested.is_set() or self.heartbeat.worker_stopping.is_set():
+            return "preempted"
+        return None
+
+    def stop_flag(self) -> tuple[Optional[str], bool]:
+        """``stop_reason`` for the training process's stop flag: (why to stop, whether fenced out)."""
+        try:
+            return self.stop_reason(), False
+        except FencedOut:
+            return None, True
+
+    def on_step(self, report: StepReport, steps: int = 1) -> None:
+        """A step's progress; ``steps``: how many were made since the last report (the training
+        process reports at most every ``channel.STEP_REPORT_EVERY_S``)."""
+        self.step_now = report.step
+        if self.stall is not None:
+            self.stall.progress()
+        prometheus.STEPS.inc(steps)
+        elapsed = time.monotonic() - self._last_progress
+        if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
+            if self._last_step is not None:
+                prometheus.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
+            prometheus.SAMPLES_PER_S.set(report.samples_per_s)
+            where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {})}
+            if self._record_progress({**where, "step": report.step, "total_steps": report.total_steps,
+                                      "loss": report.loss, "lr": report.lr,
+                                      "samples_per_s": round(report.samples_per_s, 1)}):
+                self._last_progress, self._last_step = time.monotonic(), report.step
+
+    def on_epoch(self, row: dict) -> None:
+        """A validation's metrics, for the job's record (the training process logs its line)."""
+        metrics = val_metrics(row)
+        self._record({**{k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "metrics": json.dumps(metrics)},
+                     "the epoch's metrics")
+
+    def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
+        prometheus.CHECKPOINT_STALL.observe(stats.stall_s)
+        prometheus.CHECKPOINT_WRITE.observe(stats.write_s)
+        prometheus.CHECKPOINT_BYTES.inc(stats.bytes)
+        fields = {"latest_checkpoint": manifest.latest.key}
+        if manifest.best is not None:
+            fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
+        self._record(fields, "the committed checkpoint's record")
+
+    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
+        fields: dict = {"resumed_from": step}
+        if self.comeback is not None:  # this worker's previous training process of the job died
+            where = "in memory" if source == "memory" else "from its checkpoint"
+            fields["last_event"] = (f"resumed {where} at step {step} after {self.comeback.signal_name} of pid "
+                                    f"{self.comeback.pid}, {time.monotonic() - self.comeback.at:.1f} s")
+            self.log(fields["last_event"])
+        self._record(fields, "the resume point")  # (the training process logs the resume's line)
+
+    def log(self, message: str) -> None:
+        _log.info("job %s: %s", self.job_id, message)
