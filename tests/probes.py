@@ -97,13 +97,15 @@ def blobs(seed: int = 0, n: int = 300, features: int = 2, classes: int = 3) -> D
     return TensorPairs(centers[labels] + torch.randn(n, features, generator=gen), labels)
 
 
-def diverging(seed: int = 0, n: int = 200, val_fraction: float = 0.25) -> Dataset:
+def diverging(seed: int = 0, n: int = 200, val_fraction: float = 0.25, delay_s: float = 0.0) -> Dataset:
     """Training samples are class 0, held-out ones class 1, inputs all alike: the more the model
-    learns, the worse it validates. The best epoch is the first one."""
+    learns, the worse it validates. The best epoch is the first one. ``delay_s`` paces loading as
+    ``slow_spiral`` does."""
     _, val = split_indices(n, val_fraction, seed)
     labels = torch.zeros(n, dtype=torch.long)
     labels[val] = 1
-    return TensorPairs(torch.ones(n, 2), labels)
+    pairs = TensorPairs(torch.ones(n, 2), labels)
+    return _Slow(pairs, delay_s) if delay_s else pairs
 
 
 def with_nan(seed: int = 0, n: int = 256, bad_every: int = 50, val_fraction: float = 0.25) -> Dataset:

@@ -63,6 +63,9 @@ def test_a_store_briefly_unreachable_at_start_is_waited_for_not_refused(s3_bucke
     from tests.netfault import FaultyProxy
 
     proxy = FaultyProxy(s3_server.port)
+    # each store call rides through 20 s of trouble before the probe sees it: 1 s here, or the outage
+    # below costs minutes of the suite
+    monkeypatch.setattr("baton.storage.s3_store.RETRY_S", 1.0)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
         url = f"s3://{s3_bucket}/runs"

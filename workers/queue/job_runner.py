@@ -254,12 +254,12 @@ def _claim_and_run_once(ctx: WorkerContext, job_id: str, attempt: int, gang: Opt
             release_if_still_mine(control, lease.attempt_of(control.token), lambda n: _publish(ctx, job_id, n))
         return ended
     finally:
+        prometheus.JOBS_RUNNING.dec()  # first: the job's record already says how it ended
+        prometheus.JOBS_FINISHED.labels(outcome).inc()
         if control.stall is not None:
             control.stall.stop()
         heartbeat.stop()
         ctx.preemption.unregister(job_id)
-        prometheus.JOBS_RUNNING.dec()
-        prometheus.JOBS_FINISHED.labels(outcome).inc()
 
 
 def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data: dict, storage_url: str,
