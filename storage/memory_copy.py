@@ -46,6 +46,7 @@ import torch
 
 from . import failpoints
 from .memory_slots import SLOTS, Record, crc, read_record, record_path, slot_dirs, slots_and_tensors
+from .processes import own_cgroup
 from .shared_buffers import SharedBuffers
 from .snapshot import Copies, HostSnapshot, only_scalars
 
@@ -64,7 +65,6 @@ class MemoryCopyStats:
     taken: int = 0
     every: int = 1  # the current interval, in optimizer steps
     stall_s: float = 0.0  # what the loop waited, in all
-    publish_s: float = 0.0  # the background digests and records, in all
     cost_share: float = 0.0  # the last estimate of the copies' cost over the training time between them
 
     def describe(self) -> str:
@@ -77,6 +77,7 @@ class _Slot:
     index: int
     dirs: list[Path]  # its own directory in each of the copies' directories
     meta: Path
+    log: Callable[[str], None]
     buffers: Optional[SharedBuffers] = None
     snapshot: Optional[HostSnapshot] = None
     allocated: bool = False  # whether a copy into it allocated its buffers (not counted in the cost)
@@ -87,7 +88,7 @@ class _Slot:
         for directory in self.dirs:
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(mode=0o700)
-        self.buffers = SharedBuffers.within(self.dirs)
+        self.buffers = SharedBuffers.within(self.dirs, self.log)
         self.snapshot = HostSnapshot(shared=self.buffers)
 
 
@@ -108,7 +109,7 @@ class MemoryCopier:
         newest_slot = max(range(SLOTS), key=lambda s: seqs[s])
         self._seq = max(seqs) + 1
         self._next = (newest_slot + 1) % SLOTS  # never first into the slot a resume may still need
-        self._slots = [_Slot(i, slot_dirs(self.dirs, i), record_path(self.dirs, i)) for i in range(SLOTS)]
+        self._slots = [_Slot(i, slot_dirs(self.dirs, i), record_path(self.dirs, i), self.log) for i in range(SLOTS)]
         self._fresh = set(range(SLOTS))  # slots this process has not cleared yet
         self._publishing: Optional[threading.Thread] = None
         self._failed = False
@@ -198,19 +199,17 @@ class MemoryCopier:
         try:
             copies.wait_all()
             if self._staging is not None:  # pinned staging -> the slot's files (the loop has moved on)
-                snapshot = _copy_into(slot.snapshot, snapshot)
+                snapshot = slot.snapshot.copy_host(snapshot)
             skeleton = slot.buffers.to_slots(snapshot)
             digests = {s.path: crc(t) for s, t in slots_and_tensors(skeleton, snapshot)}
             meta = slot.meta
             partial = meta.with_suffix(".partial")
-            torch.save(Record(skeleton=skeleton, digests=digests, pid=os.getpid(), written_at=time.time(), **record),
-                       partial)
+            torch.save(Record(skeleton=skeleton, digests=digests, **record), partial)
             os.replace(partial, meta)
         except Exception as exc:  # noqa: BLE001
             self._give_up(exc)
             return
         publish = time.perf_counter() - started
-        self.stats.publish_s += publish
         if not allocating:
             self._update_interval(stall + (0.0 if self.cuda else publish), publish)  # CPU: both held the loop
 
@@ -262,8 +261,7 @@ def memory_left() -> Optional[int]:
     memory.current) and the machine's MemAvailable; None where neither can be read."""
     found = []
     try:
-        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
-        group = Path("/sys/fs/cgroup") / line.split("::", 1)[1].lstrip("/")
+        group = own_cgroup()
         limit = (group / "memory.max").read_text().strip()
         if limit != "max":
             found.append(int(limit) - int((group / "memory.current").read_text()))
@@ -277,24 +275,3 @@ def memory_left() -> Optional[int]:
         pass
     return min(found) if found else None
 
-
-def _copy_into(snapshot: HostSnapshot, state: Any) -> Any:
-    """``state`` (host tensors) copied into ``snapshot``'s buffers, from a background thread: a plain
-    walk, since HostSnapshot.take changes the process's intra-op thread count while it copies."""
-    def walk(obj: Any, path: str) -> Any:
-        if isinstance(obj, torch.Tensor):
-            buf = snapshot._buffers.get(path)
-            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-                if buf is not None:
-                    snapshot.shared.release(buf)
-                buf = snapshot.shared.allocate(obj.shape, obj.dtype)
-                snapshot._buffers[path] = buf
-            buf.copy_(obj)
-            return buf
-        if isinstance(obj, dict):
-            return {k: walk(v, f"{path}/{k}") for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)) and not only_scalars(obj):
-            items = [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
-            return items if isinstance(obj, list) else tuple(items)
-        return obj
-    return walk(state, "")

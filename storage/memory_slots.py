@@ -14,7 +14,6 @@ unpublishes both slots.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import zlib
@@ -25,7 +24,7 @@ from typing import Any, Callable, Collection, Optional
 import torch
 
 from . import owned_dirs
-from .shared_buffers import SHM, MappedBuffers, Slot
+from .shared_buffers import SHM, MappedBuffers, Slot, writable
 from .snapshot import Plain, unwrap
 
 PREFIX = "baton-memory-"
@@ -36,7 +35,7 @@ SLOTS = 2
 def make_dirs() -> list[Path]:
     """The directories for one job's copies: on /dev/shm when there is one, and on disk (the temporary
     directory) for the buffers /dev/shm has no room for. Named after this process (``owned_dirs``)."""
-    bases = ([SHM] if SHM.is_dir() and os.access(SHM, os.W_OK) else []) + [Path(tempfile.gettempdir())]
+    bases = ([SHM] if writable(SHM) else []) + [Path(tempfile.gettempdir())]
     return [owned_dirs.make(PREFIX, base) for base in bases]
 
 
@@ -47,8 +46,7 @@ def remove_dirs(dirs: Collection[Path]) -> None:
 
 def remove_orphans() -> list[Path]:
     """The directories of agents that are gone (killed outright), removed."""
-    places = ([SHM] if SHM.is_dir() else []) + [Path(tempfile.gettempdir())]
-    return [path for place in places for path in owned_dirs.remove_orphans(place, (PREFIX,))]
+    return [path for place in (SHM, None) for path in owned_dirs.remove_orphans(place, (PREFIX,))]
 
 
 def record_path(dirs: list[Path], slot: int) -> Path:
@@ -68,8 +66,6 @@ class Record:
     batch_in_epoch: int
     skeleton: Any  # the state with each tensor in a file replaced by its Slot
     digests: dict[str, int]  # file -> CRC-32 of its bytes
-    pid: int  # the training process that wrote it
-    written_at: float
 
 
 RECORD_TYPES = (Record, Slot, Plain)
@@ -105,16 +101,14 @@ class InMemoryState:
     step: int
     epoch: int
     batch_in_epoch: int
-    seq: int
     slot: int
-    pid: int
-    written_at: float
     state: dict[str, Any]
 
 
 def newest(dirs: list[Path], log: Callable[[str], None] = print) -> Optional[InMemoryState]:
     """The newest copy whose files match their digests, loaded (cloned out of the buffers); None if
-    there is none. A copy that does not verify is reported and the one before it tried."""
+    there is none. A copy that does not verify is reported, discarded (its record removed: the next
+    copy goes into its slot, not into the one resumed from) and the one before it tried."""
     records = [(slot, read_record(record_path(dirs, slot))) for slot in range(SLOTS)]
     for slot, record in sorted(((s, r) for s, r in records if r is not None), key=lambda sr: -sr[1].seq):
         try:
@@ -123,14 +117,15 @@ def newest(dirs: list[Path], log: Callable[[str], None] = print) -> Optional[InM
             bad = [path for path, digest in record.digests.items() if path not in tensors or crc(tensors[path]) != digest]
         except (OSError, RuntimeError, ValueError) as exc:  # a file gone or cut short
             log(f"in-memory copy of step {record.step} (slot {slot}) cannot be read ({type(exc).__name__}: {exc}); "
-                "trying the one before it")
+                "discarded, trying the one before it")
+            record_path(dirs, slot).unlink(missing_ok=True)
             continue
         if bad:
             log(f"in-memory copy of step {record.step} (slot {slot}) does not match its digest ({len(bad)} file(s)); "
-                "trying the one before it")
+                "discarded, trying the one before it")
+            record_path(dirs, slot).unlink(missing_ok=True)
             continue
-        return InMemoryState(record.step, record.epoch, record.batch_in_epoch, record.seq, slot, record.pid,
-                             record.written_at, _clone(unwrap(state)))
+        return InMemoryState(record.step, record.epoch, record.batch_in_epoch, slot, _clone(unwrap(state)))
     return None
 
 

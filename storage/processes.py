@@ -1,7 +1,9 @@
-"""Whether a process of this machine still exists (for what a process killed outright left behind)."""
+"""Facts about this machine's processes: whether one still exists (for what a process killed outright
+left behind), and the cgroup this one runs in (its memory limit and OOM kills)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def process_exists(pid: int) -> bool:
@@ -13,3 +15,10 @@ def process_exists(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def own_cgroup() -> Path:
+    """This process's cgroup v2 directory (its memory.max, memory.current, memory.events); OSError or
+    IndexError where there is none to read."""
+    line = Path("/proc/self/cgroup").read_text().splitlines()[0]
+    return Path("/sys/fs/cgroup") / line.split("::", 1)[1].lstrip("/")

@@ -56,15 +56,11 @@ class SharedBuffers:
 
     def __init__(self, spool: Path, log: Callable[[str], None] = print, tmpfs: Path = SHM,
                  headroom: int = SHM_HEADROOM):
-        self.headroom = headroom
-        bases = ([tmpfs] if _writable(tmpfs) else []) + [spool]
+        bases = ([tmpfs] if writable(tmpfs) else []) + [spool]
         if bases[0] == tmpfs:
             remove_orphans(tmpfs)
-        self.dirs = [Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)) for base in bases]
-        self._made = list(self.dirs)  # a full one leaves ``dirs`` but keeps its earlier buffers
-        self.log = log
-        self._paths: dict[int, Path] = {}  # a buffer's storage address -> its file
-        self._counter = itertools.count()
+        dirs = [Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)) for base in bases]
+        self._start(dirs, list(dirs), log, headroom)
 
     @classmethod
     def within(cls, dirs: list[Path], log: Callable[[str], None] = print,
@@ -72,10 +68,14 @@ class SharedBuffers:
         """Buffers in directories someone else made and removes (an in-memory copy's slot: it must
         outlive this process), the first preferred, the next used once one has no room."""
         buffers = cls.__new__(cls)
-        buffers.headroom, buffers.log = headroom, log
-        buffers.dirs, buffers._made = list(dirs), []
-        buffers._paths, buffers._counter = {}, itertools.count()
+        buffers._start(list(dirs), [], log, headroom)
         return buffers
+
+    def _start(self, dirs: list[Path], made: list[Path], log: Callable[[str], None], headroom: int) -> None:
+        self.dirs, self.log, self.headroom = dirs, log, headroom
+        self._made = made  # removed at close (a full one leaves ``dirs`` but keeps its earlier buffers)
+        self._paths: dict[int, Path] = {}  # a buffer's storage address -> its file
+        self._counter = itertools.count()
 
     @property
     def dir(self) -> Path:
@@ -101,7 +101,7 @@ class SharedBuffers:
                     raise CheckpointWriteFailed(f"no room for a {nbytes}-byte snapshot buffer in {self.dir}: "
                                                 f"{exc.strerror}") from exc
                 full = self.dirs.pop(0)
-                self.log(f"{full.parent} has no room for the checkpoint's snapshot buffers; they go to "
+                self.log(f"{full.parent} has no room for more snapshot buffers; they go to "
                          f"{self.dir.parent} instead (page cache; give the container a larger /dev/shm)")
         buffer = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
         self._paths[buffer.untyped_storage().data_ptr()] = path
@@ -154,7 +154,8 @@ def _free(directory: Path) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
-def _writable(directory: Path) -> bool:
+def writable(directory: Path) -> bool:
+    """Whether buffers can go in ``directory`` (/dev/shm may be absent or read-only)."""
     return directory.is_dir() and os.access(directory, os.W_OK)
 
 

@@ -202,6 +202,13 @@ class HostSnapshot:
                 self._side_pending = self.copies.side
         return copy
 
+    def copy_host(self, state: Any) -> Any:
+        """``state``, whose tensors are on the host already (a pinned staging copy), copied into this
+        snapshot's buffers as ``take`` would, but safe from a background thread: plain copies, and the
+        process's intra-op thread count left alone."""
+        self._stable, self._cpu_stable, self._deferred, self._copied_from_cuda = (), (), [], False
+        return self._walk(state, "")
+
     def wait_for_side_copies(self) -> float:
         """Block until the side-stream copies of the last ``take`` are done (the loop calls this
         before ``optimizer.step``); seconds waited, 0.0 when nothing was pending."""

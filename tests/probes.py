@@ -121,6 +121,11 @@ def raising(**kwargs) -> nn.Module:
     raise RuntimeError("boom from user model code")
 
 
+def exiting(**kwargs) -> nn.Module:
+    """User code that calls sys.exit(3) while the job starts."""
+    raise SystemExit(3)
+
+
 def eval_mode_mlp(**kwargs) -> nn.Module:
     """User code that hands over its model in eval mode: the loop must switch it to train mode."""
     return RecordingMLP(**kwargs).eval()

@@ -171,3 +171,31 @@ def test_a_job_using_every_core_of_an_idle_machine_is_not_taken_for_a_busy_one()
     assert not machine_busy(load=2.0, cores=2) and not machine_busy(load=2.6, cores=2)
     assert machine_busy(load=3.0, cores=2) and machine_busy(load=7.0, cores=2)
     assert not machine_busy(load=0.3, cores=2)
+
+
+def test_a_host_state_copied_from_a_background_thread_leaves_the_training_thread_count_alone(monkeypatch):
+    """An in-memory copy's publication on CUDA: the pinned staging copy moved into the slot's buffers
+    by a thread, while the loop trains with its own intra-op thread count."""
+    import baton.storage.snapshot as snapshot_module
+
+    monkeypatch.setattr(snapshot_module.os, "getloadavg", lambda: (50.0, 50.0, 50.0))  # take() would use 1
+    model, optimizer = _model_and_optimizer()
+    expected = _clone(_state(model, optimizer))
+    snapshot = HostSnapshot()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        original = snapshot_module.HostSnapshot._copy_tensor
+        monkeypatch.setattr(snapshot_module.HostSnapshot, "_copy_tensor",
+                            lambda self, t, path: seen.append(torch.get_num_threads()) or original(self, t, path))
+        copy = snapshot.copy_host(_state(model, optimizer))
+        assert seen and set(seen) == {2}
+    finally:
+        torch.set_num_threads(before)
+    _assert_equal(copy, expected)
+    first = copy["model"]["0.weight"].data_ptr()
+    _train_step(model, optimizer, "cpu")
+    again = snapshot.copy_host(_state(model, optimizer))
+    assert again["model"]["0.weight"].data_ptr() == first  # its buffers reused
+    _assert_equal(again, _clone(_state(model, optimizer)))

@@ -33,6 +33,8 @@ from baton.schemas.manifest import CheckpointManifest
 from baton.storage.checkpointer import CheckpointStats
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 
+from .process_tree import kill_descendants
+
 _log = logging.getLogger("baton.worker")
 
 STEP_REPORT_EVERY_S = 0.1
@@ -99,6 +101,7 @@ class Remote:
             self._receive_until_closed()
         except BaseException:  # noqa: BLE001 - a message it cannot read: a call would wait for ever
             traceback.print_exc()
+        kill_descendants()  # a DataLoader worker hung in dataset code has no worker left to reap it
         os._exit(EXIT_WORKER_GONE)  # the worker is gone (or unreachable): so is this attempt
 
     def _receive_until_closed(self) -> None:

@@ -29,8 +29,9 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Any, Callable, Optional
+
+from baton.storage.processes import own_cgroup
 
 from .channel import StopFlag, serve
 from .process_tree import kill_descendants, parents
@@ -230,9 +231,7 @@ def reap_orphans() -> set[int]:
 def oom_kills() -> int:
     """The OOM killer's kills in this process's cgroup (cgroup v2's memory.events), 0 where unknown."""
     try:
-        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
-        events = Path("/sys/fs/cgroup") / line.split("::", 1)[1].lstrip("/") / "memory.events"
-        for entry in events.read_text().splitlines():
+        for entry in (own_cgroup() / "memory.events").read_text().splitlines():
             name, value = entry.split()
             if name == "oom_kill":
                 return int(value)

@@ -299,7 +299,7 @@ def _serve(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl
            gang: Optional["gang_runner.Leadership"], process: TrainingProcess) -> "str | Comeback":
     control._record({"pid": process.pid}, "the training process's pid")
     _log.info("job %s: attempt %d trains in process %d", job_id, attempt, process.pid)
-    handlers = {"log": control.log, "on_epoch": control.on_epoch, "on_resume": control.on_resume,
+    handlers = {"on_epoch": control.on_epoch, "on_resume": control.on_resume,
                 "on_step": lambda report, steps: control.on_step(StepReport(**report), steps),
                 "on_commit": lambda manifest, stats: control.on_commit(CheckpointManifest.model_validate(manifest),
                                                                        CheckpointStats(**stats)),

@@ -87,3 +87,5 @@ def test_a_copy_that_does_not_verify_falls_back_to_the_one_before(tmp_path, dirs
     lines = []
     older = memory_slots.newest(dirs, lines.append)
     assert older is not None and older.step == 13 and "does not match its digest" in lines[0]
+    # discarded: the next copy goes into its slot, never first over the copy just resumed from
+    assert memory_slots.read_record(memory_slots.record_path(dirs, newest.slot)) is None

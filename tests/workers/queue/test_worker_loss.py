@@ -6,6 +6,8 @@ import re
 import signal
 import time
 
+import pytest
+
 from baton.schemas.settings import BatonSettings
 from baton.workers.queue.celery_app import make_app, publish_run
 
@@ -100,12 +102,14 @@ def test_a_worker_paused_past_its_lease_is_fenced_out(cluster, reference):
     assert_same_training(reference, "reference", cluster.store(), "paused")
 
 
-def test_user_code_exception_fails_once_with_its_traceback(cluster):
+@pytest.mark.parametrize("target, error", [("raising", "RuntimeError: boom from user model code"),
+                                           ("exiting", "SystemExit: 3")])  # sys.exit() in the job's code
+def test_user_code_exception_fails_once_with_its_traceback(cluster, target, error):
     cluster.start_workers(1)
-    job = cluster.client.submit(make_spec(model={"target": "tests.probes:raising", "kwargs": {}}), "broken")
+    job = cluster.client.submit(make_spec(model={"target": f"tests.probes:{target}", "kwargs": {}}), "broken")
     final = job.wait(timeout=60, progress=False)
-    assert final.state.value == "failed" and final.attempt == 1
-    assert "RuntimeError: boom from user model code" in final.error
+    assert final.state.value == "failed" and final.attempt == 1, (final.state, final.attempt, final.error)
+    assert error in final.error
     assert "Traceback" in final.traceback and "probes.py" in final.traceback
     time.sleep(3 * BatonSettings().reaper_period_s)  # reapers have looked at it: still no retry
     again = job.status()
