@@ -93,7 +93,7 @@ def rank_main(rank: int, args) -> dict:
 
     torch.set_num_threads(args.threads)
     root = Path(args.root)
-    group = RankGroup.join(open_store(root, 2, 60), rank, 2, args.device, 0, args.secret,
+    group = RankGroup.join(open_store(root, 2, 60, args.secret), rank, 2, args.device, 0, args.secret,
                            strategy="fsdp")
     device = group.device
     results = {}

@@ -11,8 +11,18 @@ code of the sender's choosing. Run as ``python -m tests.intruder MODE ...``:
 - ``send-pickle RANK DIRECTORY MARKER``: a group of two through a file store in DIRECTORY, neither
   proving anything; rank 0 gathers the ranks' states as baton's rank 0 does, rank 1 sends the
   payload with torch's ``gather_object``. Prints what rank 0 received, or its error.
-- ``join RANK DIRECTORY SECRET``: join a group of two as baton's ranks do, with SECRET. Prints
-  ``joined`` or the error.
+- ``join RANK DIRECTORY SECRET [PROOF]``: join a group of two as baton's ranks do, with SECRET
+  (proving PROOF instead, where given: a process that got through the store but holds no secret).
+  Prints ``joined`` or the error.
+- ``tcp-rank RANK DIRECTORY SECRET``: one of two baton ranks of a sharded (fsdp) group meeting at a
+  multi-node attempt's TCP store: rank 0 serves it and writes its endpoint to DIRECTORY/endpoint.
+  Rank 1 is slow to reach the checkpoint group (it waits for DIRECTORY/stranger-is-in, or 5 s).
+  Then rank 0 gathers an object from every rank over the checkpoint group with torch's
+  ``gather_object``, as DCP's load planning does. Prints what rank 0 gathered, or the error.
+- ``steal-slot DIRECTORY MARKER SECONDS``: a stranger who knows only the store's address (in
+  DIRECTORY/endpoint) writes its own gloo address into rank 1's slot of the checkpoint group before
+  the real rank 1 comes, keeps writing it for SECONDS, and sends the payload to whoever forms a group
+  with it. Prints what happened.
 """
 from __future__ import annotations
 
@@ -98,16 +108,121 @@ def send_pickle(rank: int, directory: Path, marker: str) -> str:
         dist.destroy_process_group()
 
 
-def join(rank: int, directory: Path, secret: str) -> str:
+def join(rank: int, directory: Path, secret: str, proof: str) -> str:
     from baton.workers.parallel.distributed import RankGroup
     from baton.workers.parallel.rendezvous import open_store
 
     try:
-        group = RankGroup.join(open_store(directory, 2, 60), rank, 2, "cpu", 0, secret, timeout_s=60)
+        group = RankGroup.join(open_store(directory, 2, 10, secret), rank, 2, "cpu", 0, proof, timeout_s=60)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     group.close()
     return "joined"
+
+
+CHECKPOINT_GROUP_PREFIX = "0//1//"
+"""Where a two-rank fsdp group's second group (``new_group`` after the default one) keeps its gloo
+addresses in the store, as torch 2.x lays them out: the default group's are under ``0//cpu//0/``."""
+
+
+def tcp_rank(rank: int, directory: Path, secret: str) -> str:
+    import time
+
+    import torch.distributed as dist
+
+    from baton.workers.parallel import rendezvous
+    from baton.workers.parallel.distributed import RankGroup
+
+    if rank == 0:
+        store, endpoint = rendezvous.serve_tcp("127.0.0.1", 20, secret)
+        (directory / "endpoint.tmp").write_text(endpoint)
+        (directory / "endpoint.tmp").rename(directory / "endpoint")
+    else:
+        while not (directory / "endpoint").exists():
+            time.sleep(0.01)
+        store = rendezvous.connect_tcp((directory / "endpoint").read_text(), 20, secret)
+        new_group = dist.new_group
+
+        def slow_new_group(*args, **kwargs):  # the real rank 1 reaches the checkpoint group late
+            deadline = time.monotonic() + 5
+            while not (directory / "stranger-is-in").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)
+            return new_group(*args, **kwargs)
+
+        dist.new_group = slow_new_group
+    try:
+        group = RankGroup.join(store, rank, 2, "cpu", 0, secret, timeout_s=20, strategy="fsdp")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    gathered = [None, None] if rank == 0 else None
+    try:
+        dist.gather_object(f"rank {rank}", gathered, dst=0, group=group.checkpoint_group)
+    except Exception as exc:
+        return f"gather failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return f"gathered {gathered!r}" if rank == 0 else "sent"
+
+
+def steal_slot(directory: Path, marker: str, seconds: float) -> str:
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    while not (directory / "endpoint").exists():
+        time.sleep(0.01)
+    host, port = (directory / "endpoint").read_text().rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), None, False, timedelta(seconds=20))
+    written: dict = {}
+
+    class Remapped(dist.Store):
+        """The stranger's own default group, laid over the checkpoint group's keys."""
+
+        def __init__(self):
+            super().__init__()
+
+        def _key(self, key: str) -> str:
+            return key.replace("0//", CHECKPOINT_GROUP_PREFIX, 1) if key.startswith("0//cpu") else key
+
+        def set(self, key, value):
+            written[self._key(key)] = value
+            store.set(self._key(key), value)
+            (directory / "stranger-is-in").touch()
+
+        def get(self, key):
+            return store.get(self._key(key))
+
+        def wait(self, keys, timeout=None):
+            store.wait([self._key(k) for k in keys])
+
+        def add(self, key, value):
+            return store.add(self._key(key), value)
+
+        def check(self, keys):
+            return store.check([self._key(k) for k in keys])
+
+    stop = time.monotonic() + seconds
+
+    def keep_writing():
+        while time.monotonic() < stop:
+            for key, value in list(written.items()):
+                store.set(key, value)
+            time.sleep(0.005)
+
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    writer.start()
+    try:
+        dist.init_process_group("gloo", store=Remapped(), rank=1, world_size=2, timeout=timedelta(seconds=20))
+    except Exception as exc:
+        outcome = f"could not join: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    else:
+        try:
+            dist.gather_object(MarkerBomb(marker), None, dst=0)
+            outcome = "joined and sent the payload"
+        except Exception as exc:
+            outcome = f"joined, then {type(exc).__name__}"
+    writer.join()  # it goes on writing its address over the real rank's all the same
+    return outcome
 
 
 def main() -> int:
@@ -118,7 +233,11 @@ def main() -> int:
     elif mode == "send-pickle":
         print(send_pickle(int(rest[0]), Path(rest[1]), rest[2]), flush=True)
     elif mode == "join":
-        print(join(int(rest[0]), Path(rest[1]), rest[2]), flush=True)
+        print(join(int(rest[0]), Path(rest[1]), rest[2], rest[3] if len(rest) > 3 else rest[2]), flush=True)
+    elif mode == "tcp-rank":
+        print(tcp_rank(int(rest[0]), Path(rest[1]), rest[2]), flush=True)
+    elif mode == "steal-slot":
+        print(steal_slot(Path(rest[0]), rest[1], float(rest[2])), flush=True)
     else:
         raise SystemExit(f"unknown mode {mode!r}: ports, send-pickle or join")
     return 0

@@ -362,9 +362,10 @@ def start_group(spec: JobSpec, job_id: str, store: ObjectStore, attempt: int, en
     if gang is None:
         ranks = Ranks(world, args, log, ranks=local)
     else:
-        served, endpoint = rendezvous.serve_tcp(gang.address, RENDEZVOUS_TIMEOUT_S)
-        ranks = Ranks(world, args, log, ranks=local, store=served, endpoint=endpoint, remote=gang.remote_failure,
-                      remote_wait_s=gang.loss_wait_s)
+        secret = rendezvous.new_secret()
+        served, endpoint = rendezvous.serve_tcp(gang.address, RENDEZVOUS_TIMEOUT_S, secret)
+        ranks = Ranks(world, args, log, ranks=local, store=served, endpoint=endpoint, secret=secret,
+                      remote=gang.remote_failure, remote_wait_s=gang.loss_wait_s)
     try:
         if gang is not None:
             log(f"multi-node: {gang.nodes} nodes of {spec.resources.processes} rank(s); rendezvous at {endpoint}")

@@ -8,8 +8,10 @@ that run the same loop with no checkpointer of their own.
 - **Backends.** gloo on the CPU, NCCL on CUDA (one GPU per rank: rank r uses ``cuda:r`` of the
   devices its worker offers). Flags and the ranks' checkpoint states travel on a gloo group in both
   cases, so the per-step stop flag never waits on a CUDA stream.
-- **Membership.** Joining, each rank proves the attempt's secret to the others (``rendezvous``)
-  before anything else is exchanged. What rank 0 receives is tensors, and the ranks' states as
+- **Membership.** The ranks meet through a store whose values are sealed with the attempt's secret,
+  and on every group they form (the default one, gloo's control group beside NCCL, a sharded job's
+  checkpoint group) each rank proves the secret to the others (``rendezvous``) before anything else
+  is exchanged. What rank 0 receives is tensors, and the ranks' states as
   ``torch.save`` bytes it loads with ``weights_only=True``: torch's ``*_object`` collectives would
   unpickle whatever a peer sent, code of its choosing.
 - **Model.** ``DistributedDataParallel`` averages gradients across ranks during backward; it is
@@ -127,8 +129,9 @@ class RankGroup:
     def join(cls, store: "dist.Store", rank: int, world_size: int, device_type: str, seed: int, secret: str,
              timeout_s: float = COLLECTIVE_TIMEOUT_S, strategy: str = "ddp", precision: str = "fp32",
              local_rank: Optional[int] = None) -> "RankGroup":
-        """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store``, and
-        prove ``secret`` to the other ranks (RankLost if one does not prove it). ``local_rank``: the
+        """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store`` (the
+        attempt's ``rendezvous.SealedStore``), and prove ``secret`` to the other ranks on every group
+        this rank joins (RankLost if one does not prove it). ``local_rank``: the
         rank's place on its node (its GPU's index), ``rank`` where the job has one node."""
         if device_type == "cuda":
             device = torch.device("cuda", rank if local_rank is None else local_rank)
@@ -138,12 +141,15 @@ class RankGroup:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
-        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) if backend == "nccl" else dist.group.WORLD
-        group = cls(rank, world_size, device, seed, control, strategy, precision=precision)
-        try:
-            prove_membership(secret, rank, world_size, control)
-            if strategy == "fsdp":  # after the proof: nothing is exchanged with an unproven peer
+        group = cls(rank, world_size, device, seed, dist.group.WORLD, strategy, precision=precision)
+        try:  # every group is proven as soon as it forms: nothing is exchanged with an unproven peer
+            if backend == "nccl":  # stop flags and gathered states travel on gloo
+                group.control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                prove_membership(secret, rank, world_size, group.control_group, "control")
+            prove_membership(secret, rank, world_size, dist.group.WORLD, "default", device)
+            if strategy == "fsdp":  # DCP's planning unpickles what this group's peers send
                 group.checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                prove_membership(secret, rank, world_size, group.checkpoint_group, "checkpoint")
         except BaseException:
             group.close()
             raise

@@ -70,9 +70,9 @@ class Ranks:
         self.world_size, self.log = world_size, log
         self.ranks = ranks if ranks is not None else range(1, world_size)
         self.directory = Path(tempfile.mkdtemp(prefix="baton-ranks-"))  # 0700: this user's processes only
-        self.store = store if store is not None or endpoint is not None else rendezvous.open_store(
-            self.directory, world_size, RENDEZVOUS_TIMEOUT_S)
         self.secret = secret or rendezvous.new_secret()
+        self.store = store if store is not None or endpoint is not None else rendezvous.open_store(
+            self.directory, world_size, RENDEZVOUS_TIMEOUT_S, self.secret)
         self.procs: list[subprocess.Popen] = []
         self._ending = threading.Event()
         self._lost: Optional[str] = None

@@ -97,9 +97,9 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
         state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
     configure(spec.loop.deterministic, args["cpu_threads"])
     if args.get("endpoint"):  # a multi-node attempt: its leader's TCP store
-        rendezvous = connect_tcp(args["endpoint"], RENDEZVOUS_TIMEOUT_S)
+        rendezvous = connect_tcp(args["endpoint"], RENDEZVOUS_TIMEOUT_S, secret)
     else:
-        rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S)
+        rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S, secret)
     rendezvous.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
     group = RankGroup.join(rendezvous, rank, world_size, args["device_type"], spec.seed, secret,
                            strategy=spec.resources.strategy, precision=spec.loop.precision,
@@ -130,7 +130,7 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
             checkpointer = None
         control.log(loop.checkpointer.describe())
         finished = True
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 - a BaseException from the job's code is its failure too
         report(exc)
         raise
     finally:
@@ -147,7 +147,7 @@ def main() -> int:
     report = FailureReporter(Path(args["directory"]), args["rank"])
     try:
         run_rank(args, secret, report)
-    except Exception as exc:  # as on rank 0: anything from the job's code (or spec) fails the job
+    except BaseException as exc:  # as on rank 0: anything from the job's code (or spec) fails the job
         if report(exc):
             return EXIT_USER_CODE
         traceback.print_exc()  # storage or the group failed here: rank 0 counts this rank lost

@@ -7,24 +7,37 @@
   needs no port.
 - **Across nodes, a port.** A job on several nodes (``resources.nodes``) cannot share a file: its
   leader serves a ``TCPStore`` on a free port (``serve_tcp``), and every other rank connects to it
-  (``connect_tcp``). Anyone who reaches that port can write to it, so what follows matters all the
-  more: nothing a peer sends is trusted before it proved the secret.
-- **A secret, proven.** Each attempt has a random secret, handed to its ranks in their environment
-  (never on their command line: every user of the node can read /proc/PID/cmdline). Once the group
-  is formed, every rank proves it over the group's own connections (an HMAC of its rank) before
-  anything else is exchanged on them: those connections are TCP too, and a process that took a
-  rank's place on one (connecting first to a port it saw listening) is found there.
+  (``connect_tcp``). Anyone who reaches that port can read and write its keys.
+- **A secret.** Each attempt has a random secret, handed to its ranks in their environment (never
+  on their command line: every user of the node can read /proc/PID/cmdline).
+- **Sealed values.** The ranks see the store only through ``SealedStore``: every value a rank
+  writes (gloo's listening addresses, NCCL's unique id, the ranks' ready marks) is encrypted and
+  authenticated with a key derived from the secret (AES-GCM, the key's name bound in), and a value
+  that does not open is not used. A stranger at the port can neither read where the ranks listen
+  nor put its own address in a rank's place: a group forms only with addresses the ranks wrote.
+  A rank that meets a value it cannot open waits for the real one (the real rank writes over it);
+  if none comes within the rendezvous timeout, the attempt ends as a loss (``RankLost``).
+- **Every group, proven.** Once a group is formed, and before anything else travels on it, every
+  rank proves the secret over that group's own connections (an HMAC of the group's name and its
+  rank): those connections are TCP too, and a process that took a rank's place on one (connecting
+  first to a port it found listening) is found there. The default group, the control group and a
+  sharded job's checkpoint group are each proven (``distributed.RankGroup.join``); DCP's planning
+  unpickles what the checkpoint group's peers send, so that group is used only after its proof.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .errors import RankLost
 
@@ -36,39 +49,106 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def open_store(directory: Path, world_size: int, timeout_s: float) -> "dist.FileStore":
+class SealedStore(dist.Store):
+    """A torch.distributed store whose values are sealed with the attempt's secret (module doc).
+
+    Only what process groups, NCCL and the launcher use is offered: ``set``/``get``/``wait``/
+    ``check``, and ``add`` for counters (a number cannot be sealed; a stranger can only bump it, and
+    no membership rests on one). The rest refuses rather than pass an unsealed value."""
+
+    _NONCE = 12
+
+    def __init__(self, inner: "dist.Store", secret: str, timeout_s: float):
+        super().__init__()
+        self.inner, self.timeout_s = inner, timeout_s
+        self._aead = AESGCM(hmac.new(secret.encode(), b"baton rendezvous seal", hashlib.sha256).digest())
+
+    def set(self, key: str, value) -> None:
+        nonce = os.urandom(self._NONCE)
+        self.inner.set(key, nonce + self._aead.encrypt(nonce, _as_bytes(value), key.encode()))
+
+    def get(self, key: str) -> bytes:
+        """The value a rank wrote under ``key``. One that does not open (a stranger's) is passed over:
+        the real rank writes over it, so this waits for that, up to the rendezvous timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            sealed = self.inner.get(key)
+            try:
+                return self._aead.decrypt(sealed[:self._NONCE], sealed[self._NONCE:], key.encode())
+            except (InvalidTag, ValueError):
+                if time.monotonic() >= deadline:
+                    raise RankLost(f"the rendezvous value {key!r} was not sealed with this attempt's secret: a process "
+                                   f"that is not one of its ranks wrote it, and no rank's value came in "
+                                   f"{self.timeout_s:.0f}s") from None
+                time.sleep(0.02)
+
+    def wait(self, keys, timeout=None) -> None:
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def check(self, keys) -> bool:
+        return self.inner.check(keys)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(key, amount)
+
+    def set_timeout(self, timeout) -> None:
+        self.inner.set_timeout(timeout)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def compare_set(self, key, expected, desired):
+        raise NotImplementedError("the rendezvous store seals every value: compare_set is not offered")
+
+    def append(self, key, value):
+        raise NotImplementedError("the rendezvous store seals every value: append is not offered")
+
+
+def _as_bytes(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def open_store(directory: Path, world_size: int, timeout_s: float, secret: str) -> SealedStore:
     """The attempt's rendezvous, in its private ``directory`` (rank 0 creates it first)."""
     store = dist.FileStore(str(directory / "rendezvous"), world_size)
     store.set_timeout(timedelta(seconds=timeout_s))
-    return store
+    return SealedStore(store, secret, timeout_s)
 
 
-def serve_tcp(address: str, timeout_s: float) -> tuple["dist.TCPStore", str]:
+def serve_tcp(address: str, timeout_s: float, secret: str) -> tuple[SealedStore, str]:
     """A multi-node attempt's rendezvous, served by its leader on a free port: (the store, the
     endpoint ``address:port`` the other nodes' ranks connect to)."""
     store = dist.TCPStore(address, 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-    return store, f"{address}:{store.port}"
+    return SealedStore(store, secret, timeout_s), f"{address}:{store.port}"
 
 
-def connect_tcp(endpoint: str, timeout_s: float) -> "dist.TCPStore":
+def connect_tcp(endpoint: str, timeout_s: float, secret: str) -> SealedStore:
     host, port = endpoint.rsplit(":", 1)
-    return dist.TCPStore(host, int(port), None, False, timedelta(seconds=timeout_s))
+    return SealedStore(dist.TCPStore(host, int(port), None, False, timedelta(seconds=timeout_s)), secret, timeout_s)
 
 
-def prove_membership(secret: str, rank: int, world_size: int, group) -> None:
-    """Every rank shows the others, over ``group``'s connections, that it holds the attempt's secret;
-    a group with a rank that does not is left before anything else travels on it (RankLost: a loss,
-    not the job's failure, as the job is not to blame)."""
-    proofs = [torch.zeros(32, dtype=torch.uint8) for _ in range(world_size)]
-    dist.all_gather(proofs, _proof(secret, rank), group=group)
+def prove_membership(secret: str, rank: int, world_size: int, group, name: str = "default",
+                     device: torch.device = torch.device("cpu")) -> None:
+    """Every rank shows the others, over ``group``'s connections, that it holds the attempt's secret
+    (a proof bound to the group's ``name``); a group with a rank that does not is left before
+    anything else travels on it (RankLost: a loss, not the job's failure, as the job is not to
+    blame). ``device``: where the group's tensors live (a CUDA device for an NCCL group)."""
+    proofs = [torch.zeros(32, dtype=torch.uint8, device=device) for _ in range(world_size)]
+    dist.all_gather(proofs, _proof(secret, rank, name).to(device), group=group)
     strangers = [r for r, proof in enumerate(proofs)
-                 if not hmac.compare_digest(bytes(proof.tolist()), _proof(secret, r).numpy().tobytes())]
+                 if not hmac.compare_digest(bytes(proof.cpu().tolist()), _proof(secret, r, name).numpy().tobytes())]
     if strangers:
-        raise RankLost(f"rank(s) {', '.join(map(str, strangers))} of the process group did not prove this attempt's "
-                       "secret: a process that is not one of its ranks joined the group, and nothing was exchanged "
-                       "with it")
+        raise RankLost(f"rank(s) {', '.join(map(str, strangers))} of the {name} process group did not prove this "
+                       "attempt's secret: a process that is not one of its ranks joined the group, and nothing was "
+                       "exchanged with it")
 
 
-def _proof(secret: str, rank: int) -> torch.Tensor:
-    digest = hmac.new(secret.encode(), f"baton rank {rank}".encode(), hashlib.sha256).digest()
+def _proof(secret: str, rank: int, name: str) -> torch.Tensor:
+    digest = hmac.new(secret.encode(), f"baton rank {rank} of the {name} group".encode(), hashlib.sha256).digest()
     return torch.frombuffer(bytearray(digest), dtype=torch.uint8)

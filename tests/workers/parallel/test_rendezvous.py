@@ -107,10 +107,57 @@ def test_rank_0_does_not_unpickle_what_a_member_of_its_group_sends(tmp_path):
 
 
 def test_a_rank_that_does_not_prove_the_attempts_secret_is_refused_before_anything_is_exchanged(tmp_path):
+    """One that got through the store (as a process that took a rank's place on a listening port
+    would) but holds no secret is found by the group's proof."""
     good, bad = "a" * 64, "b" * 64
-    (tmp_path / "same").mkdir()
-    (tmp_path / "other").mkdir()
+    for name in ("same", "other"):
+        (tmp_path / name).mkdir()
     assert intruders("join", [str(tmp_path / "same"), good], [str(tmp_path / "same"), good]) == ["joined", "joined"]
-    rank0, rank1 = intruders("join", [str(tmp_path / "other"), good], [str(tmp_path / "other"), bad])
-    refused = "RankLost: rank(s) {} of the process group did not prove this attempt's secret"
+    rank0, rank1 = intruders("join", [str(tmp_path / "other"), good], [str(tmp_path / "other"), good, bad])
+    refused = "RankLost: rank(s) {} of the default process group did not prove this attempt's secret"
     assert rank0.startswith(refused.format(1)) and rank1.startswith(refused.format(0)), (rank0, rank1)
+
+
+def test_a_rank_without_the_secret_cannot_read_the_rendezvous(tmp_path):
+    """Its address cannot be opened by the ranks, nor theirs by it: each side ends in a loss."""
+    rank0, rank1 = intruders("join", [str(tmp_path), "a" * 64], [str(tmp_path), "b" * 64])
+    assert rank0.startswith("RankLost: the rendezvous value '") and "not sealed with this attempt's secret" in rank0, rank0
+    assert rank1.startswith("RankLost: the rendezvous value '"), rank1
+
+
+def stranger_at_the_store(tmp_path, keep_writing_s: float) -> tuple[str, str, str]:
+    """Two baton ranks of a sharded group meet at a TCP store (a multi-node attempt's); a stranger who
+    knows only the store's address writes its gloo address into rank 1's slot of the checkpoint
+    group before the real rank 1 comes. What rank 0, rank 1 and the stranger printed."""
+    secret = "c" * 64
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env())
+             for args in (["tcp-rank", "0", str(tmp_path), secret], ["tcp-rank", "1", str(tmp_path), secret],
+                          ["steal-slot", str(tmp_path), str(tmp_path / "marker"), str(keep_writing_s)])]
+    try:
+        outs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return tuple(out.strip().splitlines()[-1] if out.strip() else f"(nothing; stderr: {err[-1500:]})"
+                 for out, err in outs)
+
+
+def test_a_stranger_at_a_multinode_store_cannot_take_a_place_in_the_checkpoint_group(tmp_path):
+    """It comes first and the real rank 1 comes after it: the group forms with the real rank 1, and
+    nothing the stranger sent is unpickled."""
+    rank0, rank1, stranger = stranger_at_the_store(tmp_path, keep_writing_s=0)
+    assert not (tmp_path / "marker").exists(), ("rank 0 ran the stranger's code", rank0, rank1, stranger)
+    assert rank0 == "gathered ['rank 0', 'rank 1']" and rank1 == "sent", (rank0, rank1, stranger)
+    assert not stranger.startswith("joined"), stranger
+
+
+def test_a_stranger_who_keeps_its_address_in_the_store_ends_the_attempt_as_a_loss(tmp_path):
+    """It writes its address over the real rank 1's for longer than the rendezvous may take: rank 0
+    cannot form the checkpoint group, and says so as a loss (not the job's failure) in time."""
+    rank0, rank1, stranger = stranger_at_the_store(tmp_path, keep_writing_s=40)
+    assert not (tmp_path / "marker").exists(), ("rank 0 ran the stranger's code", rank0, rank1, stranger)
+    assert rank0.startswith("RankLost: ") and "not sealed with this attempt's secret" in rank0, (rank0, rank1, stranger)
+    assert not stranger.startswith("joined"), stranger
