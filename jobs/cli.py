@@ -108,8 +108,10 @@ def run(
         typer.echo(f"error: {exc}\nthe job did not fail: free some space and run again with --id {job_id} to resume "
                    "from its last committed checkpoint", err=True)
         raise typer.Exit(EXIT_FAILED)
-    except Exception as exc:  # the cause and the user's own frames; the whole traceback is in the job's log
-        from .display import failure
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the job's failure (an asyncio.CancelledError is a BaseException):
+        from .display import failure  # the cause and the user's own frames; the whole traceback is in the job's log
         from .redaction import Redactor
 
         where = f"baton logs {job_id}" + ("" if store.url == settings.storage_url else f" --storage {store.url}")

@@ -117,8 +117,10 @@ class CheckpointUnloadable(PermanentError):
 
 class CheckpointWriteFailed(BatonError):
     """The worker's machine could not write a checkpoint's local copy (its snapshot buffers or its
-    spooled file): a full disk or tmpfs, an I/O error. The machine's fault, not the job's: the attempt
-    is given up as a worker loss and the job resumes from its last committed checkpoint elsewhere."""
+    spooled file): a full disk or tmpfs, an I/O error; or the process that writes it died (the OOM
+    killer). The machine's fault, not the job's: the attempt is given up as a worker loss, counted
+    against ``retry.max_attempts``, and the job resumes from its last committed checkpoint elsewhere.
+    Only a store that cannot be reached is ``StorageUnavailable`` (released uncounted)."""
 
 
 class CheckpointCancelled(BatonError):

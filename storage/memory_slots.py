@@ -14,7 +14,6 @@ unpublishes both slots.
 """
 from __future__ import annotations
 
-import shutil
 import tempfile
 import zlib
 from dataclasses import dataclass
@@ -36,12 +35,12 @@ def make_dirs() -> list[Path]:
     """The directories for one job's copies: on /dev/shm when there is one, and on disk (the temporary
     directory) for the buffers /dev/shm has no room for. Named after this process (``owned_dirs``)."""
     bases = ([SHM] if writable(SHM) else []) + [Path(tempfile.gettempdir())]
-    return [owned_dirs.make(PREFIX, base) for base in bases]
+    return [owned_dirs.make(PREFIX, base, held=base == SHM) for base in bases]
 
 
 def remove_dirs(dirs: Collection[Path]) -> None:
     for directory in dirs:
-        shutil.rmtree(directory, ignore_errors=True)
+        owned_dirs.remove(directory)
 
 
 def remove_orphans() -> list[Path]:

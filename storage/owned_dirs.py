@@ -16,9 +16,21 @@ nothing else would ever delete it. Each directory's name therefore says who made
 
 Sweeping removes only directories of this user whose owner, in this pid space, is gone. Linux
 only (``/proc``): elsewhere directories are named the same way (``space`` is ``x``) and never swept.
+
+**Held directories** (``make(..., held=True)``: those on a machine's memory-backed ``/dev/shm``).
+``/dev/shm`` outlives pid spaces: two containers with ``--ipc=host``, or a pod's memory-backed
+``emptyDir`` that every restart of its container finds again in a new pid namespace (whose inode
+number may even be one an earlier namespace had). There a pid says nothing about another space's
+process, and a directory left by an earlier container would stay for the pod's life, counted
+against its memory. So a held directory's owner holds an exclusive ``flock`` on its ``.owner``
+file for as long as it lives: the kernel drops the lock when the owner dies, however it dies, and
+any process of the machine, in any pid space, can test it. A held directory is an orphan exactly
+when its lock is free; the sweeper removes it while holding that lock. (The lock file is locked
+before it takes its name, so no sweeper can find it unlocked while its owner lives.)
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -29,6 +41,9 @@ from typing import Iterable, Optional
 
 PROC = Path("/proc")
 UNKNOWN_SPACE = "x"
+OWNER_LOCK = ".owner"
+"""A held directory's lock file: locked (flock) by its owner for as long as it lives."""
+_held: dict[Path, int] = {}  # this process's held directories -> the descriptor holding their lock
 
 
 @lru_cache(maxsize=1)
@@ -56,9 +71,39 @@ def owner_tag() -> str:
     return f"{pid_space()}-{pid}-{start_time(pid) or 0}"
 
 
-def make(prefix: str, directory: Optional[Path] = None) -> Path:
-    """A new directory ``<prefix><owner>-<random>`` in ``directory`` (the temporary directory if None)."""
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-", dir=directory))
+def make(prefix: str, directory: Optional[Path] = None, held: bool = False) -> Path:
+    """A new directory ``<prefix><owner>-<random>`` in ``directory`` (the temporary directory if None);
+    ``held``: its lock is held by this process until ``remove`` (module doc)."""
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-", dir=directory))
+    if held:
+        fd = os.open(path / f"{OWNER_LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(path / f"{OWNER_LOCK}.new", path / OWNER_LOCK)
+        _held[path] = fd
+    return path
+
+
+def remove(path: Path) -> None:
+    """Remove a directory this process made (its lock, if held, is let go once it is gone)."""
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _held.pop(Path(path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _take_lock(path: Path) -> Optional[int]:
+    """The descriptor holding ``path``'s owner lock, if its owner is gone (the lock was free); None
+    if the lock is held, or there is no lock file (not a held directory)."""
+    try:
+        fd = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def orphaned(name: str, prefix: str) -> bool:
@@ -79,16 +124,25 @@ def remove_orphans(directory: Optional[Path], prefixes: Iterable[str]) -> list[P
     """Remove this user's directories in ``directory`` (the temporary directory if None) whose
     owner is gone; those removed."""
     base = Path(directory or tempfile.gettempdir())
-    if pid_space() == UNKNOWN_SPACE or not base.is_dir():
+    if not base.is_dir():
         return []
     removed = []
     for prefix in prefixes:
         for path in base.glob(f"{prefix}*"):
             try:
                 mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+                held = (path / OWNER_LOCK).exists()
             except OSError:  # removed meanwhile (by another process sweeping)
                 continue
-            if mine and orphaned(path.name, prefix):
+            if not mine or path in _held:
+                continue
+            if held:  # its lock decides, whatever pid space made it
+                fd = _take_lock(path)
+                if fd is not None:
+                    shutil.rmtree(path, ignore_errors=True)
+                    os.close(fd)
+                    removed.append(path)
+            elif orphaned(path.name, prefix):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed

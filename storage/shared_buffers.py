@@ -11,17 +11,18 @@ worker processes pass their batches through it too), else in the checkpoint spoo
 the page cache: the kernel writes the copies back in the background). Space is reserved with
 ``posix_fallocate`` before a file is mapped, so a full tmpfs (a container's default 64 MB /dev/shm)
 is found out at allocation, and the buffers move to the spool, instead of killing the training
-process with SIGBUS at its first write. Each directory is named after its training process
-(``baton-snapshot-<pid>-*``): one left behind by a process killed with SIGKILL (its buffers are RAM
-on a tmpfs) is removed by the next checkpointer started on the machine once that pid is gone.
+process with SIGBUS at its first write. Each directory on the tmpfs is a held ``owned_dirs``
+directory of its training process: one left behind by a process killed with SIGKILL (its buffers
+are RAM on a tmpfs) is removed by the next checkpointer started on the machine, in whatever pid
+namespace (another container sharing the tmpfs, or the next container of a pod), and a live one
+never is. A buffer whose directory vanished all the same (removed by hand) fails the checkpoint as
+the machine's fault (``CheckpointWriteFailed``: a loss), never as the job's.
 """
 from __future__ import annotations
 
 import errno
 import itertools
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -30,7 +31,7 @@ import torch
 
 from baton.schemas.errors import CheckpointWriteFailed
 
-from .processes import process_exists
+from . import owned_dirs
 from .snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
@@ -59,7 +60,7 @@ class SharedBuffers:
         bases = ([tmpfs] if writable(tmpfs) else []) + [spool]
         if bases[0] == tmpfs:
             remove_orphans(tmpfs)
-        dirs = [Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)) for base in bases]
+        dirs = [owned_dirs.make(PREFIX, base, held=base == tmpfs) for base in bases]
         self._start(dirs, list(dirs), log, headroom)
 
     @classmethod
@@ -95,6 +96,9 @@ class SharedBuffers:
                 _reserve(path, nbytes)
                 break
             except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    raise CheckpointWriteFailed(f"the snapshot buffers' directory {self.dir} is gone (another process "
+                                                "removed it): this machine's fault, not the job's") from exc
                 if exc.errno not in NO_ROOM:
                     raise
                 if exc.errno != errno.ENOSPC or len(self.dirs) == 1:
@@ -132,20 +136,13 @@ class SharedBuffers:
 
     def close(self) -> None:
         for directory in self._made:
-            shutil.rmtree(directory, ignore_errors=True)
+            owned_dirs.remove(directory)
 
 
 def remove_orphans(tmpfs: Path) -> list[Path]:
     """Remove the buffer directories on ``tmpfs`` whose training process is gone (SIGKILLed: it
-    could not remove them); those removed."""
-    removed = []
-    for directory in tmpfs.glob(f"{PREFIX}*"):
-        pid = directory.name[len(PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or process_exists(int(pid)):
-            continue
-        shutil.rmtree(directory, ignore_errors=True)
-        removed.append(directory)
-    return removed
+    could not remove them), in any pid namespace; those removed."""
+    return owned_dirs.remove_orphans(tmpfs, (PREFIX,))
 
 
 
@@ -189,6 +186,9 @@ class MappedBuffers:
             tensor = self._mapped.get(obj.path)
             numel = torch.Size(obj.shape).numel()
             if tensor is None or tensor.dtype != obj.dtype or tensor.numel() != numel:
+                if not os.path.exists(obj.path):
+                    raise CheckpointWriteFailed(f"the snapshot buffer {obj.path} is gone (another process removed "
+                                                "it): this machine's fault, not the job's")
                 tensor = torch.from_file(obj.path, shared=True, size=numel, dtype=obj.dtype)
                 self._mapped[obj.path] = tensor
             return tensor.view(obj.shape)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from baton.schemas import errors
-from baton.schemas.errors import CheckpointCancelled, ManifestAhead, TransientError
+from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, ManifestAhead, TransientError
 
 from .checkpoint_io import ROWS_KEY
 from .commit_work import CheckpointRequest, Committed
@@ -96,7 +96,7 @@ class ProcessWriter:
         on the reader thread after the commit, before the Future resolves (the on_commit hooks)."""
         future: Future = Future()
         if self._gone is not None:
-            future.set_exception(TransientError(self._gone))
+            future.set_exception(CheckpointWriteFailed(self._gone))
             return future
         self._pending = (future, finish)
         skeleton, request, rows = self._rows_apart(skeleton, request)
@@ -106,7 +106,7 @@ class ProcessWriter:
             self._pending = None
             self._reader.join(10)
             if not future.done():  # (the reader thread may have failed it already)
-                future.set_exception(TransientError(self._gone or "the checkpoint writer process is gone"))
+                future.set_exception(CheckpointWriteFailed(self._gone or "the checkpoint writer process is gone"))
         return future
 
     def _rows_apart(self, skeleton: Any, request: CheckpointRequest) -> tuple[Any, CheckpointRequest, Optional[tuple]]:
@@ -177,7 +177,7 @@ class ProcessWriter:
         except (EOFError, OSError):
             pass
         except BaseException as exc:  # a bug here must not leave the loop waiting forever
-            self._fail_pending(TransientError(f"the checkpoint writer's reader failed: {type(exc).__name__}: {exc}"))
+            self._fail_pending(CheckpointWriteFailed(f"the checkpoint writer's reader failed: {type(exc).__name__}: {exc}"))
             self.proc.kill()
         finally:
             self._release_lock()
@@ -187,7 +187,8 @@ class ProcessWriter:
             pending, self._pending = self._pending, None
             if pending is not None and not pending[0].done():
                 cause = (CheckpointCancelled("the checkpoint was cancelled: its attempt is over")
-                         if self.cancelled.is_set() else TransientError(f"{self._gone} before its checkpoint was committed"))
+                         if self.cancelled.is_set() else
+                         CheckpointWriteFailed(f"{self._gone} before its checkpoint was committed"))
                 pending[0].set_exception(cause)
 
     def _answer_fence(self) -> None:

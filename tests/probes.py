@@ -126,6 +126,26 @@ def exiting(**kwargs) -> nn.Module:
     raise SystemExit(3)
 
 
+class _CancellingMLP(RecordingMLP):
+    """Its 5th forward raises asyncio.CancelledError, a BaseException (as code awaiting a task may)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 5:
+            import asyncio
+
+            raise asyncio.CancelledError("cancelled inside the model")
+        return super().forward(x)
+
+
+def cancelling(**kwargs) -> nn.Module:
+    return _CancellingMLP(**kwargs)
+
+
 def eval_mode_mlp(**kwargs) -> nn.Module:
     """User code that hands over its model in eval mode: the loop must switch it to train mode."""
     return RecordingMLP(**kwargs).eval()

@@ -51,6 +51,14 @@ def test_user_code_exception_exits_1_with_its_traceback(tmp_path):
     assert "boom from user model code" in result.stderr and "Traceback" in result.stderr
 
 
+def test_a_base_exception_from_the_jobs_code_is_its_failure_shown_as_any_other(tmp_path):
+    spec = write_spec(tmp_path, make_spec(model={"target": "tests.probes:cancelling", "kwargs": {}}))
+    result = run_baton("run", str(spec), "--id", "x", "--storage", f"file://{tmp_path}")
+    assert result.returncode == 1
+    assert "error: CancelledError: cancelled inside the model" in result.stderr, result.stderr
+    assert "the whole traceback is in the job's log: baton logs x" in result.stderr, result.stderr
+
+
 def test_finished_job_says_so_and_exits_0(tmp_path):
     spec = write_spec(tmp_path, make_spec(loop={"epochs": 1}, scheduler={"name": "none"}))
     args = ("run", str(spec), "--id", "once", "--storage", f"file://{tmp_path}")

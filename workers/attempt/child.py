@@ -56,8 +56,9 @@ def main(conn: Connection, stop: StopFlag, args: dict) -> None:
                              args["attempt"], control, claim=args["claim"], allowed_prefixes=allowed,
                              fence=control.fence, on_commit=control.on_commit, worker=args["worker"], job_log=True,
                              gang=RemoteGang(remote, **gang) if gang else None, memory=args.get("memory"))
-    except (Exception, FencedOut, SystemExit) as exc:  # noqa: BLE001 - every failure is the worker's to record
-        # (a job's own sys.exit() included: unreported, it would look like this process's crash)
+    except BaseException as exc:  # noqa: BLE001 - every failure is the worker's to record: this process ignores
+        # SIGINT and SIGTERM, so a KeyboardInterrupt, a SystemExit or an asyncio.CancelledError here is the job's
+        # own code's (unreported, it would look like this process's crash: a loss, retried)
         remote.end({**describe_failure(exc, allowed), "step": control.step_now})
     else:
         outcome = result.outcome

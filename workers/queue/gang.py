@@ -14,6 +14,11 @@ change one script, as Kueue admits a workload only when all its pods can start:
 - **Admission** (``admit``, by the leader): once N have joined and every follower's lease is alive,
   the gang is admitted. Only then does the leader claim the attempt, as any worker claims a job,
   and publish the rendezvous (``start``).
+- **A freed place is offered again.** A follower that leaves a forming gang, or whose lease lapses,
+  frees its place; the scripts count each (``freed``), and the leader publishes a join message for
+  each at once. A join message that a worker took and died with (SIGKILL) cannot be seen: while
+  places are missing, the leader offers them again every ``REOFFER_S``. A join message beyond the
+  missing places is dropped by the worker that takes it (the gang is full, or gone).
 - **Nothing is used up by a gang that does not fill.** The leader dissolves it when its timeout
   passes and passes the message on: no attempt is claimed, no loss counted. The job's record says
   why it waits ("waiting for nodes: 1 of 2 joined").
@@ -84,6 +89,7 @@ local function free_lapsed(gang, first)
     if redis.call('HEXISTS', gang, 'worker:' .. k) == 1 and redis.call('EXISTS', KEYS[first + k - 1]) == 0 then
       redis.call('HDEL', gang, 'worker:' .. k, 'host:' .. k)
       redis.call('HINCRBY', gang, 'joined', -1)
+      redis.call('HINCRBY', gang, 'freed', 1)
     end
   end
   return nodes
@@ -164,11 +170,13 @@ if redis.call('GET', KEYS[1]) == ARGV[2] .. ':' .. ARGV[3] then redis.call('DEL'
 return {'admitted', tostring(joined)}
 """
 
-# KEYS: gang. ARGV: gang id, endpoint, secret, the ranks' arguments (JSON).
+# KEYS: gang. ARGV: gang id, endpoint, secret, the ranks' arguments (JSON). Done again (a retry whose first
+# reply was lost to a Redis outage), it says yes again.
 _START = """
-if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'state') ~= 'admitted' then
-  return 0
-end
+if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then return 0 end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'running' and redis.call('HGET', KEYS[1], 'endpoint') == ARGV[2] then return 1 end
+if state ~= 'admitted' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'running', 'endpoint', ARGV[2], 'secret', ARGV[3], 'args', ARGV[4])
 return 1
 """
@@ -214,6 +222,7 @@ if redis.call('HGET', KEYS[1], 'id') == ARGV[1] and redis.call('HGET', KEYS[1], 
    and redis.call('HEXISTS', KEYS[1], 'worker:' .. ARGV[2]) == 1 then
   redis.call('HDEL', KEYS[1], 'worker:' .. ARGV[2], 'host:' .. ARGV[2])
   redis.call('HINCRBY', KEYS[1], 'joined', -1)
+  redis.call('HINCRBY', KEYS[1], 'freed', 1)
 end
 return 1
 """
@@ -242,6 +251,7 @@ class Gang:
     released: Optional[str] = None  # a follower's report: its worker is shutting down
     refused: Optional[str] = None  # why a worker that took a join message did not join (the same host)
     done: frozenset = frozenset()  # the followers whose ranks all finished
+    freed: int = 0  # places given up while it formed (a follower left, or its lease lapsed), each offered again
 
     def describe(self) -> str:
         return f"{self.joined} of {self.nodes} nodes joined"
@@ -370,7 +380,7 @@ class Gangs:
         return Gang(raw["id"], raw["state"], int(raw["attempt"]), nodes, int(raw["joined"]), workers, hosts,
                     raw.get("endpoint"), raw.get("secret"), raw.get("args"), raw.get("reason"), raw.get("failure"),
                     raw.get("lost"), raw.get("released"), raw.get("refused"),
-                    frozenset(k for k in range(nodes) if f"done:{k}" in raw))
+                    frozenset(k for k in range(nodes) if f"done:{k}" in raw), int(raw.get("freed", 0)))
 
 
 def _member_keys(job_id: str, nodes: int) -> list[str]:

@@ -52,6 +52,9 @@ _log = logging.getLogger("baton.worker")
 T = TypeVar("T")
 
 POLL_S = 0.1
+REOFFER_S = 30.0
+"""While a forming gang misses places and no place was offered for this long, the leader offers the
+missing places again: a join message taken by a worker that was then SIGKILLed is gone unseen."""
 """How often a leader looks for its gang to fill, and a follower for its gang to start."""
 WATCH_S = 0.2
 """How often a follower looks at its ranks (and, every few looks, at its gang)."""
@@ -139,6 +142,7 @@ def lead(ctx, job_id: str, attempt: int, nodes: int, queue: str, pass_on: Callab
         ctx.publish_join(job_id, attempt, nodes, queue)
     _log.info("job %s attempt %d: leading a gang of %d nodes; waiting for them to join", job_id, attempt, nodes)
     deadline = time.monotonic() + settings.gang_timeout_s
+    offers = _Offers(lambda: ctx.publish_join(job_id, attempt, nodes, queue), nodes)
     while True:
         if not gangs.renew(led, settings.lease_ttl_s):
             return "dropped"
@@ -148,6 +152,9 @@ def lead(ctx, job_id: str, attempt: int, nodes: int, queue: str, pass_on: Callab
         if state != "forming":  # the job no longer waits (cancelled)
             gangs.dissolve(led, "the job no longer waits for nodes")
             return "dropped"
+        offered = offers.again(joined, _quietly(lambda: gangs.read(job_id)))
+        if offered:
+            _log.info("job %s attempt %d: %s", job_id, attempt, offered)
         if time.monotonic() >= deadline or ctx.preemption.requested.is_set():
             why = (f"waiting for nodes: only {joined} of {nodes} joined in {settings.gang_timeout_s:.0f}s; offered again"
                    if not ctx.preemption.requested.is_set() else f"waiting for nodes: {ctx.worker} is shutting down")
@@ -167,6 +174,31 @@ def lead(ctx, job_id: str, attempt: int, nodes: int, queue: str, pass_on: Callab
     finally:
         keeper.stop()
         gangs.dissolve(led, f"attempt {attempt} ended ({outcome})")
+
+
+class _Offers:
+    """The join messages a forming gang's leader publishes after its first N-1: one for each place
+    freed (``Gang.freed``, counted by the scripts), and the missing places every ``REOFFER_S``."""
+
+    def __init__(self, publish: Callable[[], None], nodes: int):
+        self.publish, self.nodes = publish, nodes
+        self.freed = 0
+        self.last = time.monotonic()
+
+    def again(self, joined: int, gang: Optional[Gang]) -> Optional[str]:
+        """Offer what is due; what was offered, in words (None: nothing)."""
+        freed = gang.freed if gang is not None else self.freed
+        if freed > self.freed:
+            count, why = freed - self.freed, "freed"
+        elif joined < self.nodes and time.monotonic() - self.last >= REOFFER_S:
+            count, why = self.nodes - joined, f"still missing after {REOFFER_S:.0f}s"
+        else:
+            return None
+        self.freed = max(self.freed, freed)
+        for _ in range(count):
+            self.publish()
+        self.last = time.monotonic()
+        return f"offered {count} place(s) of its gang again ({why})"
 
 
 def gang_size(client: redis.Redis, job_id: str) -> tuple[Optional[int], str]:

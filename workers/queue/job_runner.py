@@ -304,7 +304,9 @@ def _serve(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl
                 "on_commit": lambda manifest, stats: control.on_commit(CheckpointManifest.model_validate(manifest),
                                                                        CheckpointStats(**stats)),
                 "fence": control.fence,
-                "gang_start": gang.start if gang is not None else None,
+                # through a Redis outage while the lease may be valid (LeaseUnconfirmed after: a loss, not the job's)
+                "gang_start": (lambda *args: control.leased(lambda: gang.start(*args), "the gang's start"))
+                if gang is not None else None,
                 "gang_remote_failure": gang.remote_failure if gang is not None else None}
     ended = process.serve(handlers, control.stop_flag)
     if ended.result is None:

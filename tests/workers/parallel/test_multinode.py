@@ -4,9 +4,14 @@ ranks on one node; a node's worker SIGKILLed, the gang formed again with a spare
 bit-exact; a gang that cannot fill released without using an attempt."""
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
+
 import pytest
 
-from tests.helpers import mid_epoch_after_two_checkpoints, run_reference
+from tests.helpers import REPO, baton_env, mid_epoch_after_two_checkpoints, run_reference
 from tests.workers.parallel.test_ddp import alive
 from tests.workers.parallel.test_ddp_workers import sigkill_worker_pid_when
 from tests.workers.parallel.test_fsdp import FSDP, assert_same_sharded_training
@@ -139,3 +144,62 @@ def test_the_leader_sigkilled_its_gang_ends_and_a_new_one_ends_bit_exact(cluster
     assert final.state.value == "succeeded", final.error
     assert final.lost == 1 and final.resumed_from == committed["checkpoints"][-1]["step"]
     assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "headless", tmp_path)
+
+
+def rendezvous_endpoints(cluster) -> list[str]:
+    """Every rendezvous a multi-node leader served so far, as the workers' logs say."""
+    found = []
+    for log in sorted(cluster.log_dir.glob("w*.log")):
+        found += re.findall(r"rendezvous at (\S+:\d+)", log.read_text(errors="replace"))
+    return found
+
+
+def test_a_stranger_at_a_resumed_gangs_rendezvous_gets_nothing_and_the_job_ends_bit_exact(cluster, fsdp_reference,
+                                                                                          tmp_path):
+    """The resumed gang loads its sharded checkpoint over the checkpoint group (DCP's planning
+    unpickles what that group's peers send). A stranger who knows only the leader's rendezvous port
+    keeps writing its own address into rank 1's place there: it never joins and nothing it sent
+    runs; the attempt it met proceeds without it or ends as a loss, and the job ends bit-exact."""
+    marker = tmp_path / "a-rank-ran-the-strangers-code"
+    cluster.start_workers(2, **NODES_ENV, BATON_RENDEZVOUS_TIMEOUT_S="20")
+    job = cluster.client.submit({**TWO_NODES, "retry": {"max_attempts": 8}}, "guarded")
+    wait_for(running_at_step(job, 1))
+    first = rendezvous_endpoints(cluster)
+    follower = cluster.worker(gang_of(cluster, "guarded").workers[1])
+    committed = sigkill_worker_pid_when(follower, cluster.store(), "guarded", mid_epoch_after_two_checkpoints())
+    stranger = subprocess.Popen([sys.executable, "-m", "tests.intruder", "steal-slot", str(tmp_path), str(marker), "25"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env())
+    try:
+        cluster.start_workers(1, **NODES_ENV, BATON_RENDEZVOUS_TIMEOUT_S="20")  # the spare
+        endpoint = wait_for(lambda: next((e for e in rendezvous_endpoints(cluster) if e not in first), None),
+                            timeout=120, every=0.005)
+        (tmp_path / "endpoint").write_text(endpoint)
+        final = job.wait(timeout=300, progress=False)
+        out, err = stranger.communicate(timeout=60)
+    finally:
+        if stranger.poll() is None:
+            stranger.kill()
+            stranger.wait()
+    assert not marker.exists(), "a rank unpickled the stranger's payload"
+    assert not out.strip().startswith("joined"), (out, err[-2000:])
+    assert final.state.value == "succeeded", final.error
+    assert final.lost >= 1 and final.resumed_from == committed["checkpoints"][-1]["step"], final
+    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "guarded", tmp_path)
+
+
+def test_a_place_freed_while_a_gang_forms_is_offered_again_at_once(cluster):
+    """A 3-node gang forms with its leader and one follower; the follower's worker is SIGTERMed and
+    leaves. Two spare workers then start: the freed place must be offered again, so that both join
+    and the gang is admitted (before, one spare took the last join message and the other idled
+    while the gang waited out its whole timeout)."""
+    three = {**TWO_NODES, "resources": {**TWO_NODES["resources"], "nodes": 3}}
+    leader, follower = cluster.start_workers(2, **NODES_ENV)
+    job = cluster.client.submit(three, "refill")
+    wait_for(lambda: (gang := gang_of(cluster, "refill")) is not None and gang.joined == 2, timeout=60, every=0.02)
+    follower.signal(signal.SIGTERM, group=False)
+    wait_for(lambda: gang_of(cluster, "refill").joined == 1, timeout=30, every=0.02)
+    cluster.start_workers(2, **NODES_ENV)
+    admitted = wait_for(lambda: (gang := gang_of(cluster, "refill")) is not None and gang.state in ("admitted", "running")
+                        and gang, timeout=60, every=0.05)
+    assert follower.name not in admitted.workers.values() and len(admitted.workers) == 3, admitted
+    assert job.cancel() == "requested"

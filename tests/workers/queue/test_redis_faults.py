@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from baton.jobs import keys
 from baton.jobs.services import _wait, die_with_parent, free_port
 
 from tests.conftest import Cluster
@@ -210,3 +211,30 @@ def test_a_worker_whose_start_meets_a_redis_outage_waits_for_it_and_starts_whole
     finally:
         worker.stop()
         proxy.close()
+
+
+def test_a_redis_restart_while_a_gang_starts_does_not_fail_the_job(restartable):
+    """A two-node gang is admitted; once its leader's worker serves the attempt's training process,
+    that process is held at its storage calls (through the S3 proxy, before it publishes the
+    rendezvous), Redis is killed, the calls go on, and Redis comes back 1.5 s later: the leader
+    publishes the rendezvous (and the follower waits for it) during the outage. Redis faults are
+    never the job's failure: the job succeeds, and no attempt is failed or lost."""
+    from tests.workers.parallel.test_multinode import NODES_ENV, TWO_NODES
+
+    cluster, server, proxy = restartable
+    cluster.start_workers(2, **NODES_ENV, AWS_ENDPOINT_URL=proxy.endpoint_url, BATON_LEASE_TTL_S="30")
+    direct = redis.Redis(port=server.port)
+    job = cluster.client.submit(TWO_NODES, "gang-outage")
+    # the worker serves the training process's calls once it has recorded the process's pid
+    wait_for(lambda: any("job gang-outage: attempt 1 trains in process" in w.log() for w in cluster.workers),
+             timeout=120, every=0.002)
+    proxy.set("hold")  # the training process waits at its storage calls, before it publishes the rendezvous
+    wait_for(lambda: proxy.held_bytes > 0, timeout=30, every=0.005)
+    assert direct.hget(keys.gang("gang-outage"), "state") == b"admitted"  # not published yet
+    server.kill()
+    proxy.set("pass")
+    time.sleep(1.5)
+    server.start()
+    final = job.wait(timeout=180, progress=False)
+    assert final.state.value == "succeeded", f"{final.error}\n{final.traceback}"
+    assert final.lost == 0, final

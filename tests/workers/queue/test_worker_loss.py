@@ -2,8 +2,10 @@
 signals. Every surviving job must end bit-identical to `baton run` of the same spec."""
 from __future__ import annotations
 
+import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -103,7 +105,9 @@ def test_a_worker_paused_past_its_lease_is_fenced_out(cluster, reference):
 
 
 @pytest.mark.parametrize("target, error", [("raising", "RuntimeError: boom from user model code"),
-                                           ("exiting", "SystemExit: 3")])  # sys.exit() in the job's code
+                                           ("exiting", "SystemExit: 3"),  # sys.exit() in the job's code
+                                           # a BaseException from the model's forward, mid-training
+                                           ("cancelling", "CancelledError: cancelled inside the model")])
 def test_user_code_exception_fails_once_with_its_traceback(cluster, target, error):
     cluster.start_workers(1)
     job = cluster.client.submit(make_spec(model={"target": f"tests.probes:{target}", "kwargs": {}}), "broken")
@@ -130,3 +134,60 @@ def test_cancel_stops_with_a_checkpoint_and_resume_finishes_bit_exact(cluster, r
     final = job.wait(timeout=120, progress=False)
     assert final.state.value == "succeeded" and final.resumed_from == latest["step"]
     assert_same_training(reference, "reference", cluster.store(), "cancelled")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: each process's parent)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, of in parents.items() if of == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def is_checkpoint_writer(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"baton.storage.writer_process" in fh.read()
+    except OSError:
+        return False
+
+
+def test_a_checkpoint_writer_killed_at_every_checkpoint_is_a_counted_loss_not_a_retry_for_ever(cluster):
+    """As the OOM killer would: each attempt's writer process, once it has started, is SIGKILLed. A
+    local process's death is the machine's fault, a worker loss counted against retry.max_attempts;
+    only a store that cannot be reached is "storage unavailable" (released uncounted)."""
+    worker, = cluster.start_workers(1)
+    job = cluster.client.submit({**SPEC, "retry": {"max_attempts": 2}}, "writer-killed")
+    seen: dict[int, float] = {}
+    stop = threading.Event()
+
+    def kill_writers():
+        while not stop.is_set():
+            for pid in descendants(worker.proc.pid):
+                if is_checkpoint_writer(pid) and time.monotonic() - seen.setdefault(pid, time.monotonic()) > 3:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_writers, daemon=True)
+    killer.start()
+    try:
+        final = job.wait(timeout=150, progress=False)
+    finally:
+        stop.set()
+        killer.join()
+    assert (final.state.value, final.attempt, final.lost) == ("failed", 2, 2), final
+    assert "checkpoint writer process" in final.error and "max_attempts" in final.error, final.error
