@@ -15,11 +15,17 @@ cut it off, real `baton worker` processes (replaced when they exit), real signal
 - corruptbest: freeze the holder, overwrite the best checkpoint's bytes, let it go on (its finalize
              must fall back, not fail the job)
 - duprun:    `baton run` of the job, on the same store, while a worker holds it (it must refuse)
+- shmsweep:  baton's /dev/shm sweeps run in a pid namespace of their own (another container sharing
+             the machine's /dev/shm): they must take nothing of the holder's (the attempt goes on)
+- writerkill: SIGKILL the holder's checkpoint writer process at every checkpoint (as the OOM killer
+             would), until the attempt is given up as a loss and taken over
 - finalize:  SIGKILL redis-server as training ends, start it again OUTAGE_S later (always the last)
 
 Beside the job, from the start, a second one: two data-parallel ranks whose data set raises on rank
 1 (tests.probes:failing_on_rank), with retry.max_attempts 3. It must fail once, with rank 1's
-exception and traceback in its status, and not be retried.
+exception and traceback in its status, and not be retried. And a third (``--gang``, the default;
+``bench/chaos_gang.py``): a two-node job whose gang meets a Redis restart the moment it is admitted
+and whose every rendezvous meets a stranger: it must end bit-exact, the stranger never in.
 
 After each fault it waits until the job trains past the step it had reached. At the end: the
 final state compared bit for bit (torch.equal on every tensor, equal losses) with an
@@ -28,7 +34,7 @@ committed checkpoints that vanished while newer than the job's latest (not ones 
 corrupted), and entries committed by an attempt already fenced out (older than the manifest's
 attempt at the previous poll).
 
-    python bench/chaos.py --faults 20 [--seed 0] [--workers 3] [--kinds sigkill,redis] [--out PATH]
+    python bench/chaos.py --faults 20 [--seed 0] [--workers 4] [--kinds sigkill,redis] [--no-gang] [--out PATH]
 """
 from __future__ import annotations
 
@@ -60,6 +66,8 @@ from tests.helpers import assert_same_training, make_spec, read_manifest, run_ba
 from tests.netfault import FaultyProxy  # noqa: E402
 
 from bench.chaos_faults import JOB, KINDS, inject, wait_until  # noqa: E402
+from bench.chaos_gang import GANG_JOB, NODES_ENV, GangSide  # noqa: E402
+from tests.workers.parallel.test_fsdp import FSDP  # noqa: E402
 
 RECOVERY_TIMEOUT_S = 180.0
 """A fault the job has not trained past in this long is counted as not survived."""
@@ -104,7 +112,7 @@ class Watch:
 
 
 class Harness:
-    def __init__(self, workdir: Path, n_workers: int, say: Callable[[str], None]):
+    def __init__(self, workdir: Path, n_workers: int, say: Callable[[str], None], extra_env: Optional[dict] = None):
         self.workdir, self.n_workers, self.say = workdir, n_workers, say
         self.redis = RedisServer(persistent=True).start()
         self.s3 = S3Server().start()
@@ -115,7 +123,7 @@ class Harness:
         os.environ["BATON_ALLOWED_MODULES"] = "tests"  # the job's data set is tests.probes:slow_spiral
         self.env = {**os.environ, "BATON_REDIS_URL": self.redis.url, "BATON_STORAGE_URL": self.storage_url,
                     "AWS_ENDPOINT_URL": self.proxy.endpoint_url, "BATON_ALLOWED_MODULES": "tests",
-                    "BATON_METRICS_PORT": "0", "PYTHONPATH": str(REPO)}
+                    "BATON_METRICS_PORT": "0", "PYTHONPATH": str(REPO), **(extra_env or {})}
         self.workers: list[WorkerProcess] = []
         self.replaced = 0
         self._started = 0
@@ -179,11 +187,11 @@ class Harness:
     def start_watching(self) -> None:
         threading.Thread(target=self._watch, name="chaos-watch", daemon=True).start()
 
-    def status(self):
+    def status(self, job_id: str = JOB):
         """The job's status, waiting out a Redis that is down."""
         while True:
             try:
-                return self.client.job(JOB).status()
+                return self.client.job(job_id).status()
             except redis_lib.RedisError:
                 time.sleep(0.2)
 
@@ -245,6 +253,10 @@ def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optiona
             fault.steps_lost = step_at
     if kind == "duplicate" and fault.attempt_after is not None and fault.attempt_after != fault.attempt_before:
         fault.survived, fault.note = False, "a duplicate message started a new attempt"
+    if kind == "shmsweep" and fault.attempt_after is not None and fault.attempt_after != fault.attempt_before:
+        fault.survived, fault.note = False, f"a sweep from another pid namespace cost an attempt ({fault.note})"
+    if kind == "writerkill" and "given up as a loss" not in fault.note:
+        fault.survived = False
     if kind == "duprun" and not (h.duprun_codes and h.duprun_codes[-1] == 4 and fault.attempt_after == fault.attempt_before):
         fault.survived = False  # it must refuse (exit 4), leaving the worker's attempt alone
     return fault
@@ -264,27 +276,36 @@ def plan(faults: int, seed: int, kinds: tuple[str, ...]) -> list[tuple[str, int]
 
 
 # --- the run --------------------------------------------------------------------------------
-def reference_run(spec_path: Path, root: Path) -> tuple[FileStore, float]:
+def reference_run(spec_path: Path, root: Path, job_id: str = "reference") -> tuple[FileStore, float]:
     started = time.monotonic()
-    done = run_baton("run", str(spec_path), "--id", "reference", "--storage", f"file://{root}")
+    done = run_baton("run", str(spec_path), "--id", job_id, "--storage", f"file://{root}")
     if done.returncode != 0:
         raise RuntimeError(f"the reference `baton run` failed:\n{done.stdout}{done.stderr}")
     return FileStore(root), time.monotonic() - started
 
 
-def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], say: Callable[[str], None]) -> dict:
+def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], say: Callable[[str], None],
+              gang: bool = True) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="baton-chaos-"))
     spec = chaos_spec(faults)
     spec_path = write_spec(workdir, spec)
     reference, reference_s = reference_run(spec_path, workdir / "reference")
     say(f"reference `baton run`: {reference_s:.1f} s; logs in {workdir}")
-    h = Harness(workdir, n_workers, say)
+    gang_reference = None
+    if gang:  # the same two ranks on one node
+        gang_reference, _ = reference_run(write_spec(workdir, FSDP, "gang.yaml"), workdir / "gang-reference",
+                                          "gang-reference")
+    h = Harness(workdir, n_workers, say, NODES_ENV if gang else None)
+    side = GangSide(h, REPO) if gang else None
     try:
         h.start_pool()
         h.start_watching()
         started = time.monotonic()
         h.client.submit(spec, JOB)
         h.client.submit(RANK_FAILURE, RANK_JOB)
+        if side is not None:
+            side.start()
+            say(f"  beside it, {GANG_JOB}: Redis restarted as its gang was admitted: {side.redis_restarted}")
         done: list[Fault] = []
         after = 0
         for kind, gap in plan(faults, seed, kinds):
@@ -311,6 +332,12 @@ def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], sa
             rank_failure["rank_1_traceback"]
         say(f"  beside it, {RANK_JOB}: {rank_failure['state']} at attempt {rank_failure['attempt']}, lost "
             f"{rank_failure['lost']}: {rank_failure['error']}")
+        gang_result = None
+        if side is not None:
+            gang_final = wait_until(lambda: (s := h.status(GANG_JOB)).state.terminal and s, 600, 0.2)
+            gang_result = side.result(gang_reference, gang_final)
+            say(f"  beside it, {GANG_JOB}: {gang_result['state']} at attempt {gang_result['attempts']}, bit-exact "
+                f"{gang_result['bit_exact']}; strangers: {gang_result['strangers']}")
         wall_s = time.monotonic() - started
         time.sleep(0.3)  # one more manifest poll after the end
         try:
@@ -328,7 +355,7 @@ def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], sa
             "wall_s": wall_s, "reference_s": reference_s, "bit_exact": bit_exact, "difference": difference,
             "committed_checkpoints_lost": len(h.watch.lost), "commits_by_fenced_attempts": len(h.watch.fenced_commits),
             "lost_entries": h.watch.lost, "fenced_entries": h.watch.fenced_commits, "manifest_polls": h.watch.polls,
-            "faults": [asdict(f) for f in done], "rank_failure": rank_failure,
+            "faults": [asdict(f) for f in done], "rank_failure": rank_failure, "gang": gang_result,
         }
     finally:
         h.close()
@@ -359,6 +386,13 @@ def table(result: dict) -> str:
                 "|---|---|---|---|---|",
                 f"| 2 ranks, `ValueError` on rank 1 | {rank['state']} | {rank['attempt']} | {rank['lost']} | "
                 f"{'yes' if rank['rank_1_traceback'] else 'NO'} |"]
+    gang = result.get("gang")
+    if gang:
+        summary += ["", "| beside it: a two-node job | state | attempts | lost | Redis restarted at admission | "
+                    "strangers at its rendezvous | a stranger got in | bit-exact |", "|---|---|---|---|---|---|---|---|",
+                    f"| 2 nodes x 1 sharded rank | {gang['state']} | {gang['attempts']} | {gang['lost']} | "
+                    f"{'yes' if gang['redis_restarted_at_admission'] else 'no'} | {len(gang['strangers'])} | "
+                    f"{'YES' if gang['stranger_got_in'] else 'no'} | {'yes' if gang['bit_exact'] else 'NO'} |"]
     return "\n".join(rows + summary)
 
 
@@ -366,7 +400,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--gang", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the two-node job beside it (a Redis restart at its admission, a stranger at its "
+                             "rendezvous)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")
     parser.add_argument("--out", default=None, help="JSON file (default: bench/results/chaos-<faults>-<seed>.json)")
     args = parser.parse_args()
@@ -374,7 +411,7 @@ def main() -> int:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; choose from {list(KINDS)}")
-    result = run_chaos(args.faults, args.seed, args.workers, kinds, lambda line: print(line, flush=True))
+    result = run_chaos(args.faults, args.seed, args.workers, kinds, lambda line: print(line, flush=True), args.gang)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     out = Path(args.out or REPO / "bench" / "results" / f"chaos-{args.faults}-{args.seed}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -383,7 +420,7 @@ def main() -> int:
     print(f"written to {out}")
     ok = result["bit_exact"] and result["faults_survived"] == result["faults_injected"] and \
         not result["committed_checkpoints_lost"] and not result["commits_by_fenced_attempts"] and \
-        result["rank_failure"]["as_expected"]
+        result["rank_failure"]["as_expected"] and (result["gang"] is None or result["gang"]["as_expected"])
     return 0 if ok else 1
 
 

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from baton.workers.queue.celery_app import make_app, publish_run
 from tests.helpers import read_manifest, run_baton
 
 KINDS = ("sigkill", "sigterm", "sigstop", "redis", "s3", "corrupt", "duplicate", "fullspool", "corruptbest", "duprun",
-         "finalize")
+         "shmsweep", "writerkill", "finalize")
 FULL_SPOOL_BYTES = 1024
 """The file size the holder's checkpoint writer is held to by a fullspool fault."""
 OUTAGE_S = 3.0
@@ -32,6 +35,14 @@ def wait_until(predicate, timeout_s: float, every_s: float = 0.05):
     return None
 
 
+def _working(pid: int) -> bool:
+    """Whether a checkpoint writer has written a checkpoint (it maps the snapshot buffers then)."""
+    try:
+        return "baton-snapshot-" in (Path("/proc") / str(pid) / "maps").read_text()
+    except OSError:
+        return False
+
+
 def _writer_processes(holder: WorkerProcess) -> list[int]:
     """The pids of the holder's checkpoint writer processes (in its process group)."""
     pids = []
@@ -47,6 +58,24 @@ def _writer_processes(holder: WorkerProcess) -> list[int]:
     return pids
 
 
+SWEEP = ("from pathlib import Path; from baton.storage import memory_slots, shared_buffers; "
+         "print(len(shared_buffers.remove_orphans(Path('/dev/shm'))) + len(memory_slots.remove_orphans()))")
+
+
+def sweep_from_another_namespace(env: dict) -> str:
+    """baton's own sweeps of /dev/shm (a worker's start), run in a pid namespace of their own, as another
+    container sharing the machine's /dev/shm would run them: they must take only what is provably orphaned."""
+    command = [sys.executable, "-c", SWEEP]
+    unshare = shutil.which("unshare")
+    if unshare and os.geteuid() == 0:
+        command = [unshare, "--pid", "--fork", "--mount-proc", *command]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    where = "another pid namespace" if command[0] == unshare else "this pid namespace (no unshare)"
+    if done.returncode != 0:
+        return f"the sweep failed in {where}: {done.stderr.strip().splitlines()[-1:]}"
+    return f"swept /dev/shm from {where}: {done.stdout.strip()} orphaned directories removed"
+
+
 def _set_file_limit(pids: list[int], limit: int) -> None:
     for pid in pids:
         try:
@@ -58,7 +87,7 @@ def _set_file_limit(pids: list[int], limit: int) -> None:
 def inject(h, kind: str, status) -> str:
     """Inject ``kind`` into the job ``status`` describes, on the chaos.Harness ``h``; a note on what was done."""
     holder = h.holder(status.worker)
-    if kind in ("sigkill", "sigterm", "sigstop", "corrupt", "fullspool", "corruptbest") and holder is None:
+    if kind in ("sigkill", "sigterm", "sigstop", "corrupt", "fullspool", "corruptbest", "writerkill") and holder is None:
         return "no live holder"
     if kind == "sigkill":
         holder.signal(signal.SIGKILL)
@@ -114,6 +143,23 @@ def inject(h, kind: str, status) -> str:
                          env={k: v for k, v in h.env.items() if k != "AWS_ENDPOINT_URL"} | h.s3.env())
         h.duprun_codes.append(done.returncode)
         return f"baton run exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:80]}"
+    elif kind == "shmsweep":
+        return sweep_from_another_namespace(h.env)
+    elif kind == "writerkill":  # as the OOM killer would, at every checkpoint, until the attempt is given up
+        killed = []
+
+        def kill_writers():  # once it works: one killed while it starts leaves the checkpoints to a thread
+            for pid in filter(_working, _writer_processes(holder)):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+            return h.status().attempt > status.attempt
+
+        taken = wait_until(kill_writers, 90, 0.05)
+        return (f"{len(killed)} writer process(es) killed; given up as a loss, taken over" if taken else
+                f"{len(killed)} writer process(es) killed; not given up in 90 s")
     elif kind == "finalize":
         h.redis.kill()
         time.sleep(OUTAGE_S)

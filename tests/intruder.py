@@ -23,10 +23,20 @@ code of the sender's choosing. Run as ``python -m tests.intruder MODE ...``:
   DIRECTORY/endpoint) writes its own gloo address into rank 1's slot of the checkpoint group before
   the real rank 1 comes, keeps writing it for SECONDS, and sends the payload to whoever forms a group
   with it. Prints what happened.
+- ``ring-rank RANK DIRECTORY`` (3 of them) and ``hijack DIRECTORY``: three baton ranks meeting at a
+  TCP store, rank 1 a slow node; the stranger finds ranks 0 and 2's gloo listening ports (as any
+  user sees them in /proc/net/tcp) and connects first to each as its pair with its ring successor,
+  announcing the predictable pair number, then speaks just enough of gloo's pair protocol to take
+  what is sent to it. Prints, as JSON, [victim, pair, bytes received] for each: a pair that got
+  bytes was taken. A ring all-gather of proofs would pass: the honest ranks relay each other's.
+- ``slow-rank RANK DIRECTORY`` (2 of them) and ``delete-slot DIRECTORY``: the stranger deletes rank
+  1's address from the store over and over; rank 0 must give up within the rendezvous timeout (3 s),
+  not gloo's own (the collective timeout, 20 s here).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -225,6 +235,151 @@ def steal_slot(directory: Path, marker: str, seconds: float) -> str:
     return outcome
 
 
+SECRET = "c" * 64
+
+
+def _listening(pid: int) -> set[int]:
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as fh:
+            for line in fh.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in sockets:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _meet(rank: int, directory: Path, rendezvous_s: float):
+    """A baton rank's end of a TCP store (rank 0 serves it), sealed with SECRET."""
+    import time
+
+    from baton.workers.parallel import rendezvous
+
+    (directory / f"pid{rank}").write_text(str(os.getpid()))
+    if rank == 0:
+        store, endpoint = rendezvous.serve_tcp("127.0.0.1", rendezvous_s, SECRET)
+        (directory / "endpoint.tmp").write_text(endpoint)
+        (directory / "endpoint.tmp").rename(directory / "endpoint")
+        return store
+    while not (directory / "endpoint").exists():
+        time.sleep(0.01)
+    return rendezvous.connect_tcp((directory / "endpoint").read_text(), rendezvous_s, SECRET)
+
+
+def ring_rank(rank: int, directory: Path) -> str:
+    import time
+
+    from baton.workers.parallel.distributed import RankGroup
+
+    store = _meet(rank, directory, 20)
+    if rank == 1:
+        time.sleep(6)  # a slow node
+    try:
+        RankGroup.join(store, rank, 3, "cpu", 0, SECRET, timeout_s=15)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return "joined"
+
+
+def hijack(directory: Path) -> str:
+    import socket
+    import struct
+    import threading
+    import time
+
+    for rank in (0, 2):
+        while not (directory / f"pid{rank}").exists():
+            time.sleep(0.01)
+    pids = {rank: int((directory / f"pid{rank}").read_text()) for rank in (0, 2)}
+    while not (directory / "endpoint").exists():
+        time.sleep(0.01)
+    store_port = int((directory / "endpoint").read_text().rsplit(":", 1)[1])
+    ports: dict[int, int] = {}
+    while len(ports) < 2:
+        for rank in (0, 2):
+            found = _listening(pids[rank]) - {store_port}
+            if found:
+                ports[rank] = found.pop()
+        time.sleep(0.005)
+    # the ring 0 -> 1 -> 2 -> 0: a rank that listens for its successor's pair can be taken (which side of a
+    # pair listens depends on the addresses: both are tried)
+    received = {(0, 1): 0, (2, 0): 0}
+
+    def take(victim: int, pair: int) -> None:
+        sock = socket.create_connection(("127.0.0.1", ports[victim]))
+        sock.sendall(struct.pack("<q", pair))
+        sock.settimeout(25)
+
+        def read(n: int) -> bytes:
+            got = b""
+            while len(got) < n:
+                chunk = sock.recv(n - len(got))
+                if not chunk:
+                    raise EOFError
+                got += chunk
+            return got
+
+        try:
+            while True:
+                _, op, slot, _, length, _ = struct.unpack("<6Q", read(48))
+                if op == 2:  # the peer would send: say we are ready for it
+                    sock.sendall(struct.pack("<6Q", 48, 3, slot, 0, length, 0))
+                elif op == 1:
+                    received[(victim, pair)] += len(read(length))
+        except (EOFError, OSError):
+            pass
+
+    takers = [threading.Thread(target=take, args=key) for key in received]
+    for taker in takers:
+        taker.start()
+    for taker in takers:
+        taker.join()
+    return json.dumps([[victim, pair, count] for (victim, pair), count in received.items()])
+
+
+def slow_rank(rank: int, directory: Path) -> str:
+    import time
+
+    from baton.workers.parallel.distributed import RankGroup
+
+    store = _meet(rank, directory, 3)
+    if rank == 0:
+        time.sleep(2)  # it joins once the others said they are ready
+    started = time.monotonic()
+    try:
+        RankGroup.join(store, rank, 2, "cpu", 0, SECRET, timeout_s=20)
+    except Exception as exc:
+        return f"{type(exc).__name__} after {time.monotonic() - started:.0f}s"
+    return "joined"
+
+
+def delete_slot(directory: Path) -> str:
+    import time
+
+    import torch.distributed as dist
+
+    while not (directory / "endpoint").exists():
+        time.sleep(0.01)
+    store = dist.TCPStore("127.0.0.1", int((directory / "endpoint").read_text().rsplit(":", 1)[1]), None, False,
+                          timedelta(seconds=5))
+    deleted, end = 0, time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            deleted += bool(store.delete_key("0//cpu//0/1"))
+        except Exception:  # the store is gone: its attempt ended
+            break
+        time.sleep(0.001)
+    return f"deleted rank 1's address {deleted} time(s)"
+
+
 def main() -> int:
     mode, rest = sys.argv[1], sys.argv[2:]
     if mode == "ports":
@@ -238,6 +393,14 @@ def main() -> int:
         print(tcp_rank(int(rest[0]), Path(rest[1]), rest[2]), flush=True)
     elif mode == "steal-slot":
         print(steal_slot(Path(rest[0]), rest[1], float(rest[2])), flush=True)
+    elif mode == "ring-rank":
+        print(ring_rank(int(rest[0]), Path(rest[1])), flush=True)
+    elif mode == "hijack":
+        print(hijack(Path(rest[0])), flush=True)
+    elif mode == "slow-rank":
+        print(slow_rank(int(rest[0]), Path(rest[1])), flush=True)
+    elif mode == "delete-slot":
+        print(delete_slot(Path(rest[0])), flush=True)
     else:
         raise SystemExit(f"unknown mode {mode!r}: ports, send-pickle or join")
     return 0

@@ -98,12 +98,13 @@ def test_a_sweep_from_another_pid_namespace_keeps_a_live_owners_directory_and_ta
     try:
         made = Path(owner.stdout.readline().strip())
         assert made.parent == shm and made.is_dir(), made
-        assert sweep(sweep_code, shm, tmp) == 0 and made.is_dir(), "a live process's directory was swept"
+        sweep(sweep_code, shm, tmp)
+        assert made.is_dir(), "a live process's directory was swept"
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     # its owner was SIGKILLed: the next worker (a restarted container: another pid namespace) takes it
-    assert sweep(sweep_code, shm, tmp) == 1 and not made.exists(), "a dead process's directory stayed"
+    assert sweep(sweep_code, shm, tmp) >= 1 and not made.exists(), "a dead process's directory stayed"
 
 
 def test_a_pid_reused_in_another_namespace_does_not_keep_a_dead_owners_directory(places):
@@ -117,7 +118,8 @@ def test_a_pid_reused_in_another_namespace_does_not_keep_a_dead_owners_directory
     again = python(MEMORY_OWNER, str(shm), namespace=True, tmp=tmp, stdin=subprocess.PIPE)  # the same low pid
     try:
         kept = Path(again.stdout.readline().strip())
-        assert sweep(MEMORY_SWEEP, shm, tmp) == 1 and not made.exists() and kept.is_dir()
+        sweep(MEMORY_SWEEP, shm, tmp)  # (its disk-side directory may go too: a namespace's number can come again)
+        assert not made.exists() and kept.is_dir()
     finally:
         again.send_signal(signal.SIGKILL)
         again.wait()

@@ -1,7 +1,7 @@
 """Removing the scratch directories of processes killed outright, when a worker or a run starts.
 
-An attempt keeps its checkpoint spool (a whole serialized checkpoint at times) and TensorBoard's
-local event files in directories that it removes when it ends. A process killed outright cannot:
+An attempt keeps its checkpoint spool (a whole serialized checkpoint at times), TensorBoard's
+local event files and its ranks' rendezvous in directories that it removes when it ends. A process killed outright cannot:
 its directories stay until the next worker process or ``baton run`` started on the machine (and
 every attempt's start) removes them. Each directory is named after its owning process
 (``baton.storage.owned_dirs``), so those of a live process, or of another machine sharing a file://
@@ -15,9 +15,10 @@ from typing import Callable, Optional
 from baton.storage import owned_dirs
 from baton.storage.base import ObjectStore
 from baton.storage.checkpointer import SPOOL_PREFIX
+from baton.workers.parallel.launcher import RANKS_PREFIX
 from baton.workers.tracking.tensorboard import LOCAL_DIR_PREFIX
 
-PREFIXES = (SPOOL_PREFIX, LOCAL_DIR_PREFIX)
+PREFIXES = (SPOOL_PREFIX, LOCAL_DIR_PREFIX, RANKS_PREFIX)
 
 
 def remove_orphaned_scratch(store: Optional[ObjectStore], log: Callable[[str], None]) -> list[Path]:

@@ -165,11 +165,13 @@ class RankGroup:
         over the ranks (fsdp, ``fsdp.shard_model``); ddp wraps it later (``adopt``)."""
         if not self.sharded:
             return model
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import DeviceMesh
 
         from .fsdp import shard_model
 
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        # the default group, proven: ``init_device_mesh`` may form a group of its own (a CPU job on a
+        # host with CUDA) that nobody proved
+        mesh = DeviceMesh.from_group(dist.group.WORLD, self.device.type)
         return shard_model(model, mesh, self.precision)
 
     def adopt(self, parts: Components) -> Components:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from baton.jobs.redaction import Redactor
-from baton.schemas.errors import CheckpointCorrupt, TransientError, exception_chain
+from baton.schemas.errors import CheckpointCorrupt, CheckpointWriteFailed, TransientError, exception_chain
 
 from .errors import RankLost
 
@@ -44,7 +44,7 @@ def is_job_failure(exc: BaseException) -> bool:
     the process group failing under the rank (another rank lost, or not proving the attempt's secret)."""
     from .launcher import is_collective_error
 
-    infrastructure = (TransientError, CheckpointCorrupt, RankLost)
+    infrastructure = (TransientError, CheckpointCorrupt, CheckpointWriteFailed, RankLost)
     return not any(isinstance(e, infrastructure) or is_collective_error(e)
                    for e in exception_chain(exc, follow_suppressed=True))
 

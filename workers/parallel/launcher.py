@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Callable, Optional
 import torch.distributed as dist
 
 from baton.schemas.errors import FencedOut, PermanentError, exception_chain
+from baton.storage import owned_dirs
 
 from . import failure_report, rendezvous
 from .errors import RankFailed, RankLost
@@ -43,6 +43,9 @@ from .failure_report import EXIT_USER_CODE
 _log = logging.getLogger("baton.worker")
 
 ARGS_ENV = "BATON_RANK_ARGS"
+RANKS_PREFIX = "baton-ranks-"
+"""The attempt's private directory (``owned_dirs``: one left by a rank 0 killed outright is swept at the
+next start of a worker or a run on the machine)."""
 EXIT_HUNG = 70
 RANK_LOSS_GRACE_S = 30.0
 """How long rank 0 may take to leave the attempt after another rank died, before the watchdog ends it."""
@@ -69,7 +72,7 @@ class Ranks:
         collective waits up to ``remote_wait_s`` for its cause (a dead rank here, or a report)."""
         self.world_size, self.log = world_size, log
         self.ranks = ranks if ranks is not None else range(1, world_size)
-        self.directory = Path(tempfile.mkdtemp(prefix="baton-ranks-"))  # 0700: this user's processes only
+        self.directory = owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
         self.secret = secret or rendezvous.new_secret()
         self.store = store if store is not None or endpoint is not None else rendezvous.open_store(
             self.directory, world_size, RENDEZVOUS_TIMEOUT_S, self.secret)

@@ -17,10 +17,12 @@
   nor put its own address in a rank's place: a group forms only with addresses the ranks wrote.
   A rank that meets a value it cannot open waits for the real one (the real rank writes over it);
   if none comes within the rendezvous timeout, the attempt ends as a loss (``RankLost``).
-- **Every group, proven.** Once a group is formed, and before anything else travels on it, every
-  rank proves the secret over that group's own connections (an HMAC of the group's name and its
-  rank): those connections are TCP too, and a process that took a rank's place on one (connecting
-  first to a port it found listening) is found there. The default group, the control group and a
+- **Every group, proven, connection by connection.** Once a group is formed, and before anything
+  else travels on it, every rank sends every other rank, over the connection between the two, an
+  HMAC of the group's name, its own rank and the receiver's (an all-to-all: each pair's bytes travel
+  on that pair alone, never relayed by a third rank, as a ring all-gather's would be). Those
+  connections are TCP too, and a process that took a rank's place on one (connecting first to a
+  port it found listening) cannot send what the rank at the other end checks. The default group, the control group and a
   sharded job's checkpoint group are each proven (``distributed.RankGroup.join``); DCP's planning
   unpickles what the checkpoint group's peers send, so that group is used only after its proof.
 """
@@ -69,27 +71,36 @@ class SealedStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         """The value a rank wrote under ``key``. One that does not open (a stranger's) is passed over:
-        the real rank writes over it, so this waits for that, up to the rendezvous timeout."""
+        the real rank writes over it, so this waits for that; all within the rendezvous timeout."""
         deadline = time.monotonic() + self.timeout_s
         while True:
-            sealed = self.inner.get(key)
-            try:
-                return self._aead.decrypt(sealed[:self._NONCE], sealed[self._NONCE:], key.encode())
-            except (InvalidTag, ValueError):
-                if time.monotonic() >= deadline:
-                    raise RankLost(f"the rendezvous value {key!r} was not sealed with this attempt's secret: a process "
-                                   f"that is not one of its ranks wrote it, and no rank's value came in "
-                                   f"{self.timeout_s:.0f}s") from None
-                time.sleep(0.02)
+            self._wait_until([key], deadline)  # (a key a stranger deleted waits no longer than that either)
+            opened = self._open(key, self.inner.get(key))
+            if opened is not None:
+                return opened
+            if time.monotonic() >= deadline:
+                raise RankLost(f"the rendezvous value {key!r} was not sealed with this attempt's secret: a process "
+                               f"that is not one of its ranks wrote it, and no rank's value came in "
+                               f"{self.timeout_s:.0f}s")
+            time.sleep(0.02)
 
     def wait(self, keys, timeout=None) -> None:
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
+        """As the store's, but never past the rendezvous timeout (gloo asks with the collective one)."""
+        limit = self.timeout_s if timeout is None else min(self.timeout_s, timeout.total_seconds())
+        self._wait_until(keys, time.monotonic() + limit)
+
+    def _wait_until(self, keys, deadline: float) -> None:
+        self.inner.wait(keys, timedelta(seconds=max(0.001, deadline - time.monotonic())))
 
     def check(self, keys) -> bool:
-        return self.inner.check(keys)
+        """Whether every key holds a value a rank wrote (one a stranger wrote does not count)."""
+        return self.inner.check(keys) and all(self._open(key, self.inner.get(key)) is not None for key in keys)
+
+    def _open(self, key: str, sealed: bytes):
+        try:
+            return self._aead.decrypt(sealed[:self._NONCE], sealed[self._NONCE:], key.encode())
+        except (InvalidTag, ValueError):
+            return None
 
     def add(self, key: str, amount: int) -> int:
         return self.inner.add(key, amount)
@@ -135,20 +146,25 @@ def connect_tcp(endpoint: str, timeout_s: float, secret: str) -> SealedStore:
 
 def prove_membership(secret: str, rank: int, world_size: int, group, name: str = "default",
                      device: torch.device = torch.device("cpu")) -> None:
-    """Every rank shows the others, over ``group``'s connections, that it holds the attempt's secret
-    (a proof bound to the group's ``name``); a group with a rank that does not is left before
-    anything else travels on it (RankLost: a loss, not the job's failure, as the job is not to
-    blame). ``device``: where the group's tensors live (a CUDA device for an NCCL group)."""
-    proofs = [torch.zeros(32, dtype=torch.uint8, device=device) for _ in range(world_size)]
-    dist.all_gather(proofs, _proof(secret, rank, name).to(device), group=group)
-    strangers = [r for r, proof in enumerate(proofs)
-                 if not hmac.compare_digest(bytes(proof.cpu().tolist()), _proof(secret, r, name).numpy().tobytes())]
+    """Every rank shows every other, over the connection between the two, that it holds the
+    attempt's secret (a proof bound to the group's ``name``, the sender and the receiver: an
+    all-to-all, so that no rank's proof is relayed by another, as a ring's would be); a group with a
+    connection that does not prove it is left before anything else travels on it (RankLost: a loss,
+    not the job's failure, as the job is not to blame). ``device``: where the group's tensors live
+    (a CUDA device for an NCCL group)."""
+    sent = torch.cat([_proof(secret, rank, peer, name) for peer in range(world_size)]).to(device)
+    received = torch.zeros(32 * world_size, dtype=torch.uint8, device=device)
+    dist.all_to_all_single(received, sent, group=group)
+    got = received.cpu().numpy().tobytes()
+    strangers = [peer for peer in range(world_size)
+                 if not hmac.compare_digest(got[32 * peer:32 * (peer + 1)],
+                                            _proof(secret, peer, rank, name).numpy().tobytes())]
     if strangers:
         raise RankLost(f"rank(s) {', '.join(map(str, strangers))} of the {name} process group did not prove this "
-                       "attempt's secret: a process that is not one of its ranks joined the group, and nothing was "
-                       "exchanged with it")
+                       "attempt's secret: a process that is not one of its ranks holds the connection, and nothing "
+                       "was exchanged with it")
 
 
-def _proof(secret: str, rank: int, name: str) -> torch.Tensor:
-    digest = hmac.new(secret.encode(), f"baton rank {rank} of the {name} group".encode(), hashlib.sha256).digest()
-    return torch.frombuffer(bytearray(digest), dtype=torch.uint8)
+def _proof(secret: str, sender: int, receiver: int, name: str) -> torch.Tensor:
+    message = f"baton: rank {sender} to rank {receiver} in the {name} group".encode()
+    return torch.frombuffer(bytearray(hmac.new(secret.encode(), message, hashlib.sha256).digest()), dtype=torch.uint8)

@@ -23,6 +23,7 @@ from baton.workers.training.sharding import shard_range, share
 from tests.helpers import (
     assert_bit_equal,
     assert_same_training,
+    baton_env,
     final_state,
     kill_when,
     make_spec,
@@ -75,16 +76,21 @@ def test_two_ranks_sigkilled_twice_mid_epoch_resume_bit_exact(tmp_path, ddp_refe
     """`baton run` of 2 ranks: first the whole run SIGKILLed mid-epoch (rank 0 and rank 1 at once),
     then, resumed, rank 1 alone SIGKILLed mid-epoch: rank 0 sees the broken collective, names the
     rank and exits by itself (no hang; a worker would release the job as a worker loss), leaving
-    nothing running. Resumed again, it ends equal to an uninterrupted 2-rank run on every tensor."""
+    nothing running. Resumed again, it ends equal to an uninterrupted 2-rank run on every tensor.
+    The ranks' private directory the SIGKILLed run could not remove is removed by the next run."""
     spec_path = write_spec(tmp_path, SPEC2)
     store = FileStore(tmp_path / "store")
+    (tmp_path / "tmp").mkdir()
+    env = baton_env(TMPDIR=str(tmp_path / "tmp"))
 
-    first = kill_when(start_baton("run", str(spec_path), "--id", "cut", "--storage", store.url, log=tmp_path / "1.log"),
-                      store, "cut", mid_epoch_after_two_checkpoints())
+    first = kill_when(start_baton("run", str(spec_path), "--id", "cut", "--storage", store.url, env=env,
+                                  log=tmp_path / "1.log"), store, "cut", mid_epoch_after_two_checkpoints())
     first_step = first["checkpoints"][-1]["step"]
+    left = list((tmp_path / "tmp").glob("baton-ranks-*"))
+    assert len(left) == 1, left  # rank 0 was SIGKILLed: it removed nothing
 
     log = tmp_path / "2.log"
-    proc = start_baton("run", str(spec_path), "--id", "cut", "--storage", store.url, log=log)
+    proc = start_baton("run", str(spec_path), "--id", "cut", "--storage", store.url, env=env, log=log)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         latest = read_manifest(store, "cut")["checkpoints"][-1]
@@ -93,6 +99,7 @@ def test_two_ranks_sigkilled_twice_mid_epoch_resume_bit_exact(tmp_path, ddp_refe
         assert proc.poll() is None, log.read_text()
         time.sleep(0.01)
     rank1 = int(re.search(r"ranks 1\.\.1 are pids (\d+)", log.read_text())[1])
+    assert not left[0].exists(), "the SIGKILLed run's rendezvous directory is still there"
     os.kill(rank1, signal.SIGKILL)
     assert proc.wait(timeout=30) == 1
     assert "resuming cut from step" in log.read_text() and "RankLost: rank 1 killed by SIGKILL" in log.read_text()

@@ -161,3 +161,60 @@ def test_a_stranger_who_keeps_its_address_in_the_store_ends_the_attempt_as_a_los
     assert not (tmp_path / "marker").exists(), ("rank 0 ran the stranger's code", rank0, rank1, stranger)
     assert rank0.startswith("RankLost: ") and "not sealed with this attempt's secret" in rank0, (rank0, rank1, stranger)
     assert not stranger.startswith("joined"), stranger
+
+
+def run_together(*commands: list[str], timeout: float = 120) -> list[str]:
+    """``tests.intruder`` processes started together; the last line each printed."""
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env()) for args in commands]
+    try:
+        outs = [proc.communicate(timeout=timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [out.strip().splitlines()[-1] if out.strip() else f"(nothing; stderr: {err[-1500:]})" for out, err in outs]
+
+
+def test_a_stranger_holding_one_connection_of_three_ranks_is_found_by_the_proof(tmp_path):
+    """In a ring all-gather the honest ranks relay each other's proofs, so a stranger holding one
+    connection (rank 1 slow, the stranger first at a listening port with the pair's number) never had
+    to prove anything. Each connection is proven on its own: the rank at the stranger's end waits for
+    a proof that never comes (or refuses a wrong one), and leaves the group as a loss."""
+    for tries in range(4):  # which side of a pair listens depends on the ports drawn: until one is taken
+        where = tmp_path / str(tries)
+        where.mkdir()
+        *ranks, stranger = run_together(*(["ring-rank", str(rank), str(where)] for rank in range(3)),
+                                        ["hijack", str(where)])
+        taken = [victim for victim, _, received in json.loads(stranger) if received]
+        if taken:
+            break
+    assert taken, ("the stranger never took a connection", ranks, stranger)
+    for victim in taken:  # the rank at the stranger's end never joins: no proof comes (a loss, in time)
+        assert ranks[victim] != "joined", (ranks, stranger)
+
+
+def test_a_stranger_deleting_a_ranks_address_ends_the_attempt_within_the_rendezvous_timeout(tmp_path):
+    """gloo waits for an address with the collective timeout (20 s here); the rendezvous gives up at
+    its own (3 s): a loss, in time."""
+    rank0, rank1, stranger = run_together(["slow-rank", "0", str(tmp_path)], ["slow-rank", "1", str(tmp_path)],
+                                          ["delete-slot", str(tmp_path)])
+    assert stranger.startswith("deleted rank 1's address") and not stranger.startswith("deleted rank 1's address 0 "), \
+        stranger
+    outcome, seconds = rank0.rsplit(" after ", 1)
+    assert outcome in ("RankLost", "DistStoreError") and float(seconds.rstrip("s")) < 10, (rank0, rank1, stranger)
+
+
+def test_a_ready_mark_a_stranger_wrote_does_not_count(tmp_path):
+    """Rank 0 joins once every rank said it is ready: a mark not sealed with the secret is no rank's."""
+    import torch.distributed as dist
+
+    from baton.workers.parallel.rendezvous import open_store
+
+    store = open_store(tmp_path, 2, 5, "c" * 64)
+    stranger = dist.FileStore(str(tmp_path / "rendezvous"), 2)
+    stranger.set("baton/ready/1", "1")
+    assert not store.check(["baton/ready/1"])
+    store.set("baton/ready/1", "1")
+    assert store.check(["baton/ready/1"])

@@ -155,27 +155,33 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def is_checkpoint_writer(pid: int) -> bool:
+def is_working_checkpoint_writer(pid: int) -> bool:
+    """A checkpoint writer process that has written a checkpoint (it maps the snapshot buffers then):
+    one killed while it starts leaves the attempt's checkpoints to the training process's thread."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"baton.storage.writer_process" in fh.read()
+            if b"baton.storage.writer_process" not in fh.read():
+                return False
+        with open(f"/proc/{pid}/maps") as fh:
+            return "baton-snapshot-" in fh.read()
     except OSError:
         return False
 
 
 def test_a_checkpoint_writer_killed_at_every_checkpoint_is_a_counted_loss_not_a_retry_for_ever(cluster):
-    """As the OOM killer would: each attempt's writer process, once it has started, is SIGKILLed. A
-    local process's death is the machine's fault, a worker loss counted against retry.max_attempts;
-    only a store that cannot be reached is "storage unavailable" (released uncounted)."""
+    """As the OOM killer would: each attempt's writer process, once it has written a checkpoint, is
+    SIGKILLed. A local process's death is the machine's fault, a worker loss counted against
+    retry.max_attempts; only a store that cannot be reached is "storage unavailable" (released
+    uncounted)."""
     worker, = cluster.start_workers(1)
-    job = cluster.client.submit({**SPEC, "retry": {"max_attempts": 2}}, "writer-killed")
-    seen: dict[int, float] = {}
+    job = cluster.client.submit({**SPEC, "loop": {**SPEC["loop"], "epochs": 8}, "retry": {"max_attempts": 2}},
+                                "writer-killed")
     stop = threading.Event()
 
     def kill_writers():
         while not stop.is_set():
             for pid in descendants(worker.proc.pid):
-                if is_checkpoint_writer(pid) and time.monotonic() - seen.setdefault(pid, time.monotonic()) > 3:
+                if is_working_checkpoint_writer(pid):
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
