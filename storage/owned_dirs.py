@@ -46,6 +46,20 @@ OWNER_LOCK = ".owner"
 _held: dict[Path, int] = {}  # this process's held directories -> the descriptor holding their lock
 
 
+def _forget_held() -> None:
+    """In a forked child (a DataLoader worker): the locks are its parent's. Closing the child's copies
+    lets the parent's lock go with the parent (closing is not unlocking: the parent's stays held)."""
+    for fd in _held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held)
+
+
 @lru_cache(maxsize=1)
 def pid_space() -> str:
     """This process's pid space: the same for every process whose pids mean the same processes."""
@@ -77,8 +91,13 @@ def make(prefix: str, directory: Optional[Path] = None, held: bool = False) -> P
     path = Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-", dir=directory))
     if held:
         fd = os.open(path / f"{OWNER_LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(path / f"{OWNER_LOCK}.new", path / OWNER_LOCK)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(path / f"{OWNER_LOCK}.new", path / OWNER_LOCK)
+        except OSError:
+            os.close(fd)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         _held[path] = fd
     return path
 

@@ -93,7 +93,7 @@ class SharedBuffers:
             try:
                 if len(self.dirs) > 1 and _free(self.dir) < nbytes + self.headroom:
                     raise OSError(errno.ENOSPC, "less free than the buffer and the headroom left to others")
-                _reserve(path, nbytes)
+                fd = _reserve(path, nbytes)
                 break
             except OSError as exc:
                 if exc.errno == errno.ENOENT:
@@ -107,7 +107,10 @@ class SharedBuffers:
                 full = self.dirs.pop(0)
                 self.log(f"{full.parent} has no room for more snapshot buffers; they go to "
                          f"{self.dir.parent} instead (page cache; give the container a larger /dev/shm)")
-        buffer = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+        try:  # through the descriptor: the file reserved, even if its name went meanwhile
+            buffer = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype).view(shape)
+        finally:
+            os.close(fd)
         self._paths[buffer.untyped_storage().data_ptr()] = path
         return buffer
 
@@ -156,7 +159,8 @@ def writable(directory: Path) -> bool:
     return directory.is_dir() and os.access(directory, os.W_OK)
 
 
-def _reserve(path: Path, nbytes: int) -> None:
+def _reserve(path: Path, nbytes: int) -> int:
+    """A new file of ``nbytes`` reserved on its file system; its descriptor (the caller closes it)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.posix_fallocate(fd, 0, nbytes)
@@ -164,7 +168,24 @@ def _reserve(path: Path, nbytes: int) -> None:
         os.close(fd)
         path.unlink(missing_ok=True)
         raise
-    os.close(fd)
+    return fd
+
+
+def _map_existing(path: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The buffer file at ``path``, mapped; CheckpointWriteFailed if it is gone or short (never a new
+    file of zeros in its place, as mapping by name would make)."""
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise CheckpointWriteFailed(f"the snapshot buffer {path} is gone (another process removed it): this "
+                                    "machine's fault, not the job's") from None
+    try:
+        if os.fstat(fd).st_size < nbytes:
+            raise CheckpointWriteFailed(f"the snapshot buffer {path} holds {os.fstat(fd).st_size} bytes, not {nbytes}")
+        return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype)
+    finally:
+        os.close(fd)
 
 
 class MappedBuffers:
@@ -186,10 +207,7 @@ class MappedBuffers:
             tensor = self._mapped.get(obj.path)
             numel = torch.Size(obj.shape).numel()
             if tensor is None or tensor.dtype != obj.dtype or tensor.numel() != numel:
-                if not os.path.exists(obj.path):
-                    raise CheckpointWriteFailed(f"the snapshot buffer {obj.path} is gone (another process removed "
-                                                "it): this machine's fault, not the job's")
-                tensor = torch.from_file(obj.path, shared=True, size=numel, dtype=obj.dtype)
+                tensor = _map_existing(obj.path, numel, obj.dtype)
                 self._mapped[obj.path] = tensor
             return tensor.view(obj.shape)
         if isinstance(obj, Plain):

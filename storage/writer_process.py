@@ -29,7 +29,6 @@ buffers cannot be shared files.
 """
 from __future__ import annotations
 
-import builtins
 import ctypes
 import dataclasses
 import mmap
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from baton.schemas import errors
-from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, ManifestAhead, TransientError
+from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, ManifestAhead
 
 from .checkpoint_io import ROWS_KEY
 from .commit_work import CheckpointRequest, Committed
@@ -253,15 +252,17 @@ def _described(exc: BaseException) -> tuple[str, str, tuple]:
 
 
 def _exception(name: str, message: str, extra: tuple) -> BaseException:
-    """The failure again, as baton's own error type or a built-in one of that name (nothing else is
-    rebuilt from the writer's words); any other type becomes a TransientError naming it."""
-    cls = getattr(errors, name, None) or getattr(builtins, name, None)
-    if isinstance(cls, type) and issubclass(cls, BaseException) and cls not in (errors.SpecError,):
+    """The failure again, as baton's own error type of that name (nothing else is rebuilt from the
+    writer's words). Any other type (a RuntimeError mapping a buffer, a MemoryError serializing) is
+    the machine's: no code of the job's runs in the writer, so it is CheckpointWriteFailed naming it,
+    a loss, never the job's failure."""
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, (errors.BatonError, errors.FencedOut)) and cls is not errors.SpecError:
         try:
             return cls(message, *extra)
         except TypeError:
             pass
-    return TransientError(f"checkpoint writer: {name}: {message}")
+    return CheckpointWriteFailed(f"checkpoint writer: {name}: {message}")
 
 
 # --- the writer process ----------------------------------------------------------------------

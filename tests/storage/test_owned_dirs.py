@@ -38,3 +38,22 @@ def test_a_reused_pid_is_not_its_owner_and_other_names_are_left_alone(tmp_path):
         path.mkdir()
     assert owned_dirs.remove_orphans(tmp_path, [PREFIX]) == [reused]
     assert mine.is_dir() and elsewhere.is_dir() and older.is_dir()
+
+
+def test_a_forked_child_does_not_keep_a_dead_owners_held_directory(tmp_path):
+    """A DataLoader worker forked from the owner must not hold its lock once the owner is gone."""
+    code = ("import os, sys, time; from baton.storage import owned_dirs; "
+            "d = owned_dirs.make(sys.argv[1], sys.argv[2], held=True); "
+            "pid = os.fork()\n"
+            "if pid == 0:\n    time.sleep(60); os._exit(0)\n"
+            "print(d, pid, flush=True); sys.stdin.read()")
+    owner = subprocess.Popen([sys.executable, "-c", code, PREFIX, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    made, child = owner.stdout.readline().split()
+    try:
+        assert owned_dirs.remove_orphans(tmp_path, [PREFIX]) == []  # its owner lives
+        owner.kill()
+        owner.wait()
+        assert owned_dirs.remove_orphans(tmp_path, [PREFIX]) == [tmp_path / os.path.basename(made)]
+    finally:
+        os.kill(int(child), 9)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from baton.schemas.errors import CheckpointWriteFailed, TransientError
+from baton.schemas.errors import CheckpointWriteFailed
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.checkpointer import WRITER_ENV, AsyncCheckpointer, CheckpointRequest, writer_kind
 from baton.storage.file_store import FileStore
@@ -219,9 +219,11 @@ def test_a_writer_failure_comes_back_as_its_own_type_without_unpickling():
     again = _exception(*_described(ManifestAhead("attempt 1 is stale", 2)))
     assert type(again) is ManifestAhead and again.current == 2 and str(again) == "attempt 1 is stale"
     assert type(_exception(*_described(StorageUnavailable("s3 down")))) is StorageUnavailable
-    assert type(_exception(*_described(PermissionError("denied")))) is PermissionError
-    other = _exception("SomethingElse", "boom", ())
-    assert isinstance(other, TransientError) and "SomethingElse: boom" in str(other)
+    # anything else is the machine's (no code of the job's runs in the writer): a loss, never the job's failure
+    for other in (RuntimeError("mapping a buffer failed"), MemoryError("serializing"), PermissionError("denied")):
+        again = _exception(*_described(other))
+        assert type(again) is CheckpointWriteFailed and f"{type(other).__name__}: {other}" in str(again)
+    assert type(_exception("SomethingElse", "boom", ())) is CheckpointWriteFailed
 
 
 def test_a_writer_still_starting_is_not_waited_for_at_close(tmp_path):
@@ -234,3 +236,17 @@ def test_a_writer_still_starting_is_not_waited_for_at_close(tmp_path):
     ckpt.close()
     assert ckpt._process.proc.returncode == -signal.SIGKILL
     assert torch.equal(_committed(store, 1)["w"], torch.ones(3))
+
+
+def test_a_buffer_file_removed_before_the_writer_maps_it_is_the_machines_fault_not_zeros(tmp_path):
+    """Mapping by name would create the missing file, full of zeros, and commit that."""
+    from baton.storage.shared_buffers import MappedBuffers, Slot
+
+    path = tmp_path / "t0"
+    slot = Slot(str(path), (4,), torch.float32)
+    with pytest.raises(CheckpointWriteFailed, match="is gone"):
+        MappedBuffers().from_slots({"w": slot})
+    assert not path.exists()
+    path.write_bytes(b"x" * 8)  # shorter than the tensor
+    with pytest.raises(CheckpointWriteFailed, match="holds 8 bytes, not 16"):
+        MappedBuffers().from_slots({"w": slot})

@@ -141,6 +141,9 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
 
 
 def main() -> int:
+    # a Ctrl-C reaches every rank of the terminal's process group: rank 0 decides what it means, so until
+    # RankControl takes it, it must not become a KeyboardInterrupt here (that would read as the job's failure)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     args = json.loads(os.environ[ARGS_ENV])
     secret = os.environ.pop(SECRET_ENV)  # not inherited by what the job's code starts
     die_with_parent(args["parent_pid"])

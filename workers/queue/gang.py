@@ -175,7 +175,8 @@ return {'admitted', tostring(joined)}
 _START = """
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then return 0 end
 local state = redis.call('HGET', KEYS[1], 'state')
-if state == 'running' and redis.call('HGET', KEYS[1], 'endpoint') == ARGV[2] then return 1 end
+if state == 'running' and redis.call('HGET', KEYS[1], 'endpoint') == ARGV[2]
+   and redis.call('HGET', KEYS[1], 'secret') == ARGV[3] then return 1 end
 if state ~= 'admitted' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'running', 'endpoint', ARGV[2], 'secret', ARGV[3], 'args', ARGV[4])
 return 1

@@ -52,10 +52,10 @@ _log = logging.getLogger("baton.worker")
 T = TypeVar("T")
 
 POLL_S = 0.1
+"""How often a leader looks for its gang to fill, and a follower for its gang to start."""
 REOFFER_S = 30.0
 """While a forming gang misses places and no place was offered for this long, the leader offers the
 missing places again: a join message taken by a worker that was then SIGKILLed is gone unseen."""
-"""How often a leader looks for its gang to fill, and a follower for its gang to start."""
 WATCH_S = 0.2
 """How often a follower looks at its ranks (and, every few looks, at its gang)."""
 REPORT_WAIT_S = 3.0
@@ -188,8 +188,8 @@ class _Offers:
     def again(self, joined: int, gang: Optional[Gang]) -> Optional[str]:
         """Offer what is due; what was offered, in words (None: nothing)."""
         freed = gang.freed if gang is not None else self.freed
-        if freed > self.freed:
-            count, why = freed - self.freed, "freed"
+        if freed > self.freed and joined < self.nodes:  # (a place freed and taken again in one script: none)
+            count, why = min(freed - self.freed, self.nodes - joined), "freed"
         elif joined < self.nodes and time.monotonic() - self.last >= REOFFER_S:
             count, why = self.nodes - joined, f"still missing after {REOFFER_S:.0f}s"
         else:
