@@ -77,6 +77,8 @@ class TrainingLoop:
         """Train to the end or to a stop; an exception is noted with where it happened (epoch, step)."""
         try:
             return self._run()
+        except NonFiniteLossError:  # its message names the very micro-batch and step; a note would be the step's
+            raise
         except BaseException as exc:  # noqa: BLE001 - a job's asyncio.CancelledError or sys.exit() too
             add_note(exc, self._where())
             raise

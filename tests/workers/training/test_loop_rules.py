@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -202,8 +203,11 @@ def test_validation_loss_is_averaged_per_sample(run_job):
 
 
 def test_nonfinite_loss_fails_the_job_under_fail(run_job):
-    with pytest.raises(NonFiniteLossError, match="nan"):
+    with pytest.raises(NonFiniteLossError, match="nan") as failed:
         run_job(spec(data={**BLOBS, "target": "tests.probes:with_nan", "kwargs": {}}, loop={"nonfinite": "fail"}))
+    # it says where once: no note naming the next batch beside it ("batch 13 (step 13)", then "its batch 14")
+    assert re.search(r"at epoch \d+, batch \d+ \(step \d+\)", str(failed.value)), str(failed.value)
+    assert not getattr(failed.value, "__notes__", []), failed.value.__notes__
 
 
 def test_nonfinite_loss_skips_the_step_under_skip(run_job):
