@@ -272,10 +272,23 @@ def fetch(
     job_id: str,
     which: str = typer.Option("best", "--which", help="best | latest | final"),
     out: Path = typer.Option(Path("."), "-o", "--out", help="Directory to write into (a folder per job)."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Read from this store without Redis (a "
+                                          "`baton run` job; default: the job's record, else BATON_STORAGE_URL)."),
 ) -> None:
     """Download a job's best or latest checkpoint (sha256-verified) or its final artifacts."""
+    from baton.schemas.errors import JobNotFound
+    from baton.storage.open import open_store
+
+    from .client import download
+
     try:
-        path = _job(job_id).download(out, which=which)
+        if storage is None:
+            try:
+                path = _client().job(job_id).download(out, which=which)
+            except JobNotFound:  # no record: a `baton run` job, in the configured store
+                path = download(open_store(_settings().storage_url), job_id, out, which)
+        else:
+            path = download(open_store(storage), job_id, out, which)
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1)

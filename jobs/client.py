@@ -131,21 +131,29 @@ class Job:
         """Fetch ``best`` or ``latest`` (a full checkpoint) or ``final`` (model.safetensors,
         report.json, curves.png, metrics.jsonl), each verified against the sha256 its manifest
         entry holds; returns the path."""
-        if which not in WHICH:
-            raise ValueError(f"which must be one of {WHICH} (got {which!r})")
-        store = self._store()
-        manifest = self._manifest(store)
-        out = Path(directory) / self.id
-        out.mkdir(parents=True, exist_ok=True)
-        if which == "final":
-            for name, ref in final_files(manifest).items():
-                download_verified(store, ref, out / name)
-            return out
-        entry = manifest.best if which == "best" else manifest.latest
-        if entry is None:
-            raise FileNotFoundError(f"job {self.id} has no {which} checkpoint yet")
-        name = Path(entry.key).name if which == "latest" else ("best" if entry.files is not None else "best.pt")
-        return download_checkpoint(store, entry, out / name)
+        return download(self._store(), self.id, directory, which)
+
+
+def download(store: ObjectStore, job_id: str, directory: str | Path = ".", which: str = "best") -> Path:
+    """``Job.download`` from ``store`` itself, with no record in Redis (a ``baton run`` job):
+    FileNotFoundError when the store holds no such job."""
+    if which not in WHICH:
+        raise ValueError(f"which must be one of {WHICH} (got {which!r})")
+    paths = JobPaths(job_id)
+    if not store.exists(paths.manifest):
+        raise FileNotFoundError(f"no job {job_id!r} under {store.url}/{paths.root}")
+    manifest = ManifestStore(store, paths).read()
+    out = Path(directory) / job_id
+    out.mkdir(parents=True, exist_ok=True)
+    if which == "final":
+        for name, ref in final_files(manifest).items():
+            download_verified(store, ref, out / name)
+        return out
+    entry = manifest.best if which == "best" else manifest.latest
+    if entry is None:
+        raise FileNotFoundError(f"job {job_id} has no {which} checkpoint yet")
+    name = Path(entry.key).name if which == "latest" else ("best" if entry.files is not None else "best.pt")
+    return download_checkpoint(store, entry, out / name)
 
 
 def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:

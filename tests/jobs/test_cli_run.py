@@ -11,7 +11,7 @@ from baton.storage.artifacts import final_files, read_verified
 from baton.storage.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from tests.helpers import REPO, make_spec, read_manifest, run_baton, start_baton, write_spec
+from tests.helpers import REPO, baton_env, make_spec, read_manifest, run_baton, start_baton, write_spec
 
 
 @pytest.mark.parametrize("example,min_accuracy", [("spiral.yaml", 0.95), ("digits.yaml", 0.95)])
@@ -126,3 +126,18 @@ def test_a_failing_data_set_shows_the_cause_where_and_the_users_frames_first(tmp
     assert lines[-1] == f"the whole traceback is in the job's log: baton logs bad --storage {url}"
     log = run_baton("logs", "bad", "--storage", url).stdout
     assert "workers/training/data.py" in log and "tests/probes.py" in log and f"record {index} is corrupt" in log
+
+
+def test_fetch_finds_a_baton_run_job_in_its_store(tmp_path, redis_server):
+    """A `baton run` job has no record in Redis: `baton fetch` reads its store, the configured one
+    (BATON_STORAGE_URL) or the one named with --storage; a job the store does not hold is one line."""
+    spec = write_spec(tmp_path, make_spec(loop={"epochs": 1}, scheduler={"name": "none"}))
+    store = f"file://{tmp_path / 'store'}"
+    assert run_baton("run", str(spec), "--id", "local", "--storage", store).returncode == 0
+    env = baton_env(BATON_REDIS_URL=redis_server.url, BATON_STORAGE_URL=store)
+    fetched = run_baton("fetch", "local", "--which", "final", "-o", str(tmp_path / "a"), env=env)
+    assert fetched.returncode == 0 and (tmp_path / "a/local/model.safetensors").is_file(), fetched.stderr
+    fetched = run_baton("fetch", "local", "-o", str(tmp_path / "b"), "--storage", store)
+    assert fetched.returncode == 0 and (tmp_path / "b/local/best.pt").is_file(), fetched.stderr
+    missing = run_baton("fetch", "nope", "--storage", store)
+    assert missing.returncode == 1 and missing.stderr.strip() == f"no job 'nope' under {store}/jobs/nope", missing.stderr
