@@ -6,6 +6,7 @@ commands must work on a machine with only the client's needs installed.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -120,9 +121,19 @@ def run(
     raise typer.Exit(code)
 
 
+def _say_which_redis() -> None:
+    """First, on stderr, when the default Redis is used because BATON_REDIS_URL is unset."""
+    from baton.schemas.settings import default_redis_notice
+
+    notice = default_redis_notice(os.environ)
+    if notice:
+        typer.echo(notice, err=True)
+
+
 def _client():
     from .client import JobClient
 
+    _say_which_redis()
     return JobClient()
 
 
@@ -337,6 +348,7 @@ def worker(
     """Start a worker: a Celery worker with baton's settings, one job per process."""
     from baton.workers.queue.worker_main import run_worker
 
+    _say_which_redis()
     logging.getLogger("baton").setLevel(logging.INFO)
     try:
         code = run_worker(name, queues, concurrency, loglevel, gpus, gpus_per_job)

@@ -21,6 +21,14 @@ DEFAULT_STORAGE_URL = "file://./baton-data"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def default_redis_notice(environ: Mapping[str, str]) -> str | None:
+    """The line a command prints first when it uses the default Redis because BATON_REDIS_URL is
+    unset (on a shared machine, 127.0.0.1:6379 may be somebody else's); None when it is set."""
+    if environ.get("BATON_REDIS_URL"):
+        return None
+    return f"baton: BATON_REDIS_URL is not set; using the default Redis at {DEFAULT_REDIS_URL}"
+
+
 class BatonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATON_", extra="forbid")
 

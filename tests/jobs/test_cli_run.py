@@ -141,3 +141,13 @@ def test_fetch_finds_a_baton_run_job_in_its_store(tmp_path, redis_server):
     assert fetched.returncode == 0 and (tmp_path / "b/local/best.pt").is_file(), fetched.stderr
     missing = run_baton("fetch", "nope", "--storage", store)
     assert missing.returncode == 1 and missing.stderr.strip() == f"no job 'nope' under {store}/jobs/nope", missing.stderr
+
+
+def test_a_client_command_says_which_redis_it_uses_when_none_is_set(redis_server):
+    """On a shared machine the default (127.0.0.1:6379) may be somebody else's Redis: said first."""
+    unset = {k: v for k, v in baton_env().items() if k != "BATON_REDIS_URL"}
+    done = run_baton("status", "nope", env=unset)
+    assert done.stderr.splitlines()[0] == ("baton: BATON_REDIS_URL is not set; using the default Redis at "
+                                           "redis://127.0.0.1:6379/0"), done.stderr
+    told = run_baton("status", "nope", env=baton_env(BATON_REDIS_URL=redis_server.url))
+    assert told.returncode == 1 and "BATON_REDIS_URL is not set" not in told.stderr, told.stderr
