@@ -56,8 +56,15 @@ def with_overrides(raw: Any, overrides: dict[str, Any]) -> Any:
 
 
 def check_spec(raw: Any, allowed_prefixes: tuple[str, ...] = ()) -> JobSpec:
-    """Validate a raw mapping (or a JobSpec) and check its targets as ``load_spec`` does."""
-    spec = JobSpec.parse(raw)
+    """Validate a raw mapping (or a JobSpec) and check its targets as ``load_spec`` does. A spec that
+    does not validate still has its well-formed targets checked: every wrong field is said at once."""
+    try:
+        spec = JobSpec.parse(raw)
+    except SpecError as exc:
+        more = _raw_target_problems(raw, allowed_prefixes, exc.problems)
+        if more:
+            raise SpecError([*exc.problems, *more]) from None
+        raise
     problems = disallowed_targets(spec.user_targets(), allowed_prefixes)
     if problems:
         raise SpecError(problems)
@@ -67,13 +74,46 @@ def check_spec(raw: Any, allowed_prefixes: tuple[str, ...] = ()) -> JobSpec:
     return spec
 
 
+TARGET_FIELDS = ("model", "data", "task", "data.val", "data.collate")
+"""Where a spec names targets (``JobSpec.user_targets``)."""
+
+
+def _raw_target_problems(raw: Any, allowed_prefixes: tuple[str, ...], known: list[str]) -> list[str]:
+    """The problems of the well-formed targets of a spec that did not validate (fields already
+    named in ``known`` left out)."""
+    if not isinstance(raw, dict):
+        return []
+    targets: dict[str, tuple[str, dict]] = {}
+    for path in TARGET_FIELDS:
+        part: Any = raw
+        for name in path.split("."):
+            part = part.get(name) if isinstance(part, dict) else None
+        field = f"{path}.target"
+        if not isinstance(part, dict) or not isinstance(part.get("target"), str) or \
+                any(problem.startswith(f"{path}.") for problem in known):
+            continue
+        try:
+            parse_target(part["target"])
+        except ValueError:
+            continue
+        targets[field] = (part["target"], part.get("kwargs") if isinstance(part.get("kwargs"), dict) else {})
+    problems = disallowed_targets({field: text for field, (text, _) in targets.items()}, allowed_prefixes)
+    if problems:
+        return problems
+    return [problem for _, problem in _check_targets(targets) if problem is not None]
+
+
 def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
     """For each user target: (a note, None) when it is checked or cannot be checked here, or
     (field, problem) when it would fail at job start: its module is missing from a package that
     imports here, the module has no such callable (a misspelling), or the callable does not take
     the spec's kwargs."""
+    return _check_targets({field: (text, _kwargs_of(spec, field)) for field, text in spec.user_targets().items()})
+
+
+def _check_targets(targets: dict[str, tuple[str, dict]]) -> list[tuple[str, "str | None"]]:
     results = []
-    for field, text in spec.user_targets().items():
+    for field, (text, kwargs) in targets.items():
         target = parse_target(text)
         if target.is_builtin:
             continue
@@ -89,7 +129,7 @@ def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
         module = importlib.import_module(target.module)
         fn = getattr(module, target.attr, None)
         if callable(fn):
-            problem = kwargs_problem(field, text, fn, _kwargs_of(spec, field))
+            problem = kwargs_problem(field, text, fn, kwargs)
             results.append((field, problem) if problem else (f"{field}: {text} found", None))
             continue
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]

@@ -49,3 +49,17 @@ def test_a_warmup_as_long_as_a_step_based_run_is_refused(tmp_path):
     result = run_baton("validate", str(spec))
     assert result.returncode == 2
     assert "scheduler.warmup_steps: a warmup of 40 steps leaves none of the run's 40 (loop.max_steps)" in result.stderr
+
+
+def test_one_malformed_target_does_not_hide_the_others(tmp_path):
+    """Every wrong field at once: a task target that does not parse, a misspelled model callable and
+    a module missing from its package, all in one refusal."""
+    spec = write_spec(tmp_path, make_spec(task={"target": "a.b.c"},
+                                          model={"target": "tests.probes:recording_mpl", "kwargs": {}},
+                                          data={"target": "tests.no_such_module:spiral", "kwargs": {}}))
+    result = run_baton("validate", str(spec))
+    assert result.returncode == 2
+    for line in ("task.target: must be 'builtin:NAME' or 'package.module:callable' (got 'a.b.c')",
+                 "model.target: module 'tests.probes' has no callable 'recording_mpl'",
+                 "data.target: module 'tests.no_such_module' does not exist"):
+        assert line in result.stderr, result.stderr
