@@ -172,3 +172,20 @@ def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectSt
     assert result.outcome.completed, result.outcome
     return store
 
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below ``root`` now, from /proc (the test's own view, not baton's)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found

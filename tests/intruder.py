@@ -238,7 +238,8 @@ def steal_slot(directory: Path, marker: str, seconds: float) -> str:
 SECRET = "c" * 64
 
 
-def _listening(pid: int) -> set[int]:
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports process ``pid`` listens on (what any user of the node sees in /proc/net/tcp)."""
     sockets = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -252,9 +253,9 @@ def _listening(pid: int) -> set[int]:
         with open(f"/proc/{pid}/net/{table}") as fh:
             for line in fh.readlines()[1:]:
                 fields = line.split()
-                if fields[3] == "0A" and fields[9] in sockets:
+                if fields[3] == "0A" and fields[9] in sockets:  # LISTEN, and this process's socket
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+    return sorted(ports)
 
 
 def _meet(rank: int, directory: Path, rendezvous_s: float):
@@ -305,7 +306,7 @@ def hijack(directory: Path) -> str:
     ports: dict[int, int] = {}
     while len(ports) < 2:
         for rank in (0, 2):
-            found = _listening(pids[rank]) - {store_port}
+            found = set(listening_ports(pids[rank])) - {store_port}
             if found:
                 ports[rank] = found.pop()
         time.sleep(0.005)

@@ -14,30 +14,11 @@ import sys
 from baton.storage.file_store import FileStore
 
 from tests.helpers import REPO, baton_env, make_spec, start_baton, write_spec
+from tests.intruder import listening_ports
 from tests.workers.queue.test_worker_loss import wait_for
 
 SPEC = make_spec(data={"kwargs": {"n_per_class": 200}, "batch_size": 16}, loop={"epochs": 1},
                  checkpoint={"every_steps": 2}, resources={"processes": 2})
-
-
-def listening_ports(pid: int) -> list[int]:
-    """The TCP ports process ``pid`` listens on (what any user of the node sees in /proc/net/tcp)."""
-    sockets = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            sockets.add(target[len("socket:["):-1])
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as fh:
-            for line in fh.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in sockets:  # LISTEN, and this process's socket
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return sorted(ports)
 
 
 def test_a_foreign_process_cannot_join_the_group_nor_have_rank_0_unpickle_what_it_sends(tmp_path):
@@ -84,11 +65,15 @@ def test_a_foreign_process_cannot_join_the_group_nor_have_rank_0_unpickle_what_i
 def intruders(mode: str, *per_rank: list[str]) -> list[str]:
     """Run ``tests.intruder MODE`` as the ranks of one group (``per_rank[r]``: rank r's arguments);
     what each printed."""
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", mode, str(rank), *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env())
-             for rank, args in enumerate(per_rank)]
+    return run_together(*([mode, str(rank), *args] for rank, args in enumerate(per_rank)))
+
+
+def run_together(*commands: list[str], timeout: float = 120) -> list[str]:
+    """``tests.intruder`` processes started together; the last line each printed."""
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env()) for args in commands]
     try:
-        outs = [proc.communicate(timeout=120) for proc in procs]
+        outs = [proc.communicate(timeout=timeout) for proc in procs]
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -130,19 +115,8 @@ def stranger_at_the_store(tmp_path, keep_writing_s: float) -> tuple[str, str, st
     knows only the store's address writes its gloo address into rank 1's slot of the checkpoint
     group before the real rank 1 comes. What rank 0, rank 1 and the stranger printed."""
     secret = "c" * 64
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env())
-             for args in (["tcp-rank", "0", str(tmp_path), secret], ["tcp-rank", "1", str(tmp_path), secret],
-                          ["steal-slot", str(tmp_path), str(tmp_path / "marker"), str(keep_writing_s)])]
-    try:
-        outs = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return tuple(out.strip().splitlines()[-1] if out.strip() else f"(nothing; stderr: {err[-1500:]})"
-                 for out, err in outs)
+    return tuple(run_together(["tcp-rank", "0", str(tmp_path), secret], ["tcp-rank", "1", str(tmp_path), secret],
+                              ["steal-slot", str(tmp_path), str(tmp_path / "marker"), str(keep_writing_s)]))
 
 
 def test_a_stranger_at_a_multinode_store_cannot_take_a_place_in_the_checkpoint_group(tmp_path):
@@ -161,20 +135,6 @@ def test_a_stranger_who_keeps_its_address_in_the_store_ends_the_attempt_as_a_los
     assert not (tmp_path / "marker").exists(), ("rank 0 ran the stranger's code", rank0, rank1, stranger)
     assert rank0.startswith("RankLost: ") and "not sealed with this attempt's secret" in rank0, (rank0, rank1, stranger)
     assert not stranger.startswith("joined"), stranger
-
-
-def run_together(*commands: list[str], timeout: float = 120) -> list[str]:
-    """``tests.intruder`` processes started together; the last line each printed."""
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env()) for args in commands]
-    try:
-        outs = [proc.communicate(timeout=timeout) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return [out.strip().splitlines()[-1] if out.strip() else f"(nothing; stderr: {err[-1500:]})" for out, err in outs]
 
 
 def test_a_stranger_holding_one_connection_of_three_ranks_is_found_by_the_proof(tmp_path):

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from tests.helpers import make_spec
+from tests.helpers import descendants, make_spec
 from tests.workers.queue.test_worker_loss import wait_for
 
 HANGING = make_spec(model={"target": "tests.probes:hanging_mlp", "kwargs": {"hang_after": 6}},
@@ -28,23 +28,6 @@ def test_a_hung_job_is_released_with_its_stacks_and_the_worker_goes_on(cluster):
     assert (final.state.value, final.attempt, final.lost) == ("failed", 2, 2)
     assert "retry.max_attempts" in final.error and "_hang_forever" in final.traceback
     assert hung.proc.poll() is None, hung.log()  # the worker lives on
-
-
-def _descendants(root: int) -> set[int]:
-    """Every process below ``root`` now, from /proc (the test's own view, not baton's)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def _running(pid: int) -> bool:
@@ -71,7 +54,7 @@ def test_a_stalled_job_leaves_no_process_behind(cluster, tmp_path):
         time.sleep(0.05)
     assert hanging_file.exists(), hung.log()
     training = job.status().pid
-    below = _descendants(training) | {training}  # the loader worker, the checkpoint writer, ...
+    below = descendants(training) | {training}  # the loader worker, the checkpoint writer, ...
     loaders = {int(line) for line in pid_file.read_text().split()}
     assert loaders and loaders <= below
 

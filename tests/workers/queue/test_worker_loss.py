@@ -13,7 +13,7 @@ import pytest
 from baton.schemas.settings import BatonSettings
 from baton.workers.queue.celery_app import make_app, publish_run
 
-from tests.helpers import assert_same_training, kill_when, make_spec, read_manifest
+from tests.helpers import assert_same_training, descendants, kill_when, make_spec, read_manifest
 from tests.workers.conftest import SPEC  # noqa: F401 (tests in other modules import it from here)
 
 # `reference`: SPEC run uninterrupted, once per session (tests/workers/conftest.py)
@@ -134,25 +134,6 @@ def test_cancel_stops_with_a_checkpoint_and_resume_finishes_bit_exact(cluster, r
     final = job.wait(timeout=120, progress=False)
     assert final.state.value == "succeeded" and final.resumed_from == latest["step"]
     assert_same_training(reference, "reference", cluster.store(), "cancelled")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc: each process's parent)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [child for child, of in parents.items() if of == parent]
-        found += children
-        frontier += children
-    return found
 
 
 def is_working_checkpoint_writer(pid: int) -> bool:
