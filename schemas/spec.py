@@ -248,8 +248,10 @@ class ResourcesSpec(_Spec):
     queue: str = Field("default", pattern=NAME_PATTERN, description="Celery queue the job is routed to.")
     cpu_threads: Optional[int] = Field(
         None, gt=0, le=1024,
-        description="torch intra-op threads per process; null: the first attempt's count (the machine's cores, "
-                    "divided among the ranks of a data-parallel job on the CPU), re-applied on every resume.",
+        description="torch intra-op threads per process; null: the count torch chooses in a fresh process on the "
+                    "machine of the first attempt (its cores, or OMP_NUM_THREADS), divided among the ranks of a "
+                    "data-parallel job on the CPU; the same in `baton run` and on a worker, recorded in every "
+                    "checkpoint and re-applied on every resume.",
     )
     processes: int = Field(
         1, ge=1, le=64,

@@ -76,6 +76,24 @@ def linear(in_features: int = 2, out_features: int = 3) -> nn.Module:
     return nn.Linear(in_features, out_features)
 
 
+class _ThreadSensitive(nn.Module):
+    """An MLP plus a shift computed by one long sum: torch splits a sum of over 32768 elements across its
+    intra-op threads, so the shift (and every weight after the first step) rounds differently with one
+    thread than with two, as a transformer's reductions do."""
+
+    def __init__(self, in_features: int, hidden: int, out_features: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out_features))
+        self.long = nn.Parameter(torch.linspace(-1.0, 1.0, 200_003) ** 3 / 7)
+
+    def forward(self, x):
+        return self.mlp(x) + self.long.sum() * 1e-3
+
+
+def thread_sensitive(in_features: int = 2, hidden: int = 32, out_features: int = 3) -> nn.Module:
+    return _ThreadSensitive(in_features, hidden, out_features)
+
+
 class _Relocating(nn.Linear):
     """Moving it replaces its Parameter objects, as moving real weights to a GPU does."""
 

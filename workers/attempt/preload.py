@@ -18,10 +18,9 @@ import torch
 # (PR_SET_PDEATHSIG), unsaved. The forkserver still ends when the worker does (its pipe closes).
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
+from baton.workers.training.determinism import prepare_process  # noqa: E402  (reads torch's default first)
+
 torch.set_num_threads(1)
-
-from baton.workers.training.determinism import prepare_process  # noqa: E402
-
 prepare_process()
 
 from baton.storage import memory_copy, writer_process  # noqa: E402,F401

@@ -12,7 +12,6 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import torch
 
 from baton.jobs.logs import BATON_STREAM
 from baton.schemas.errors import FencedOut, TransientError, formatted_traceback
@@ -39,7 +38,7 @@ from baton.workers.tracking.tensorboard import TensorBoardTracker, TrackedContro
 from baton.workers.training import rng, train_state
 from baton.workers.training.components import build_components
 from baton.workers.training.control import LoopControl
-from baton.workers.training.determinism import configure, resolve_device
+from baton.workers.training.determinism import MACHINE_THREADS, configure, resolve_device
 from baton.workers.training.loop import Outcome, TrainingLoop
 
 from .finalize import finalize
@@ -277,9 +276,10 @@ def newer_in_memory(dirs: list[Path], entry: Optional[CheckpointEntry],
 
 
 def default_threads(spec: JobSpec) -> int:
-    """Intra-op threads when the spec sets none: torch's default (the machine's cores), shared out among
-    the ranks of a data-parallel job on the CPU (ranks that each took every core would contend)."""
-    threads = torch.get_num_threads()
+    """Intra-op threads when the spec sets none: torch's default in a fresh process (the machine's cores,
+    whatever this process has set since), shared out among the ranks of a data-parallel job on the CPU
+    (ranks that each took every core would contend)."""
+    threads = MACHINE_THREADS
     if spec.resources.processes > 1 and resolve_device(spec.resources.device).type == "cpu":
         return max(1, threads // spec.resources.processes)
     return threads

@@ -1,5 +1,11 @@
 """The reproducible configuration: deterministic kernels and a pinned intra-op thread count.
 
+A job's thread count is part of its bits (a reduction split over two threads rounds differently than
+over one). With ``resources.cpu_threads`` unset it is ``MACHINE_THREADS``: the count torch chooses in
+a fresh process on this machine (its cores, or OMP_NUM_THREADS), read when this module is first
+imported, before any of baton's processes changes it. `baton run`, a worker's training process and
+every rank therefore start from the same number, and the checkpoint records it for every resume.
+
 CUDA's cuBLAS needs CUBLAS_WORKSPACE_CONFIG in the environment before its first call, so entry
 points call ``prepare_process()`` before any CUDA work.
 """
@@ -12,6 +18,10 @@ import torch
 from baton.schemas.errors import PermanentError
 
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+# read before anything sets a count: a worker's forkserver imports this module before it pins its own
+# thread to one (``workers/attempt/preload.py``), and its training processes inherit the value
+MACHINE_THREADS = torch.get_num_threads()
 
 
 def prepare_process() -> None:

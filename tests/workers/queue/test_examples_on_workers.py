@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from tests.helpers import REPO, assert_same_training, baton_env, run_baton, write_spec
+from tests.helpers import REPO, assert_same_training, baton_env, final_state, make_spec, run_baton, write_spec
 from baton.storage.file_store import FileStore
 
 
@@ -66,3 +66,25 @@ def test_example_through_workers_matches_baton_run_and_its_best_loads(name, clus
         capture_output=True, text=True, cwd=REPO, env=baton_env())
     assert load.returncode == 0, load.stderr
     assert load.stdout.split()[0] == monitor
+
+
+def test_a_job_that_sets_no_thread_count_trains_the_same_bits_on_a_worker_as_in_baton_run(cluster, tmp_path):
+    """G1 with the spec's defaults: the worker's training process takes the thread count `baton run`
+    takes (torch's own default here, not the count the worker pinned for itself), and records it."""
+    machine = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, check=True)
+    if int(machine.stdout) < 2:
+        pytest.skip("one core: every thread count is the same")
+    spec = make_spec(model={"target": "tests.probes:thread_sensitive", "kwargs": {}}, loop={"epochs": 1})
+    spec["resources"] = {"device": "cpu"}
+    reference_root = tmp_path / "reference"
+    done = run_baton("run", str(write_spec(tmp_path, spec)), "--id", "threads", "--storage", f"file://{reference_root}")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    cluster.start_workers(1)
+    final = cluster.client.submit(spec, "threads").wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error
+    recorded = [final_state(store, "threads")["config"]["cpu_threads"] for store in (FileStore(reference_root),
+                                                                                      cluster.store())]
+    assert recorded == [int(machine.stdout)] * 2
+    assert_same_training(FileStore(reference_root), "threads", cluster.store(), "threads")
