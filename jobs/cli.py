@@ -14,8 +14,9 @@ from typing import List, Optional
 import typer
 
 from baton.schemas.errors import CheckpointWriteFailed, FencedOut, RunningElsewhere, SpecError
-from baton.schemas.settings import BatonSettings
+from baton.schemas.settings import DEFAULT_REDIS_URL, BatonSettings
 
+from .infra import EXIT_INFRASTRUCTURE
 from .specfile import check_user_targets, load_spec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-proof PyTorch training jobs.")
@@ -23,6 +24,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-p
 EXIT_FAILED = 1
 EXIT_BAD_SPEC = 2
 EXIT_RUNNING_ELSEWHERE = 4
+
+
+_debug = False
+"""``baton --debug``: an infrastructure mistake shows its whole traceback, not one line."""
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the whole traceback of a Redis or store "
+                                        "failure instead of one line.")) -> None:
+    global _debug
+    _debug = debug
 
 
 def _settings() -> BatonSettings:
@@ -84,16 +96,21 @@ def run(
     4 the job is running in another `baton run` or was submitted to a queue (nothing done), 130 aborted by a second signal (the next
     run resumes from the last committed checkpoint).
     """
-    from baton.storage.layout import new_job_id
-    from baton.storage.open import open_store
-    from baton.workers.attempt.local import run_local
+    from baton.storage.layout import JobPaths, new_job_id
+    from baton.storage.open import open_client_store, open_store
+
+    from .infra import STORE_ERRORS
 
     settings = _settings()
     job_id = _id_or_exit(job_id)
     parsed = _load_or_exit(spec, settings, sets)
+    job_id = job_id or new_job_id(parsed.name)
+    # a wrong bucket, credentials or endpoint is said now, in a few seconds, before anything is built
+    open_client_store(storage or settings.storage_url).read_versioned(JobPaths(job_id).manifest)
+    from baton.workers.attempt.local import run_local  # (torch: seconds to import)
+
     store = open_store(storage or settings.storage_url)
     show_bar = sys.stdout.isatty() if progress is None else progress
-    job_id = job_id or new_job_id(parsed.name)
     try:
         code = run_local(parsed, job_id, store, settings.allowed_prefixes, show_bar)
     except SpecError as exc:
@@ -109,6 +126,10 @@ def run(
         typer.echo(f"error: {exc}\nthe job did not fail: free some space and run again with --id {job_id} to resume "
                    "from its last committed checkpoint", err=True)
         raise typer.Exit(EXIT_FAILED)
+    except STORE_ERRORS as exc:  # the store went away or refused us mid-run: what it holds is whole
+        typer.echo(f"{_infrastructure_line(exc)}\nthe job did not fail: run again with --id {job_id} when the store is "
+                   "back, to resume from its last committed checkpoint", err=True)
+        raise typer.Exit(EXIT_INFRASTRUCTURE)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - the job's failure (an asyncio.CancelledError is a BaseException):
@@ -288,7 +309,7 @@ def fetch(
 ) -> None:
     """Download a job's best or latest checkpoint (sha256-verified) or its final artifacts."""
     from baton.schemas.errors import JobNotFound
-    from baton.storage.open import open_store
+    from baton.storage.open import open_client_store
 
     from .client import download
 
@@ -297,9 +318,9 @@ def fetch(
             try:
                 path = _client().job(job_id).download(out, which=which)
             except JobNotFound:  # no record: a `baton run` job, in the configured store
-                path = download(open_store(_settings().storage_url), job_id, out, which)
+                path = download(open_client_store(_settings().storage_url), job_id, out, which)
         else:
-            path = download(open_store(storage), job_id, out, which)
+            path = download(open_client_store(storage), job_id, out, which)
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1)
@@ -419,4 +440,19 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in unknown_variables(os.environ):
         typer.echo(f"warning: {name} is not a baton setting (misspelled?); it is ignored", err=True)
-    app()
+    try:
+        app()
+    except Exception as exc:  # noqa: BLE001 - one line for Redis or a store that cannot be used; the rest as is
+        line = None if _debug else _infrastructure_line(exc)
+        if line is None:
+            raise
+        typer.echo(line, err=True)
+        sys.exit(EXIT_INFRASTRUCTURE)
+
+
+def _infrastructure_line(exc: BaseException) -> Optional[str]:
+    from .infra import explain
+    from .redaction import Redactor
+
+    line = explain(exc, os.environ.get("BATON_REDIS_URL") or DEFAULT_REDIS_URL)
+    return None if line is None else Redactor()(line)

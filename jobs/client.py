@@ -32,7 +32,7 @@ from baton.storage.artifacts import download_checkpoint, download_verified, fina
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id, new_job_id
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.open import open_store
+from baton.storage.open import open_client_store
 
 from .logs import FOLLOW_POLL_S, follow_log, read_log
 from .records import JobRecords, spec_fields
@@ -102,7 +102,7 @@ class Job:
 
     def _store(self) -> ObjectStore:
         status = self.status()
-        return open_store(status.storage_url or self.client.settings.storage_url)
+        return open_client_store(status.storage_url or self.client.settings.storage_url)
 
     def _manifest(self, store: ObjectStore) -> CheckpointManifest:
         return ManifestStore(store, JobPaths(self.id)).read()
@@ -209,7 +209,7 @@ class JobClient:
             job_id = check_job_id(job_id or new_job_id(parsed.name))
         except ValueError as exc:
             raise SpecError([f"job_id: {exc}"]) from None
-        store = open_store(self.settings.storage_url)
+        store = open_client_store(self.settings.storage_url)
         _warn_if_local(store)
         self._refuse_taken(store, [job_id])
         self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})
@@ -229,7 +229,7 @@ class JobClient:
         except ValueError as exc:
             raise SpecError([f"sweep_id: {exc}"]) from None
         jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, normalize(overrides))
-        store = open_store(self.settings.storage_url)
+        store = open_client_store(self.settings.storage_url)
         _warn_if_local(store)
         self._refuse_taken(store, [job.job_id for job in jobs])
         self.records.add_to_sweep(sweep_id, [job.job_id for job in jobs])
@@ -281,7 +281,7 @@ class JobClient:
         holds) and queue each unfinished one again; see ``baton.jobs.recover``."""
         from .recover import recover_jobs
 
-        store = open_store(self.settings.storage_url)
+        store = open_client_store(self.settings.storage_url)
         return recover_jobs(self.records, store, self._publish, None if job_id is None else [job_id])
 
     def job(self, job_id: str) -> Job:

@@ -117,7 +117,7 @@ def open_job_log(job_id: str, storage_url: Optional[str], settings: "BatonSettin
     import redis
 
     from baton.schemas.errors import JobNotFound
-    from baton.storage.open import open_store
+    from baton.storage.open import open_client_store
 
     JobPaths(job_id)  # ValueError for an id no job can have
     if storage_url is None:
@@ -128,7 +128,7 @@ def open_job_log(job_id: str, storage_url: Optional[str], settings: "BatonSettin
             return JobLog(job._store(), job_id, lambda: job.status().state.terminal)
         except (JobNotFound, redis.RedisError):
             storage_url = settings.storage_url
-    store = open_store(storage_url)
+    store = open_client_store(storage_url)
     if not store.exists(JobPaths(job_id).spec) and not log_chunks(store, job_id):
         raise FileNotFoundError(f"no job {job_id!r} (no record, and nothing under {store.url}/{JobPaths(job_id).root})")
     log = JobLog(store, job_id, lambda: False)

@@ -64,6 +64,11 @@ class AccessDenied(PermanentError):
     """The object store refused our credentials for this bucket or key."""
 
 
+class StoreUnusable(PermanentError):
+    """The store cannot be used at all: its bucket does not exist, its directory cannot be created or
+    opened, or no credentials for it were found."""
+
+
 class PreconditionFailed(BatonError):
     """A conditional write lost its race: the object changed since it was read."""
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from baton.schemas.errors import PreconditionFailed
+from baton.schemas.errors import PreconditionFailed, StoreUnusable
 
 from .base import ObjectStore
 
@@ -27,8 +27,11 @@ _SCRATCH_DIR = ".scratch"
 class FileStore(ObjectStore):
     def __init__(self, root: Path | str):
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
         self.url = f"file://{self.root}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnusable(f"{self.url}: the store's directory cannot be created ({exc.strerror or exc})") from exc
 
     def reopen_url(self) -> Optional[str]:
         return self.url if type(self) is FileStore else None  # a subclass may behave otherwise

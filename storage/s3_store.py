@@ -25,9 +25,9 @@ import boto3
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
-from baton.schemas.errors import AccessDenied, PermanentError, PreconditionFailed, StorageUnavailable
+from baton.schemas.errors import AccessDenied, PermanentError, PreconditionFailed, StorageUnavailable, StoreUnusable
 
 from .base import ObjectStore
 from .retry import retry_transient
@@ -62,7 +62,7 @@ def _client_error(exc: ClientError, what: str) -> Exception:
     if code in _TRANSIENT or status >= 500:
         return StorageUnavailable(f"{what}: {code or status}")
     if code == "NoSuchBucket":
-        return PermanentError(f"{what}: the bucket does not exist")
+        return StoreUnusable(f"{what}: the bucket does not exist")
     return PermanentError(f"{what}: {code or status}: {exc}")
 
 
@@ -78,19 +78,28 @@ def _translated(what: str) -> Iterator[None]:
         if isinstance(cause, ClientError):
             raise _client_error(cause, what) from exc
         raise StorageUnavailable(f"{what}: {exc}") from exc
+    except (NoCredentialsError, PartialCredentialsError) as exc:  # no retry finds credentials that are not there
+        raise StoreUnusable(f"{what}: no AWS credentials found ({exc}); set AWS_ACCESS_KEY_ID and "
+                            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from exc
     except (RetriesExceededError, BotoCoreError) as exc:  # connection refused/closed, timeouts
         raise StorageUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 class S3Store(ObjectStore):
-    def __init__(self, bucket: str, prefix: str = "", client=None):
+    def __init__(self, bucket: str, prefix: str = "", client=None, retry_s: float = RETRY_S,
+                 retry_log: Optional[Callable[[str], None]] = None):
+        """``retry_s``: how long a call is retried through transient errors (a command a person waits on
+        gives up sooner than a worker does); the connect timeout is never longer. ``retry_log``: where
+        each retry is said (default: the ``baton.storage`` logger's warnings)."""
         self.bucket = bucket
+        self.retry_s = retry_s
+        self.retry_log = retry_log
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._own_client = client is None  # configured from the environment alone: reopenable by URL
         self.client = client or boto3.client("s3", config=Config(
             retries={"mode": "standard", "total_max_attempts": 1},  # one try: we retry (see above)
-            connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+            connect_timeout=min(CONNECT_TIMEOUT_S, retry_s), read_timeout=READ_TIMEOUT_S,
         ))
         self.transfer = TransferConfig(multipart_threshold=MULTIPART_CHUNK_BYTES, multipart_chunksize=MULTIPART_CHUNK_BYTES,
                                        max_concurrency=TRANSFER_THREADS)
@@ -99,11 +108,11 @@ class S3Store(ObjectStore):
         return self.url if self._own_client and type(self) is S3Store else None
 
     @classmethod
-    def from_url(cls, url: str) -> "S3Store":
+    def from_url(cls, url: str, retry_s: float = RETRY_S, retry_log: Optional[Callable[[str], None]] = None) -> "S3Store":
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ValueError(f"S3 storage URL must be s3://bucket[/prefix] (got {url!r})")
-        return cls(parsed.netloc, parsed.path)
+        return cls(parsed.netloc, parsed.path, retry_s=retry_s, retry_log=retry_log)
 
     def _key(self, key: str) -> str:
         if not key or key.startswith("/"):
@@ -118,7 +127,7 @@ class S3Store(ObjectStore):
         def attempt() -> T:
             with _translated(self._where(key)):
                 return fn()
-        return retry_transient(attempt, RETRY_S, self._where(key))
+        return retry_transient(attempt, self.retry_s, self._where(key), self.retry_log)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         if len(data) > MULTIPART_CHUNK_BYTES:

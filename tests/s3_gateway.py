@@ -6,6 +6,8 @@
 - ``hold(predicate)``: a request for which ``predicate(method, path)`` is true waits (unanswered,
   its body read) until ``release()``: a client frozen at an exact point of its protocol.
   ``seen`` lists every request as ``(method, path)`` in arrival order.
+- ``access_keys={...}``: a request signed with any other access key id is refused as S3 refuses an
+  unknown key (403 ``InvalidAccessKeyId``); moto's server accepts every key.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ _CONDITIONS = {"if-none-match", "if-match"}
 
 
 class S3Gateway:
-    def __init__(self, target_port: int, ignore_conditions: bool = False):
+    def __init__(self, target_port: int, ignore_conditions: bool = False, access_keys: Optional[set[str]] = None):
         self.target_port = target_port
         self.ignore_conditions = ignore_conditions
+        self.access_keys = access_keys
         self.seen: list[tuple[str, str]] = []
         self.held: list[tuple[str, str]] = []
         self._predicate: Optional[Callable[[str, str], bool]] = None
@@ -82,8 +85,25 @@ class S3Gateway:
                         self.rfile.readline()
                 return self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
 
+            def _refused(self) -> bool:
+                signed = self.headers.get("Authorization", "")
+                key = signed.split("Credential=", 1)[1].split("/", 1)[0] if "Credential=" in signed else ""
+                if gateway.access_keys is None or key in gateway.access_keys:
+                    return False
+                error = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code><Message>The AWS '
+                         b'Access Key Id you provided does not exist in our records.</Message></Error>')
+                self.send_response(403, "Forbidden")
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(error)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(error)
+                return True
+
             def _forward(self) -> None:
                 body = self._body()
+                if self._refused():
+                    return
                 if gateway._should_hold(self.command, self.path):
                     gateway._gate.wait()
                 drop = _HOP_BY_HOP | (_CONDITIONS if gateway.ignore_conditions else set())
