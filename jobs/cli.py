@@ -397,15 +397,20 @@ def health() -> None:
 
 @app.command()
 def demo(
-    spec: Path = typer.Option(Path("examples/spiral.yaml"), "--spec", help="The job to run."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="The job to run (default: the spiral MLP of "
+                                        "examples/spiral.yaml, shipped inside baton)."),
     out: Path = typer.Option(Path("demo-out"), "--out", help="Where logs and fetched artifacts go."),
     redis_url: Optional[str] = typer.Option(None, "--redis-url", help="Use this Redis instead of starting one."),
     storage_url: Optional[str] = typer.Option(None, "--storage-url", help="Use this store instead of a local S3 endpoint."),
 ) -> None:
     """A job that survives a SIGKILLed worker: local Redis + S3 endpoint, two workers, bit-exact check."""
-    from .demo import run_demo
+    from .demo import DEMO_SPEC, missing_parts, run_demo
 
-    raise typer.Exit(run_demo(spec, out, redis_url, storage_url))
+    missing = missing_parts(redis_url, storage_url)
+    if missing:
+        typer.echo(f"baton demo: {missing}", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(run_demo(spec or DEMO_SPEC, out, redis_url, storage_url))
 
 
 def _show_baton_warnings() -> None:

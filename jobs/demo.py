@@ -28,7 +28,23 @@ from .display import progress_line
 from .services import RedisServer, S3Server, WorkerProcess, die_with_parent, free_port
 
 BUCKET = "baton-demo"
+DEMO_SPEC = Path(__file__).with_name("demo_spiral.yaml")
+"""The job the demo runs by default: examples/spiral.yaml, shipped inside the package."""
 Say = Callable[[str], None]
+
+
+def missing_parts(redis_url: Optional[str], storage_url: Optional[str]) -> Optional[str]:
+    """What this machine lacks to start the services the demo was not given, as one line; else None."""
+    import importlib.util
+    import shutil
+
+    if redis_url is None and shutil.which("redis-server") is None:
+        return ("redis-server is not installed: install it (Debian: apt-get install redis-server) or pass "
+                "--redis-url redis://HOST:PORT/0")
+    if storage_url is None and importlib.util.find_spec("moto") is None:
+        return ("the local S3 endpoint needs moto: pip install 'baton[local]' (or pass --storage-url "
+                "s3://bucket/prefix for a store you have)")
+    return None
 
 
 def _start_services(stack: ExitStack, redis_url: Optional[str], storage_url: Optional[str], say: Say) -> tuple[str, str]:
