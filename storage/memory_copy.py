@@ -54,6 +54,9 @@ BUDGET = 0.03
 """The share of training time the copies may cost when their interval is chosen (CheckFreq's bound)."""
 EVERY_MAX = 1000
 """The longest interval ``auto`` chooses."""
+SETTLED_AFTER = 5
+"""An interval chosen this many times in a row has settled: then, if it is at least twice or half the
+one last said, it is said (the log shows a change once, not every choice of a noisy measurement)."""
 ROOM_SHARE = 0.5
 """The copies (two slots, and on CUDA the pinned staging copy) may take at most this share of the
 memory left when the first is taken (the container's cgroup limit, else the machine's available
@@ -115,6 +118,7 @@ class MemoryCopier:
         self._failed = False
         self._room_checked = False
         self._said: Optional[int] = None  # the interval last logged
+        self._choice: tuple[int, int] = (0, 0)  # the interval last chosen, and how many times in a row
         self._staging = HostSnapshot(pin_memory=True) if self.cuda else None
         self.stats.every = self.every or 1
         self._last_step_at: Optional[float] = None
@@ -222,7 +226,9 @@ class MemoryCopier:
             if self.cuda:  # the publication runs beside the GPU's work, and must end before the next copy
                 every = max(every, math.ceil(publish / self._step_s))
             every = min(EVERY_MAX, max(1, every))
-            if self._said is None or not self._said / 2 < every < self._said * 2:  # the first, or twice as far
+            self._choice = (every, self._choice[1] + 1 if self._choice[0] == every else 1)
+            settled = self._choice[1] == SETTLED_AFTER
+            if settled and (self._said is None or not self._said / 2 < every < self._said * 2):
                 self.log(f"in-memory copies every {every} step(s): a copy costs {self._cost_s * 1e3:.1f} ms, "
                          f"a step {self._step_s * 1e3:.1f} ms")
                 self._said = every

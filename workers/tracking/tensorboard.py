@@ -42,6 +42,9 @@ from . import prometheus
 from .tensorboard_history import EVENT_FILE_PREFIX, steps_written_before
 
 _log = logging.getLogger("baton.tracking")
+# TensorBoard's own INFO lines ("No path found after ...", from reading an earlier attempt's event
+# files) are not the job's: its warnings and errors still reach the job's log
+logging.getLogger("tensorboard").setLevel(logging.WARNING)
 
 TRACKER = "tensorboard"
 ROW_SCALARS = ("train_loss", "lr", "grad_norm", "samples_per_s")

@@ -89,3 +89,28 @@ def test_a_copy_that_does_not_verify_falls_back_to_the_one_before(tmp_path, dirs
     assert older is not None and older.step == 13 and "does not match its digest" in lines[0]
     # discarded: the next copy goes into its slot, never first over the copy just resumed from
     assert memory_slots.read_record(memory_slots.record_path(dirs, newest.slot)) is None
+
+
+def test_the_interval_is_said_once_it_settles_not_at_every_noisy_choice(dirs):
+    """The costs a loaded machine measures make the chosen interval wander (1, 2, 5, 1, 2, 4 ...): the
+    log says an interval when it has held, and again only when it settles twice as far or more."""
+    from baton.storage.memory_copy import SETTLED_AFTER, MemoryCopier
+
+    said = []
+    copier = MemoryCopier(dirs, log=said.append)
+    copier._step_s = 0.010  # a step of 10 ms: a copy of c ms gives an interval of ceil(c / 0.3)
+
+    def measured(*intervals: int) -> None:
+        for every in intervals:
+            copier._cost_s = None  # (no smoothing: each measurement chooses ``every`` exactly)
+            copier._update_interval(every * 0.0003, 0.0)
+            assert copier.stats.every == every
+
+    measured(1, 2, 5, 1, 2, 4, 1, 2, 5, 2)
+    assert said == []
+    measured(*[2] * SETTLED_AFTER)
+    assert [line.split(":")[0] for line in said] == ["in-memory copies every 2 step(s)"]
+    measured(*[3] * SETTLED_AFTER, 4, 2, 3)  # within twice the interval said: not news
+    assert len(said) == 1
+    measured(*[9] * (SETTLED_AFTER + 3))
+    assert [line.split(":")[0] for line in said] == ["in-memory copies every 2 step(s)", "in-memory copies every 9 step(s)"]
