@@ -16,6 +16,8 @@ from baton.schemas.overrides import Overrides, apply_overrides, normalize
 from baton.schemas.spec import JobSpec
 from baton.schemas.targets import disallowed_targets, parse_target
 
+from .source_lookup import lookup, module_source
+
 SpecSource = Union[str, Path, dict, JobSpec]
 
 
@@ -112,10 +114,21 @@ def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
 
 
 def _check_targets(targets: dict[str, tuple[str, dict]]) -> list[tuple[str, "str | None"]]:
+    """Each target checked from its module's source where it can be (``source_lookup``: nothing of the
+    job's code runs), else by importing its module."""
     results = []
     for field, (text, kwargs) in targets.items():
         target = parse_target(text)
         if target.is_builtin:
+            continue
+        path = module_source(target.module)
+        found = lookup(path, target.attr) if path is not None else None
+        if found is not None and found.defined is False:
+            results.append((field, _no_callable(field, target.module, target.attr, found.names)))
+            continue
+        if found is not None and found.defined:
+            problem = None if found.params is None else params_problem(field, text, found.params, kwargs)
+            results.append((field, problem) if problem else (f"{field}: {text} found", None))
             continue
         if not _importable(target.module):
             package = target.module.split(".")[0]
@@ -133,10 +146,14 @@ def _check_targets(targets: dict[str, tuple[str, dict]]) -> list[tuple[str, "str
             results.append((field, problem) if problem else (f"{field}: {text} found", None))
             continue
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        close = difflib.get_close_matches(target.attr, names, n=3)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        results.append((field, f"{field}: module {target.module!r} has no callable {target.attr!r}{hint}"))
+        results.append((field, _no_callable(field, target.module, target.attr, names)))
     return results
+
+
+def _no_callable(field: str, module: str, attr: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(attr, names, n=3)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return f"{field}: module {module!r} has no callable {attr!r}{hint}"
 
 
 def _importable(module: str) -> bool:
@@ -166,6 +183,11 @@ def kwargs_problem(field: str, text: str, fn: Any, kwargs: dict) -> "str | None"
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return None
+    return params_problem(field, text, params, kwargs)
+
+
+def params_problem(field: str, text: str, params: list[inspect.Parameter], kwargs: dict) -> "str | None":
+    """Why a callable taking ``params`` would fail on ``kwargs`` as baton calls it; None if it would not."""
     positional, added = CALLED_WITH.get(field, ((), ()))
     kwargs_field = field.rsplit(".", 1)[0] + ".kwargs"
     params = params[len(positional):] if len(params) >= len(positional) else []

@@ -63,3 +63,24 @@ def test_one_malformed_target_does_not_hide_the_others(tmp_path):
                  "model.target: module 'tests.probes' has no callable 'recording_mpl'",
                  "data.target: module 'tests.no_such_module' does not exist"):
         assert line in result.stderr, result.stderr
+
+
+def test_targets_are_checked_from_their_source_without_importing_the_jobs_code(tmp_path):
+    """Importing a model's module can take tens of seconds (transformers) and do anything: validate and
+    submit read its source instead, and still catch a misspelling and kwargs the callable does not take."""
+    mark = tmp_path / "imported"
+    env = baton_env(IMPORT_MARK=str(mark))
+    wrong = make_spec(model={"target": "tests.imports_loudly:modle", "kwargs": {"width": 4}},
+                      data={"target": "tests.imports_loudly:Pairs", "kwargs": {"size": 64}})
+    result = run_baton("validate", str(write_spec(tmp_path, wrong)), env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert ("model.target: module 'tests.imports_loudly' has no callable 'modle'; did you mean 'model'"
+            in result.stderr), result.stderr
+    assert ("data.kwargs: tests.imports_loudly:Pairs takes no argument 'size' (it takes: n, seed)"
+            in result.stderr), result.stderr
+    right = make_spec(model={"target": "tests.imports_loudly:model", "kwargs": {"width": 2}},
+                      data={"target": "tests.imports_loudly:Pairs", "kwargs": {"n": 64}})
+    result = run_baton("validate", str(write_spec(tmp_path, right, "right.yaml")), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "model.target: tests.imports_loudly:model found" in result.stdout
+    assert not mark.exists()  # the module was never imported
