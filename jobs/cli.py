@@ -302,12 +302,14 @@ def recover(
 @app.command()
 def fetch(
     job_id: str,
-    which: str = typer.Option("best", "--which", help="best | latest | final"),
+    which: str = typer.Option("best", "--which", help="best | latest | final | tensorboard (every attempt's event "
+                              "files, for tensorboard --logdir)"),
     out: Path = typer.Option(Path("."), "-o", "--out", help="Directory to write into (a folder per job)."),
     storage: Optional[str] = typer.Option(None, "--storage", help="Read from this store without Redis (a "
                                           "`baton run` job; default: the job's record, else BATON_STORAGE_URL)."),
 ) -> None:
-    """Download a job's best or latest checkpoint (sha256-verified) or its final artifacts."""
+    """Download a job's best or latest checkpoint (sha256-verified), its final artifacts, or its
+    TensorBoard event files."""
     from baton.schemas.errors import JobNotFound
     from baton.storage.open import open_client_store
 

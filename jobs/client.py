@@ -30,7 +30,7 @@ from baton.schemas.spec import NAME_PATTERN, JobSpec
 from baton.schemas.status import JobStatus
 from baton.storage.artifacts import download_checkpoint, download_verified, final_files, read_metrics, read_verified
 from baton.storage.base import ObjectStore
-from baton.storage.layout import JobPaths, check_job_id, new_job_id
+from baton.storage.layout import JobPaths, check_job_id, is_side_output, new_job_id
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.open import open_client_store
 
@@ -43,7 +43,7 @@ from .sweeps import SweepEntry, plan, rank
 if TYPE_CHECKING:
     from .recover import Recovered
 
-WHICH = ("best", "latest", "final")
+WHICH = ("best", "latest", "final", "tensorboard")
 POLL_S = 0.5
 
 
@@ -130,7 +130,8 @@ class Job:
     def download(self, directory: str | Path = ".", which: str = "best") -> Path:
         """Fetch ``best`` or ``latest`` (a full checkpoint) or ``final`` (model.safetensors,
         report.json, curves.png, metrics.jsonl), each verified against the sha256 its manifest
-        entry holds; returns the path."""
+        entry holds, or ``tensorboard`` (every attempt's event files, under ``tensorboard/attempt-N/``;
+        not in the manifest, so not verified); returns the path."""
         return download(self._store(), self.id, directory, which)
 
 
@@ -149,11 +150,27 @@ def download(store: ObjectStore, job_id: str, directory: str | Path = ".", which
         for name, ref in final_files(manifest).items():
             download_verified(store, ref, out / name)
         return out
+    if which == "tensorboard":
+        return _download_event_files(store, paths, out / "tensorboard")
     entry = manifest.best if which == "best" else manifest.latest
     if entry is None:
         raise FileNotFoundError(f"job {job_id} has no {which} checkpoint yet")
     name = Path(entry.key).name if which == "latest" else ("best" if entry.files is not None else "best.pt")
     return download_checkpoint(store, entry, out / name)
+
+
+def _download_event_files(store: ObjectStore, paths: JobPaths, out: Path) -> Path:
+    """Every attempt's TensorBoard event files, one directory per attempt (``tensorboard --logdir``
+    on ``out`` shows the job's run whole: each step is in one attempt's file only)."""
+    keys = [key for key in store.list(paths.attempts) if is_side_output(key) and "/tensorboard/" in key]
+    if not keys:
+        raise FileNotFoundError(f"job {paths.job_id} has no TensorBoard event files (is baton[tensorboard] "
+                                "installed where it trained?)")
+    for key in keys:
+        attempt, name = key.split("/")[-3], key.rsplit("/", 1)[1]
+        (out / attempt).mkdir(parents=True, exist_ok=True)
+        store.get_file(key, out / attempt / name)
+    return out
 
 
 def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:

@@ -13,32 +13,44 @@ from baton.schemas.metrics import val_metrics  # noqa: E402
 
 
 def plot_curves(rows: list[dict], best_step: Optional[int], title: str) -> bytes:
-    steps = [r["step"] for r in rows]
-    others = [name for name in val_metrics(rows[-1]) if name != "val_loss"]
-    fig, (ax_loss, ax_val, ax_grad) = plt.subplots(1, 3, figsize=(14, 4))
-    ax_loss.plot(steps, [r["train_loss"] for r in rows], label="train_loss")
-    if "val_loss" in rows[-1]:
-        ax_loss.plot(steps, [r.get("val_loss") for r in rows], label="val_loss")
-    ax_loss.set(title="loss", xlabel="step")
-    for name in others:
-        ax_val.plot(steps, [r.get(name) for r in rows], label=name)
-    ax_val.set(title="validation metrics", xlabel="step")
-    ax_grad.plot(steps, [r["grad_norm"] for r in rows], label="mean pre-clip norm")
-    ax_grad.plot(steps, [r["grad_norm_max"] for r in rows], label="max pre-clip norm", alpha=0.6)
-    ax_grad.set(title="gradient norm", xlabel="step", yscale="log")
-    ax_lr = ax_grad.twinx()
-    ax_lr.plot(steps, [r["lr"] for r in rows], color="tab:gray", linestyle="--", label="lr")
-    ax_lr.set_ylabel("learning rate")
-    if best_step is not None:
-        for ax in (ax_loss, ax_val, ax_grad):
-            ax.axvline(best_step, color="tab:red", linestyle=":", label="best")
-    ax_loss.legend()
-    if others:
-        ax_val.legend()
-    ax_grad.legend(loc="upper right")
-    fig.suptitle(title)
-    fig.tight_layout()
+    """curves.png's bytes (see ``figure``)."""
+    fig = figure(rows, best_step, title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     return buf.getvalue()
+
+
+def figure(rows: list[dict], best_step: Optional[int], title: str) -> "plt.Figure":
+    """One panel per scale: the losses together, each other validation metric on its own axis (a
+    perplexity of 6-10 beside an accuracy of 0.4 would flatten the accuracy into a line), and the
+    gradient norm with the learning rate on a second axis, both in its legend."""
+    steps = [r["step"] for r in rows]
+    others = [name for name in val_metrics(rows[-1]) if name != "val_loss"]
+    fig, axes = plt.subplots(1, 2 + len(others), figsize=(4.6 * (2 + len(others)), 4), squeeze=False)
+    ax_loss, *ax_others, ax_grad = axes[0]
+    ax_loss.plot(steps, [r["train_loss"] for r in rows], marker=".", label="train_loss")
+    if "val_loss" in rows[-1]:
+        ax_loss.plot(steps, [r.get("val_loss") for r in rows], marker=".", label="val_loss")
+    ax_loss.set(title="loss", xlabel="step")
+    for ax, name in zip(ax_others, others):
+        ax.plot(steps, [r.get(name) for r in rows], marker=".", color="tab:green", label=name)
+        ax.set(title=name, xlabel="step")
+    ax_grad.plot(steps, [r["grad_norm"] for r in rows], label="mean pre-clip norm")
+    ax_grad.plot(steps, [r["grad_norm_max"] for r in rows], label="max pre-clip norm", alpha=0.6)
+    ax_grad.set(title="gradient norm and learning rate", xlabel="step", ylabel="gradient norm", yscale="log")
+    ax_lr = ax_grad.twinx()
+    ax_lr.plot(steps, [r["lr"] for r in rows], color="tab:gray", linestyle="--", label="lr (right axis)")
+    ax_lr.set_ylabel("learning rate")
+    if best_step is not None:
+        for ax in (ax_loss, *ax_others, ax_grad):
+            ax.axvline(best_step, color="tab:red", linestyle=":", label="best")
+    for ax in (ax_loss, *ax_others):
+        ax.legend()
+    handles, labels = ax_grad.get_legend_handles_labels()
+    lr_handles, lr_labels = ax_lr.get_legend_handles_labels()
+    ax_grad.legend(handles + lr_handles, labels + lr_labels, loc="upper right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+

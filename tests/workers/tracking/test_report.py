@@ -62,3 +62,19 @@ def test_curves_are_a_png():
     rows = _rows([1.0, 0.6], [1.1, 0.7])
     assert plot_curves(rows, 1, "t")[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_curves(rows, None, "t")[:4] == b"\x89PNG"
+
+
+def test_each_validation_metric_has_its_own_axis_and_the_learning_rate_is_in_a_legend():
+    """A perplexity of 6-10 and an accuracy of 0.4 on one axis flattened the accuracy into a line."""
+    from baton.workers.tracking.curves import figure
+
+    rows = _rows([1.0, 0.6], [1.1, 0.7])
+    for row, (perplexity, accuracy) in zip(rows, [(10.0, 0.35), (6.0, 0.42)]):
+        row.update(val_perplexity=perplexity, val_accuracy=accuracy)
+    fig = figure(rows, 1, "t")
+    titled = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert sorted(titled) == sorted(["loss", "val_perplexity", "val_accuracy", "gradient norm and learning rate"])
+    low, high = titled["val_accuracy"].get_ylim()
+    assert 0.3 < low and high < 0.5  # its own scale
+    legend = [text.get_text() for text in titled["gradient norm and learning rate"].get_legend().get_texts()]
+    assert "lr (right axis)" in legend and "mean pre-clip norm" in legend
