@@ -18,7 +18,7 @@ These are ablations for finding costs, not ways to run a job. The figure is the 
 bench/loop_overhead.py: the median time between consecutive "epoch N" lines after the first 20
 epochs, for every variant and the bare loop, interleaved (the order reversed every repeat).
 
-    python bench/loop_ablation.py [--epochs 120] [--repeats 4]
+    python bench/loop_ablation.py [--epochs 120] [--repeats 4] [--threads 1]
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _remove(variant: str) -> None:
         loop.TrainingLoop._checkpoint = lambda self, *args, **kwargs: self._absorb_readings()
 
 
-def run_variant(variant: str, epochs: int, store: Path) -> None:
+def run_variant(variant: str, epochs: int, store: Path, threads: int) -> None:
     """The variant's ``baton run`` in this process."""
     if variant != "baton":
         _remove(variant)
@@ -68,28 +68,28 @@ def run_variant(variant: str, epochs: int, store: Path) -> None:
 
     sys.argv = ["baton", "run", str(ROOT / "examples" / "spiral.yaml"), "--id", "ablation", "--storage",
                 f"file://{store}", "--no-progress", "--set", f"loop.epochs={epochs}",
-                "--set", "checkpoint.every_steps=null", "--set", "resources.cpu_threads=1"]
+                "--set", "checkpoint.every_steps=null", "--set", f"resources.cpu_threads={threads}"]
     main()
 
 
-def command(variant: str, epochs: int, work: Path) -> list[str]:
+def command(variant: str, epochs: int, work: Path, threads: int) -> list[str]:
     if variant in BARE:
-        return bare_command(variant, epochs, 1, work)
+        return bare_command(variant, epochs, threads, work)
     return [sys.executable, str(Path(__file__).resolve()), "--variant", variant, "--epochs", str(epochs),
-            "--store", str(work / "store")]
+            "--store", str(work / "store"), "--threads", str(threads)]
 
 
-def measure(epochs: int, repeats: int) -> dict:
+def measure(epochs: int, repeats: int, threads: int = 1) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     steady: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(repeats):
         for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
             with tempfile.TemporaryDirectory(prefix="baton-ablation-") as tmp:
-                _, stamps = run_timed(command(variant, epochs, Path(tmp)), env)
+                _, stamps = run_timed(command(variant, epochs, Path(tmp), threads), env)
             steady[variant].append(steady_epoch(stamps))
             print(f"  repeat {r}: {variant:>15} {steady[variant][-1] * 1e3:6.1f} ms an epoch", flush=True)
     bare = statistics.median(steady["bare"])
-    return {"epochs": epochs, "repeats": repeats,
+    return {"epochs": epochs, "repeats": repeats, "threads": threads,
             "variants": {v: {"steady_s": runs, "median_s": statistics.median(runs),
                              "vs_bare": statistics.median(runs) / bare} for v, runs in steady.items()}}
 
@@ -106,14 +106,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, every variant")
     parser.add_argument("--out", default="bench/results/loop_ablation.json")
     parser.add_argument("--variant", choices=VARIANTS[2:], help=argparse.SUPPRESS)  # internal: run one variant
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant is not None:
-        run_variant(args.variant, args.epochs, Path(args.store))
+        run_variant(args.variant, args.epochs, Path(args.store), args.threads)
         return
-    result = measure(args.epochs, args.repeats)
+    result = measure(args.epochs, args.repeats, args.threads)
     print_table(result)
     write_result(result, args.out)
 

@@ -17,7 +17,10 @@ start-up (imports, the report, the final artifacts) cancels. A second figure, st
 median time between consecutive "epoch N" lines of each long run after its first 20 epochs (a
 slope carries the start-up's variance, one second of which moves it by 8 ms at 5/125 epochs).
 
-    python bench/loop_overhead.py [--short 5] [--long 125] [--repeats 3] [--threads 1]
+    python bench/loop_overhead.py [--short 5] [--long 125] [--repeats 3] [--threads 1] [--max-ratio 1.10]
+
+It exits 1, saying so, when baton's steady-state epoch costs more than ``--max-ratio`` times the bare
+loop's (a change that costs more than 10 % an epoch fails it loudly).
 """
 from __future__ import annotations
 
@@ -219,6 +222,20 @@ def print_table(result: dict) -> None:
     print(f"baton / bare: {result['steady_ratio']:.2f}x; baton / bare-gathered: {result['steady_ratio_vs_gathered']:.2f}x")
 
 
+MAX_RATIO = 1.10
+"""The most ``baton run``'s steady-state epoch may cost against the bare loop's before this bench fails."""
+
+
+def verdict(result: dict, max_ratio: float) -> "str | None":
+    """Why the result fails (baton's steady-state epoch over ``max_ratio`` times the bare loop's), or None."""
+    ratio = result["steady_ratio"]
+    if max_ratio <= 0 or ratio <= max_ratio:
+        return None
+    return (f"FAIL: baton run's epoch costs {ratio:.2f}x the bare loop's in the steady state (at most "
+            f"{max_ratio:.2f}x allowed): find where it went with bench/loop_ablation.py --threads "
+            f"{result['threads']} (measured on a quiet machine? a neighbour's load can do this too)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--short", type=int, default=5)
@@ -226,6 +243,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both loops")
     parser.add_argument("--out", default="bench/results/loop_overhead.json")
+    parser.add_argument("--max-ratio", type=float, default=MAX_RATIO,
+                        help="exit 1 when baton's steady-state epoch exceeds this many times the bare loop's (0: never)")
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # internal: run the bare loop for N epochs
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--gathered", action="store_true", help=argparse.SUPPRESS)  # internal: the bare loop's batches gathered
@@ -236,6 +255,10 @@ def main() -> None:
     result = measure(args.short, args.long, args.repeats, args.threads)
     print_table(result)
     write_result(result, args.out)
+    failed = verdict(result, args.max_ratio)
+    if failed:
+        print(failed, file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

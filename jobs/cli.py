@@ -96,6 +96,7 @@ def run(
     4 the job is running in another `baton run` or was submitted to a queue (nothing done), 130 aborted by a second signal (the next
     run resumes from the last committed checkpoint).
     """
+    from baton.storage import writer_start
     from baton.storage.layout import JobPaths, new_job_id
     from baton.storage.open import open_client_store, open_store
 
@@ -107,6 +108,8 @@ def run(
     job_id = job_id or new_job_id(parsed.name)
     # a wrong bucket, credentials or endpoint is said now, in a few seconds, before anything is built
     open_client_store(storage or settings.storage_url).read_versioned(JobPaths(job_id).manifest)
+    if parsed.resources.ranks == 1:  # ranks start writers of their own
+        writer_start.prestart()  # the checkpoint writer imports torch on one core while this process does on the other
     from baton.workers.attempt.local import run_local  # (torch: seconds to import)
 
     store = open_store(storage or settings.storage_url)

@@ -37,7 +37,7 @@ from baton.schemas.manifest import CheckpointManifest
 
 from .base import ObjectStore
 from .commit_work import CheckpointRequest, Committed, CommitWork
-from . import owned_dirs
+from . import owned_dirs, writer_start
 from .layout import JobPaths
 from .priority import background_nice as nice_setting, lower_this_thread
 from .shared_buffers import SharedBuffers
@@ -48,8 +48,7 @@ UPLOAD_RETRY_S = 600.0
 SPOOL_PREFIX = "baton-spool-"
 """The spool directories' names (``owned_dirs.py``: those of a process killed outright are removed
 by the next worker or ``baton run`` started on the machine)."""
-WRITER_ENV = "BATON_CHECKPOINT_WRITER"
-"""``process`` (the default where it can be), or ``thread``: where a checkpoint's commit runs."""
+WRITER_ENV = writer_start.WRITER_ENV
 
 
 def writer_kind(store: ObjectStore, pin_memory: bool, setting: Optional[str] = None) -> str:
@@ -120,6 +119,8 @@ class AsyncCheckpointer:
                                         initializer=lower_this_thread, initargs=(nice,))
         self._shared: Optional[SharedBuffers] = None
         self._process = None
+        if self.writer == "thread":
+            writer_start.discard()  # a writer process started ahead has nothing to do here
         if self.writer == "process":
             from .writer_process import ProcessWriter
 

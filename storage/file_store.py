@@ -95,8 +95,14 @@ class FileStore(ObjectStore):
         return path.stat().st_size
 
     def list(self, prefix: str) -> list[str]:
+        """Keys under ``prefix``: the walk starts at the prefix's own folder, not the store's root (a
+        checkpoint's garbage collection lists its job's attempts, never every job's files)."""
+        folder, _, _ = prefix.rpartition("/")
+        start = self.root.joinpath(*folder.split("/")) if folder else self.root
+        if folder and any(p in ("", ".", "..") or p.startswith(".") for p in folder.split("/")):
+            return []
         keys = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(start):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             for name in filenames:
                 if name.startswith("."):

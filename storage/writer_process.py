@@ -22,9 +22,10 @@ How it works (DCP's process-based async save works alike):
   (PR_SET_PDEATHSIG: the training process's main thread, in baton), and exits when its pipe
   closes.
 
-Started when the checkpointer is created, it imports torch (1.3-1.5 s of the other core's time
-here) while training starts; the checkpointer's thread writes the checkpoints that fall due
-before it is ``ready``. Checkpoints of CUDA tensors keep the thread writer: their pinned host
+Started ahead of the checkpointer where it can be (``writer_start.py``: ``baton run`` starts it
+before importing torch), else when the checkpointer is created; it imports torch (about 1.8 s of a
+core here) before it waits for its configuration. The checkpointer's thread writes the checkpoints
+that fall due before it is ``ready``. Checkpoints of CUDA tensors keep the thread writer: their pinned host
 buffers cannot be shared files.
 """
 from __future__ import annotations
@@ -46,12 +47,12 @@ from typing import Any, Callable, Optional
 from baton.schemas import errors
 from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, ManifestAhead
 
+from . import writer_start
 from .checkpoint_io import ROWS_KEY
 from .commit_work import CheckpointRequest, Committed
 from .snapshot import Plain
 
 CANCEL_FILE = "cancelled"
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 class ProcessWriter:
@@ -65,19 +66,8 @@ class ProcessWriter:
         cancel_path.write_bytes(b"\0")
         with open(cancel_path, "r+b") as fh:
             self._cancel_flag = mmap.mmap(fh.fileno(), 1)
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT),
-                                                                           os.environ.get("PYTHONPATH")]))}
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "baton.storage.writer_process", str(to_child_r),
-                                          str(from_child_w), str(os.getpid())],
-                                         pass_fds=(to_child_r, from_child_w), env=env)
-        finally:
-            os.close(to_child_r)
-            os.close(from_child_w)
-        self._to_child = Connection(to_child_w, readable=False)
-        self._from_child = Connection(from_child_r, writable=False)
+        started = writer_start.take(config.get("nice", 0))  # the spare started ahead, when there is one
+        self.proc, self._to_child, self._from_child = started.proc, started.to_child, started.from_child
         self._send_lock = threading.Lock()
         self._pending: Optional[tuple[Future, Callable[[Committed], None]]] = None
         self._rows_sent = 0
@@ -278,15 +268,16 @@ def _die_with(parent_pid: int) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """``argv``: the pipes' descriptors, the training process's pid, the nice increment. The imports
+    come first: a writer started ahead (``writer_start``) is ready when its configuration comes."""
     _die_with(int(argv[3]))
-    inbox, outbox = Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False)
-    _, config = inbox.recv()
-    nice = config.get("nice", 0)
+    nice = int(argv[4])
     if nice > 0:
         try:
             os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
         except OSError:
             pass
+    inbox, outbox = Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False)
 
     import torch
 
@@ -296,6 +287,10 @@ def main(argv: list[str]) -> None:
     from .shared_buffers import MappedBuffers
 
     torch.set_num_threads(1)
+    try:
+        _, config = inbox.recv()
+    except EOFError:  # a spare no checkpointer took
+        return
     try:
         with open(config["cancel_file"], "r+b") as fh:
             flag = mmap.mmap(fh.fileno(), 1)

@@ -57,7 +57,7 @@ def test_each_ablation_variant_runs_the_spiral_job(variant, tmp_path):
 
     from bench import loop_ablation
 
-    cmd = loop_ablation.command(variant, 2, tmp_path)
+    cmd = loop_ablation.command(variant, 2, tmp_path, 1)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=loop_ablation.ROOT,
                           env={**os.environ, "PYTHONPATH": str(loop_ablation.ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -86,3 +86,10 @@ def test_sharded_checkpoint_bench_runs_every_mode(tmp_path):
     assert rows["none"]["taken"] == 0 and rows["dcp_sync"]["taken"] == 2
     assert rows["baton"]["taken"] + rows["baton"]["skipped"] == 2
     assert 1.0 <= rows["baton"]["buffers_vs_shard"] < 1.5  # the shard, its RNG and progress: never the whole model
+
+
+def test_loop_overhead_fails_loudly_past_its_ratio():
+    result = {"steady_ratio": 1.17, "threads": 2}
+    assert loop_overhead.verdict(result, 1.10).startswith("FAIL: baton run's epoch costs 1.17x")
+    assert loop_overhead.verdict({**result, "steady_ratio": 1.04}, 1.10) is None
+    assert loop_overhead.verdict(result, 0) is None

@@ -44,6 +44,15 @@ def test_list_by_prefix_sorted(store):
     assert store.list("jobs/a/") == ["jobs/a/y"]
 
 
+def test_list_by_a_prefix_that_ends_inside_a_name(store):
+    for key in ("jobs/a/attempt-1/x", "jobs/a/attempt-2/y", "jobs/ab/z", "jobs/b/attempt-1/x", "other/z"):
+        store.put_bytes(key, b"")
+    assert store.list("jobs/a/attempt-") == ["jobs/a/attempt-1/x", "jobs/a/attempt-2/y"]
+    assert store.list("jobs/a") == ["jobs/a/attempt-1/x", "jobs/a/attempt-2/y", "jobs/ab/z"]
+    assert store.list("jo") == ["jobs/a/attempt-1/x", "jobs/a/attempt-2/y", "jobs/ab/z", "jobs/b/attempt-1/x"]
+    assert store.list("jobs/none/") == [] and store.list("nothing/here/") == []
+
+
 def test_copy(store):
     store.put_bytes("src", b"payload")
     store.copy("src", "dir/dst")
