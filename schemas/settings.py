@@ -17,6 +17,8 @@ TUNING_VARIABLES = frozenset({"BATON_BACKGROUND_NICE", "BATON_CHECKPOINT_WRITER"
 """BATON_* variables read where they act, by the training process (baton.storage.priority,
 baton.storage.checkpointer, baton.workers.parallel.launcher, baton.workers.parallel.distributed;
 the settings table in docs/workers.md)."""
+FAILPOINT_VARIABLES = frozenset({"BATON_FAILPOINT", "BATON_FAILPOINT_PAUSE"})
+"""BATON_* variables for tests of what survives a crash or a kill at an exact point (baton.storage.failpoints)."""
 DEFAULT_STORAGE_URL = "file://./baton-data"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -91,5 +93,5 @@ class BatonSettings(BaseSettings):
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """BATON_* variables that are no setting (a misspelling is otherwise silently ignored)."""
-    known = {f"BATON_{name.upper()}" for name in BatonSettings.model_fields} | DEPLOYMENT_VARIABLES | TUNING_VARIABLES
+    known = {f"BATON_{name.upper()}" for name in BatonSettings.model_fields} | DEPLOYMENT_VARIABLES | TUNING_VARIABLES | FAILPOINT_VARIABLES
     return sorted(name for name in environ if name.startswith("BATON_") and name not in known)

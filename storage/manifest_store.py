@@ -16,6 +16,7 @@ from typing import Callable, Optional
 from baton.schemas.errors import ManifestAhead, PreconditionFailed
 from baton.schemas.manifest import CheckpointManifest
 
+from . import failpoints
 from .base import ObjectStore
 from .layout import JobPaths
 
@@ -40,6 +41,7 @@ class ManifestStore:
     def update(self, attempt: int, mutate: Mutation, claim: Optional[str] = None) -> CheckpointManifest:
         """Apply ``mutate`` as ``attempt``; ManifestAhead (a FencedOut) if a newer attempt has written the
         manifest, or, given the ``claim`` nonce, if another claim holds this attempt number."""
+        failpoints.pause("commit", self.paths.job_id)  # a test's hold (failpoints.py); nothing otherwise
         while True:
             manifest, version = self._read()
             if manifest.attempt > attempt:

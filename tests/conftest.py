@@ -11,6 +11,7 @@ import pytest
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 from baton.jobs.services import RedisServer, S3Server
+import tests.helpers  # noqa: F401,E402 - arms the commit gate (helpers.kill_when) before any process is started
 
 _bucket_names = itertools.count()
 

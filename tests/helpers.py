@@ -1,12 +1,16 @@
 """Helpers shared by the tests: specs, the ``baton`` command, and comparing training states."""
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -16,6 +20,7 @@ import yaml
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import deterministic_part
 from baton.storage.artifacts import final_files, read_metrics, read_verified
+from baton.storage import failpoints
 from baton.storage.base import ObjectStore
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.layout import JobPaths
@@ -79,29 +84,111 @@ def read_manifest(store: ObjectStore, job_id: str) -> Optional[dict]:
     return json.loads(found[0]) if found else None
 
 
+def _commit_gate() -> Path:
+    """This test process's hold on every job's manifest commits (storage/failpoints.py's ``commit`` pause):
+    open (``off`` present) except inside ``kill_when``. Every process the tests start inherits it."""
+    folder = Path(tempfile.mkdtemp(prefix="baton-test-commits-"))
+    (folder / "off").touch()
+    os.environ[failpoints.PAUSE_ENV] = str(folder)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+COMMIT_GATE = _commit_gate()
+
+
 def kill_when(proc: subprocess.Popen, store: ObjectStore, job_id: str, ready: Callable[[dict], bool],
               timeout: float = 120) -> dict:
-    """SIGKILL ``proc`` at a moment when its committed manifest satisfies ``ready``.
+    """SIGKILL ``proc``'s process group at a moment when its committed manifest satisfies ``ready``.
 
-    The process is frozen (SIGSTOP) while the manifest is checked again, so what is checked is
-    what the resume will see. Returns that manifest.
+    While this runs, every change of a manifest waits at its commit (storage/failpoints.py) until this
+    looks: the job's committed manifest is read while its next commit waits, so no commit slips between
+    the look and the kill, and a job, however fast, cannot finish between two looks (its completion is
+    a commit too). A look that does not satisfy ``ready`` lets that commit go on. Returns the manifest
+    the job was killed at.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the job ended (rc {proc.returncode}) before the kill condition held")
-        manifest = read_manifest(store, job_id)
-        if manifest and ready(manifest):
-            os.killpg(proc.pid, signal.SIGSTOP)
+    gate, deadline = COMMIT_GATE, time.monotonic() + timeout
+    (gate / "off").unlink(missing_ok=True)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"the job ended (rc {proc.returncode}) before the kill condition held")
+            if time.monotonic() > deadline:
+                raise AssertionError("kill condition never held")
+            for waiting in sorted(gate.glob("commit.*"), key=lambda path: path.stat().st_mtime if path.exists() else 0):
+                held_job = waiting.name[len("commit."):].rsplit(".", 2)[0]
+                manifest = read_manifest(store, job_id) if held_job == job_id else None
+                if manifest and ready(manifest):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    return manifest
+                waiting.unlink(missing_ok=True)  # that commit goes on
+            time.sleep(0.001)
+    finally:
+        if proc.poll() is None and time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        (gate / "off").touch()
+        for waiting in gate.glob("commit.*"):
+            waiting.unlink(missing_ok=True)
+
+
+def manifest_write(job_id: str) -> Callable[[str, str], bool]:
+    """A gateway predicate (tests/s3_gateway.py): a write of ``job_id``'s manifest (its commits)."""
+    key = f"/jobs/{job_id}/manifest.json"
+    return lambda method, path: method in ("PUT", "POST") and path.split("?")[0].endswith(key)
+
+
+def kill_frozen(proc: subprocess.Popen, gateway: Any, store: ObjectStore, job_id: str, ready: Callable[[dict], bool],
+                at: Optional[Callable[[str, str], bool]] = None, log: Optional[Path] = None,
+                timeout: float = 120) -> dict:
+    """SIGKILL ``proc``'s process group while the job is frozen at a committed manifest that satisfies
+    ``ready``: no race between a poll and a job that could finish first.
+
+    The job's storage requests go through ``gateway`` (an S3Gateway: its AWS_ENDPOINT_URL). The first
+    request that ``at(method, path)`` picks (default: a commit of its manifest) while the committed
+    manifest satisfies ``ready`` is held unanswered, and so is every later one ``at`` picks and every
+    later commit: the job can commit nothing more (its completion included) until it is killed. Once
+    it is, what was held is discarded, never reaching the store. Returns the committed manifest,
+    read again after the kill (and checked again).
+    """
+    commits = manifest_write(job_id)
+    at = at or commits
+    frozen = threading.Event()
+
+    def hold(method: str, path: str) -> bool:  # runs in the gateway, before the request is forwarded
+        if frozen.is_set():
+            return at(method, path) or commits(method, path)
+        if at(method, path):
             manifest = read_manifest(store, job_id)
             if manifest and ready(manifest):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return manifest
-            os.killpg(proc.pid, signal.SIGCONT)
-        time.sleep(0.005)
-    proc.kill()
-    raise AssertionError("kill condition never held")
+                frozen.set()
+                return True
+        return False
+
+    def said() -> str:
+        return log.read_text() if log else ""
+
+    gateway.hold(hold)
+    try:
+        deadline = time.monotonic() + timeout
+        while not frozen.wait(0.01):
+            if proc.poll() is not None:
+                raise AssertionError(f"the job ended (rc {proc.returncode}) before it was frozen at a manifest "
+                                     f"that satisfies the kill condition\n{said()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the job was never frozen at a manifest that satisfies the kill condition\n{said()}")
+        assert proc.poll() is None, f"the job ended (rc {proc.returncode}) while frozen\n{said()}"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        gateway.discard()
+    manifest = read_manifest(store, job_id)
+    assert manifest and ready(manifest), manifest
+    return manifest
 
 
 def mid_epoch_after_two_checkpoints() -> Callable[[dict], bool]:

@@ -5,7 +5,9 @@
   do not refuse the condition, they ignore it and overwrite.
 - ``hold(predicate)``: a request for which ``predicate(method, path)`` is true waits (unanswered,
   its body read) until ``release()``: a client frozen at an exact point of its protocol.
-  ``seen`` lists every request as ``(method, path)`` in arrival order.
+  ``seen`` lists every request as ``(method, path)`` in arrival order. ``discard()`` instead of
+  ``release()``: every held request is dropped unanswered, never forwarded (what a client killed
+  while held had sent never reaches the server, as with a client killed before its request left).
 - ``access_keys={...}``: a request signed with any other access key id is refused as S3 refuses an
   unknown key (403 ``InvalidAccessKeyId``); moto's server accepts every key.
 """
@@ -20,6 +22,12 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
 _CONDITIONS = {"if-none-match", "if-match"}
 
 
+class _Gate:
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.discarded = False
+
+
 class S3Gateway:
     def __init__(self, target_port: int, ignore_conditions: bool = False, access_keys: Optional[set[str]] = None):
         self.target_port = target_port
@@ -28,8 +36,7 @@ class S3Gateway:
         self.seen: list[tuple[str, str]] = []
         self.held: list[tuple[str, str]] = []
         self._predicate: Optional[Callable[[str, str], bool]] = None
-        self._gate = threading.Event()
-        self._gate.set()
+        self._gate: Optional[_Gate] = None  # where the requests held now wait
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -43,25 +50,38 @@ class S3Gateway:
     def hold(self, predicate: Callable[[str, str], bool]) -> None:
         with self._lock:
             self._predicate = predicate
-            self._gate.clear()
+            if self._gate is None:
+                self._gate = _Gate()
 
     def release(self) -> None:
+        self._open(discard=False)
+
+    def discard(self) -> None:
+        self._open(discard=True)
+
+    def _open(self, discard: bool) -> None:
         with self._lock:
             self._predicate = None
-            self._gate.set()
+            gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.discarded = discard
+            gate.opened.set()
 
     def close(self) -> None:
         self.release()
         self._server.shutdown()
         self._server.server_close()
 
-    def _should_hold(self, method: str, path: str) -> bool:
+    def _passes(self, method: str, path: str) -> bool:
+        """Whether a request goes on to the server: at once, or once its hold is released (not discarded)."""
         with self._lock:
             self.seen.append((method, path))
-            if self._predicate is not None and self._predicate(method, path):
-                self.held.append((method, path))
+            if self._predicate is None or not self._predicate(method, path):
                 return True
-            return False
+            self.held.append((method, path))
+            gate = self._gate
+        gate.opened.wait()
+        return not gate.discarded
 
     def _handler(self):
         gateway = self
@@ -104,8 +124,9 @@ class S3Gateway:
                 body = self._body()
                 if self._refused():
                     return
-                if gateway._should_hold(self.command, self.path):
-                    gateway._gate.wait()
+                if not gateway._passes(self.command, self.path):
+                    self.close_connection = True  # dropped: no answer, the connection closed
+                    return
                 drop = _HOP_BY_HOP | (_CONDITIONS if gateway.ignore_conditions else set())
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in drop | {"content-length"}}
                 if body or self.command in ("PUT", "POST"):

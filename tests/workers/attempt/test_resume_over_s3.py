@@ -1,5 +1,6 @@
-"""G1 and G2 over s3:// (moto's server over HTTP, reached through a proxy that can fail):
-killed mid-upload, a corrupt latest checkpoint, an endpoint that vanishes for seconds."""
+"""G1 and G2 over s3:// (moto's server over HTTP): killed mid-upload and a corrupt latest checkpoint
+(reached through tests/s3_gateway.py, which holds the job at the moment it is killed), an endpoint
+that vanishes for seconds (reached through a proxy that can fail)."""
 from __future__ import annotations
 
 import re
@@ -8,9 +9,10 @@ import time
 import pytest
 
 from baton.storage.open import open_store
-from tests.helpers import (assert_same_training, baton_env, kill_when, make_spec, mid_epoch_after_two_checkpoints,
+from tests.helpers import (assert_same_training, baton_env, kill_frozen, make_spec, mid_epoch_after_two_checkpoints,
                            read_manifest, run_baton, run_reference, start_baton, write_spec)
 from tests.netfault import FaultyProxy
+from tests.s3_gateway import S3Gateway
 
 # ~20 ms per optimizer step, so checkpoints (a few ms to upload) are taken as often as asked
 SPEC = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 200, "delay_s": 0.0003}},
@@ -32,29 +34,29 @@ def proxy(s3_server):
 
 
 @pytest.fixture
-def setup(tmp_path, s3_bucket, s3_env, proxy):
-    """(spec path, storage URL, a store read directly, env for baton through the proxy)."""
+def gateway(s3_server):
+    gw = S3Gateway(s3_server.port)
+    yield gw
+    gw.close()
+
+
+def _setup(tmp_path, s3_bucket, s3_env, endpoint_url):
+    """(spec path, storage URL, a store read directly, env for baton through ``endpoint_url``)."""
     url = f"s3://{s3_bucket}/runs"
-    env = baton_env(**{**s3_env, "AWS_ENDPOINT_URL": proxy.endpoint_url})
+    env = baton_env(**{**s3_env, "AWS_ENDPOINT_URL": endpoint_url})
     return write_spec(tmp_path, SPEC), url, open_store(url), env
 
 
-def freeze_when(proc, proxy, store, log, ready) -> dict:
-    """Hold the job's storage requests until one is held while ``ready(its first line, the committed
-    manifest)``: the job is then frozen (it cannot commit or finish) with that manifest, which is
-    returned; the proxy is left holding."""
-    deadline = time.monotonic() + 120
-    while True:
-        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
-        proxy.set("hold")  # the next request starts and cannot finish: commits are frozen
-        while not proxy.held_starts:
-            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
-            time.sleep(0.001)
-        manifest = read_manifest(store, "cut")
-        if manifest and ready(proxy.held_starts[0], manifest):
-            return manifest
-        proxy.set("pass")
-        time.sleep(0.005)
+@pytest.fixture
+def setup(tmp_path, s3_bucket, s3_env, proxy):
+    """baton through the proxy that can fail."""
+    return _setup(tmp_path, s3_bucket, s3_env, proxy.endpoint_url)
+
+
+@pytest.fixture
+def held_setup(tmp_path, s3_bucket, s3_env, gateway):
+    """baton through the gateway that can hold its requests."""
+    return _setup(tmp_path, s3_bucket, s3_env, gateway.endpoint_url)
 
 
 def _resumed_from(stdout: str) -> tuple[int, int]:
@@ -63,16 +65,13 @@ def _resumed_from(stdout: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(setup, reference, proxy, tmp_path):
-    spec, url, store, env = setup
+def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(held_setup, reference, gateway, tmp_path):
+    spec, url, store, env = held_setup
 
     proc = start_baton("run", str(spec), "--id", "cut", "--storage", url, env=env, log=tmp_path / "cut.log")
-    ready = mid_epoch_after_two_checkpoints()
-    committed = freeze_when(proc, proxy, store, tmp_path / "cut.log",  # a checkpoint upload in flight
-                            lambda first, manifest: first.startswith(b"PUT ") and b"/checkpoints/step-" in first
-                            and ready(manifest))
-    kill_when(proc, store, "cut", lambda m: True)
-    proxy.set("pass")
+    # held at a checkpoint's upload (in flight: sent, never answered) once the committed manifest is ready
+    committed = kill_frozen(proc, gateway, store, "cut", mid_epoch_after_two_checkpoints(), log=tmp_path / "cut.log",
+                            at=lambda method, path: method == "PUT" and "/checkpoints/step-" in path)
     assert committed["checkpoints"][-1]["kind"] == "step" and committed["checkpoints"][-1]["batch_in_epoch"] > 0
     assert read_manifest(store, "cut") == committed  # the held upload was never committed
 
@@ -82,21 +81,17 @@ def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(setup, reference, pr
     assert_same_training(reference, "reference", store, "cut")
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(setup, reference, proxy, tmp_path):
-    spec, url, store, env = setup
+def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(held_setup, reference, gateway, tmp_path):
+    spec, url, store, env = held_setup
     proc = start_baton("run", str(spec), "--id", "cut", "--storage", url, env=env, log=tmp_path / "cut.log")
 
-    def two_committed_mid_epoch(first: bytes, manifest: dict) -> bool:
+    def two_committed_mid_epoch(manifest: dict) -> bool:
         steps = [e for e in manifest["checkpoints"] if e["kind"] == "step"]
-        # a latest checkpoint mid-epoch, of a job still running: one whose last commit is done may end
-        # while a request of its own (its log's) is held, before it can be killed
         return (not manifest.get("completed") and len(steps) >= 2 and manifest["checkpoints"][-1]["kind"] == "step"
                 and manifest["checkpoints"][-1]["batch_in_epoch"] > 0)
 
-    # frozen first: unfrozen, a job this fast could finish between two looks at its manifest
-    committed = freeze_when(proc, proxy, store, tmp_path / "cut.log", two_committed_mid_epoch)
-    kill_when(proc, store, "cut", lambda m: True)
-    proxy.set("pass")
+    # held at its next commit: however fast the job, it cannot commit (nor finish) before it is killed
+    committed = kill_frozen(proc, gateway, store, "cut", two_committed_mid_epoch, log=tmp_path / "cut.log")
     latest, previous = committed["checkpoints"][-1], committed["checkpoints"][-2]
     data = bytearray(store.get_bytes(latest["key"]))
     data[len(data) // 3] ^= 0x01  # one flipped bit
