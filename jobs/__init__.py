@@ -1,4 +1,4 @@
 """What a user touches: the JobClient, job records, the CLI."""
-from .client import Job, JobClient
+from baton.jobs.client import Job, JobClient
 
 __all__ = ["Job", "JobClient"]

@@ -16,8 +16,8 @@ import typer
 from baton.schemas.errors import CheckpointWriteFailed, FencedOut, RunningElsewhere, SpecError
 from baton.schemas.settings import DEFAULT_REDIS_URL, BatonSettings
 
-from .infra import EXIT_INFRASTRUCTURE
-from .specfile import check_user_targets, load_spec
+from baton.jobs.infra import EXIT_INFRASTRUCTURE
+from baton.jobs.specfile import check_user_targets, load_spec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-proof PyTorch training jobs.")
 
@@ -100,7 +100,7 @@ def run(
     from baton.storage.layout import JobPaths, new_job_id
     from baton.storage.open import open_client_store, open_store
 
-    from .infra import STORE_ERRORS
+    from baton.jobs.infra import STORE_ERRORS
 
     settings = _settings()
     job_id = _id_or_exit(job_id)
@@ -136,8 +136,8 @@ def run(
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - the job's failure (an asyncio.CancelledError is a BaseException):
-        from .display import failure  # the cause and the user's own frames; the whole traceback is in the job's log
-        from .redaction import Redactor
+        from baton.jobs.display import failure  # the cause and the user's own frames; the whole traceback is in the job's log
+        from baton.jobs.redaction import Redactor
 
         where = f"baton logs {job_id}" + ("" if store.url == settings.storage_url else f" --storage {store.url}")
         typer.echo(Redactor()(failure(exc, settings.allowed_prefixes, where)), err=True)
@@ -155,7 +155,7 @@ def _say_which_redis() -> None:
 
 
 def _client():
-    from .client import JobClient
+    from baton.jobs.client import JobClient
 
     _say_which_redis()
     return JobClient()
@@ -173,7 +173,7 @@ def _job(job_id: str):
 
 def _follow(job) -> int:
     """Show a job until it ends; exit status 0 if it succeeded."""
-    from .display import progress_line
+    from baton.jobs.display import progress_line
 
     tty = sys.stderr.isatty()
     status = job.wait(progress=True, on_change=None if tty else lambda s: typer.echo(progress_line(s)))
@@ -226,7 +226,7 @@ def sweep(
 @app.command()
 def status(job_id: Optional[str] = typer.Argument(None, help="A job id; all recent jobs when left out.")) -> None:
     """A job's state, attempt, worker, progress, checkpoints and error; or a table of recent jobs."""
-    from .display import details, table
+    from baton.jobs.display import details, table
 
     if job_id:
         typer.echo(details(_job(job_id).status()))
@@ -242,7 +242,7 @@ def list_jobs(
     """Recent jobs as a table; with --sweep, a sweep's jobs compared by their best monitored value."""
     from baton.schemas.errors import JobNotFound
 
-    from .display import sweep_table, table
+    from baton.jobs.display import sweep_table, table
 
     if sweep_id is None:
         typer.echo(table(_client().list(limit)))
@@ -316,7 +316,7 @@ def fetch(
     from baton.schemas.errors import JobNotFound
     from baton.storage.open import open_client_store
 
-    from .client import download
+    from baton.jobs.client import download
 
     try:
         if storage is None:
@@ -342,7 +342,7 @@ def logs(
 ) -> None:
     """A job's own output, every attempt in order: baton's lines and the job's stdout, stderr and
     logging, secrets redacted. Stored every few seconds while it runs; -f follows it live."""
-    from .logs import open_job_log
+    from baton.jobs.logs import open_job_log
 
     try:
         source = open_job_log(job_id, storage, _settings())
@@ -390,7 +390,7 @@ def health() -> None:
     and readiness probes."""
     import redis
 
-    from .redis_conn import connect
+    from baton.jobs.redis_conn import connect
 
     try:
         connect(_settings()).ping()
@@ -409,7 +409,7 @@ def demo(
     storage_url: Optional[str] = typer.Option(None, "--storage-url", help="Use this store instead of a local S3 endpoint."),
 ) -> None:
     """A job that survives a SIGKILLed worker: local Redis + S3 endpoint, two workers, bit-exact check."""
-    from .demo import DEMO_SPEC, missing_parts, run_demo
+    from baton.jobs.demo import DEMO_SPEC, missing_parts, run_demo
 
     missing = missing_parts(redis_url, storage_url)
     if missing:
@@ -461,8 +461,8 @@ def main() -> None:
 
 
 def _infrastructure_line(exc: BaseException) -> Optional[str]:
-    from .infra import explain
-    from .redaction import Redactor
+    from baton.jobs.infra import explain
+    from baton.jobs.redaction import Redactor
 
     line = explain(exc, os.environ.get("BATON_REDIS_URL") or DEFAULT_REDIS_URL)
     return None if line is None else Redactor()(line)

@@ -34,14 +34,14 @@ from baton.storage.layout import JobPaths, check_job_id, is_side_output, new_job
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.open import open_client_store
 
-from .logs import FOLLOW_POLL_S, follow_log, read_log
-from .records import JobRecords, spec_fields
-from .redis_conn import connect
-from .specfile import SpecSource, load_spec, read_raw
-from .sweeps import SweepEntry, plan, rank
+from baton.jobs.logs import FOLLOW_POLL_S, follow_log, read_log
+from baton.jobs.records import JobRecords, spec_fields
+from baton.jobs.redis_conn import connect
+from baton.jobs.specfile import SpecSource, load_spec, read_raw
+from baton.jobs.sweeps import SweepEntry, plan, rank
 
 if TYPE_CHECKING:
-    from .recover import Recovered
+    from baton.jobs.recover import Recovered
 
 WHICH = ("best", "latest", "final", "tensorboard")
 POLL_S = 0.5
@@ -296,7 +296,7 @@ class JobClient:
     def recover(self, job_id: Optional[str] = None) -> "list[Recovered]":
         """Rebuild records lost with Redis from object storage (``job_id``, or every job the store
         holds) and queue each unfinished one again; see ``baton.jobs.recover``."""
-        from .recover import recover_jobs
+        from baton.jobs.recover import recover_jobs
 
         store = open_client_store(self.settings.storage_url)
         return recover_jobs(self.records, store, self._publish, None if job_id is None else [job_id])

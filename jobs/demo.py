@@ -23,9 +23,9 @@ from baton.storage.manifest_store import ManifestStore
 from baton.storage.open import open_store
 from baton.storage.state_diff import count_tensors, first_difference
 
-from .client import JobClient
-from .display import progress_line
-from .services import RedisServer, S3Server, WorkerProcess, die_with_parent, free_port
+from baton.jobs.client import JobClient
+from baton.jobs.display import progress_line
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess, die_with_parent, free_port
 
 BUCKET = "baton-demo"
 DEMO_SPEC = Path(__file__).with_name("demo_spiral.yaml")

@@ -121,7 +121,7 @@ def open_job_log(job_id: str, storage_url: Optional[str], settings: "BatonSettin
 
     JobPaths(job_id)  # ValueError for an id no job can have
     if storage_url is None:
-        from .client import JobClient
+        from baton.jobs.client import JobClient
 
         try:
             job = JobClient().job(job_id)

@@ -16,7 +16,7 @@ from baton.schemas.overrides import Overrides, apply_overrides, normalize
 from baton.schemas.spec import JobSpec
 from baton.schemas.targets import disallowed_targets, parse_target
 
-from .source_lookup import lookup, module_source
+from baton.jobs.source_lookup import lookup, module_source
 
 SpecSource = Union[str, Path, dict, JobSpec]
 

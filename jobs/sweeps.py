@@ -15,7 +15,7 @@ from baton.schemas.overrides import grid_points
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobStatus
 
-from .specfile import check_spec, with_overrides
+from baton.jobs.specfile import check_spec, with_overrides
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Pydantic models only: the job spec and its parts, statuses, manifests, metrics rows. No I/O."""
-from .errors import SpecError
-from .manifest import BestEntry, CheckpointEntry, CheckpointManifest
-from .metrics import MetricsRow
-from .settings import BatonSettings
-from .spec import JobSpec
+from baton.schemas.errors import SpecError
+from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
+from baton.schemas.metrics import MetricsRow
+from baton.schemas.settings import BatonSettings
+from baton.schemas.spec import JobSpec
 
 __all__ = ["BatonSettings", "BestEntry", "CheckpointEntry", "CheckpointManifest", "JobSpec", "MetricsRow", "SpecError"]

@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .errors import SpecError
+from baton.schemas.errors import SpecError
 
 Overrides = Optional[Union[Mapping[str, Any], Sequence[str]]]
 """``{"optimizer.lr": 1e-3}`` or ``["optimizer.lr=1e-3"]``."""

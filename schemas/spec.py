@@ -9,10 +9,10 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .builtins import BUILTIN_DATA, BUILTIN_MODELS, BUILTIN_TASKS, builtin_task_metrics
-from .errors import SpecError
-from .problems import Problems, problems_from
-from .targets import parse_target
+from baton.schemas.builtins import BUILTIN_DATA, BUILTIN_MODELS, BUILTIN_TASKS, builtin_task_metrics
+from baton.schemas.errors import SpecError
+from baton.schemas.problems import Problems, problems_from
+from baton.schemas.targets import parse_target
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MONITOR_PATTERN = r"^(train_loss|val_[a-z][a-z0-9_]{0,47})$"

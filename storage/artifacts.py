@@ -12,8 +12,8 @@ from pathlib import Path
 from baton.schemas.errors import CheckpointCorrupt
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, ObjectRef
 
-from .base import ObjectStore
-from .checkpoint_io import sha256_of
+from baton.storage.base import ObjectStore
+from baton.storage.checkpoint_io import sha256_of
 
 METRICS_FILE = "metrics.jsonl"
 """The name the committed metrics rows get when fetched (``baton fetch --which final``)."""

@@ -11,8 +11,8 @@ import uuid
 
 from baton.schemas.errors import ConditionalWritesIgnored, PreconditionFailed
 
-from .base import ObjectStore
-from .layout import probe_key
+from baton.storage.base import ObjectStore
+from baton.storage.layout import probe_key
 
 
 def check_conditional_writes(store: ObjectStore) -> None:

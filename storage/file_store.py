@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 
 from baton.schemas.errors import PreconditionFailed, StoreUnusable
 
-from .base import ObjectStore
+from baton.storage.base import ObjectStore
 
 _TMP_PREFIX = ".tmp-"
 _LOCK_DIR = ".locks"

@@ -16,9 +16,9 @@ from typing import Callable, Optional
 from baton.schemas.errors import ManifestAhead, PreconditionFailed
 from baton.schemas.manifest import CheckpointManifest
 
-from . import failpoints
-from .base import ObjectStore
-from .layout import JobPaths
+from baton.storage import failpoints
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths
 
 Mutation = Callable[[CheckpointManifest], None]
 

@@ -44,11 +44,11 @@ from typing import Any, Callable, Collection, Optional
 
 import torch
 
-from . import failpoints
-from .memory_slots import SLOTS, Record, crc, read_record, record_path, slot_dirs, slots_and_tensors
-from .processes import own_cgroup
-from .shared_buffers import SharedBuffers
-from .snapshot import Copies, HostSnapshot, only_scalars
+from baton.storage import failpoints
+from baton.storage.memory_slots import SLOTS, Record, crc, read_record, record_path, slot_dirs, slots_and_tensors
+from baton.storage.processes import own_cgroup
+from baton.storage.shared_buffers import SharedBuffers
+from baton.storage.snapshot import Copies, HostSnapshot, only_scalars
 
 BUDGET = 0.03
 """The share of training time the copies may cost when their interval is chosen (CheckFreq's bound)."""

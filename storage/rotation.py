@@ -7,8 +7,8 @@ from typing import Callable
 from baton.schemas.errors import TransientError
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
 
-from .base import ObjectStore
-from .layout import JobPaths, attempt_of, is_side_output
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths, attempt_of, is_side_output
 
 
 def rotate(manifest: CheckpointManifest, keep_last: int) -> list[CheckpointEntry]:

@@ -22,9 +22,9 @@ from typing import Callable, Optional
 
 from baton.schemas.errors import PreconditionFailed, RunningElsewhere, TransientError
 
-from .base import ObjectStore
-from .layout import JobPaths
-from .processes import process_exists
+from baton.storage.base import ObjectStore
+from baton.storage.layout import JobPaths
+from baton.storage.processes import process_exists
 
 RENEW_EVERY_S = 2.0
 """How often the holder rewrites its lease."""

@@ -31,8 +31,8 @@ import torch
 
 from baton.schemas.errors import CheckpointWriteFailed
 
-from . import owned_dirs
-from .snapshot import Plain, only_scalars
+from baton.storage import owned_dirs
+from baton.storage.snapshot import Plain, only_scalars
 
 SHM = Path("/dev/shm")
 PREFIX = "baton-snapshot-"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional
 import torch
 
 if TYPE_CHECKING:
-    from .shared_buffers import SharedBuffers
+    from baton.storage.shared_buffers import SharedBuffers
 
 try:  # a sharded job's parameters and optimizer state (FSDP2): only the rank's own shard is copied
     from torch.distributed.tensor import DTensor

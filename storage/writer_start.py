@@ -61,7 +61,7 @@ def prestart() -> None:
     """Start this process's spare writer now, unless one is started or the settings choose the thread
     writer (a setting that is not valid is left for the checkpointer to refuse)."""
     global _spare
-    from .priority import background_nice
+    from baton.storage.priority import background_nice
 
     if _spare is not None or os.environ.get(WRITER_ENV, "process").strip() == "thread":
         return

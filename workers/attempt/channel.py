@@ -33,7 +33,7 @@ from baton.schemas.manifest import CheckpointManifest
 from baton.storage.checkpointer import CheckpointStats
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 
-from .process_tree import kill_descendants
+from baton.workers.attempt.process_tree import kill_descendants
 
 _log = logging.getLogger("baton.worker")
 

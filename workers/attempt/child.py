@@ -28,9 +28,9 @@ from baton.storage.open import open_store
 from baton.workers.parallel.errors import NodeReleased, RankLost
 from baton.workers.parallel.launcher import die_with_parent
 
-from .channel import Remote, RemoteControl, RemoteGang, StopFlag
-from .process_tree import kill_descendants
-from .session import run_attempt
+from baton.workers.attempt.channel import Remote, RemoteControl, RemoteGang, StopFlag
+from baton.workers.attempt.process_tree import kill_descendants
+from baton.workers.attempt.session import run_attempt
 
 INFRASTRUCTURE = ((FencedOut, "fenced"), (TransientError, "transient"), (NodeReleased, "node_released"),
                   (RankLost, "rank_lost"), (CheckpointWriteFailed, "checkpoint_write"))

@@ -28,7 +28,7 @@ from baton.storage.rotation import collect_garbage
 from baton.workers.tracking.curves import plot_curves
 from baton.workers.tracking.report import build_report
 
-from .best_weights import choose_best_weights, read_model
+from baton.workers.attempt.best_weights import choose_best_weights, read_model
 
 WRITE_RETRY_S = 300.0
 """How long writing a final artifact is retried through transient storage errors."""

@@ -16,7 +16,7 @@ from baton.storage.run_lease import LocalLease
 from baton.workers.training.control import LoopControl, StepReport, describe_row, describe_source
 from baton.workers.training.determinism import prepare_process
 
-from .session import run_attempt
+from baton.workers.attempt.session import run_attempt
 
 EXIT_DONE = 0
 EXIT_STOPPED = 3

@@ -24,11 +24,11 @@ torch.set_num_threads(1)
 prepare_process()
 
 from baton.storage import memory_copy, writer_process  # noqa: E402,F401
-from .warmup import warm_up  # noqa: E402
+from baton.workers.attempt.warmup import warm_up  # noqa: E402
 
 from baton.workers.tracking import tensorboard  # noqa: E402
 
-from . import child  # noqa: E402,F401  (the session, the loop, the trackers)
+from baton.workers.attempt import child  # noqa: E402,F401  (the session, the loop, the trackers)
 
 tensorboard.preload()
 warm_up(os.environ.get("BATON_STORAGE_URL", ""))

@@ -33,8 +33,8 @@ from typing import Any, Callable, Optional
 
 from baton.storage.processes import own_cgroup
 
-from .channel import StopFlag, serve
-from .process_tree import kill_descendants, parents
+from baton.workers.attempt.channel import StopFlag, serve
+from baton.workers.attempt.process_tree import kill_descendants, parents
 
 POLL_S = 0.02
 """How often the worker refreshes the stop flag while it waits for the child."""
@@ -189,7 +189,7 @@ class TrainingProcess:
 
 
 def _child_main(conn: Connection, stop_raw, args: dict) -> None:
-    from .child import main
+    from baton.workers.attempt.child import main
 
     main(conn, StopFlag(stop_raw), args)
 

@@ -41,10 +41,10 @@ from baton.workers.training.control import LoopControl
 from baton.workers.training.determinism import MACHINE_THREADS, configure, resolve_device
 from baton.workers.training.loop import Outcome, TrainingLoop
 
-from .finalize import finalize
-from .gang_leader import GangLeader
-from .resume import SHARDS_KEY, load_latest_good, pin_resume_point
-from .scratch import remove_orphaned_scratch
+from baton.workers.attempt.finalize import finalize
+from baton.workers.attempt.gang_leader import GangLeader
+from baton.workers.attempt.resume import SHARDS_KEY, load_latest_good, pin_resume_point
+from baton.workers.attempt.scratch import remove_orphaned_scratch
 
 
 @dataclass

@@ -57,7 +57,7 @@ from baton.workers.training.data import derive_seed
 from baton.workers.training.progress import Progress
 from baton.workers.training.task_api import BoundTask
 
-from .rendezvous import prove_membership
+from baton.workers.parallel.rendezvous import prove_membership
 
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("BATON_COLLECTIVE_TIMEOUT_S", "1800"))
 """How long any collective may wait for the other ranks. A rank that dies is noticed at once (its
@@ -167,7 +167,7 @@ class RankGroup:
             return model
         from torch.distributed.device_mesh import DeviceMesh
 
-        from .fsdp import shard_model
+        from baton.workers.parallel.fsdp import shard_model
 
         # the default group, proven: ``init_device_mesh`` may form a group of its own (a CPU job on a
         # host with CUDA) that nobody proved

@@ -22,7 +22,7 @@ from pathlib import Path
 from baton.jobs.redaction import Redactor
 from baton.schemas.errors import CheckpointCorrupt, CheckpointWriteFailed, TransientError, exception_chain
 
-from .errors import RankLost
+from baton.workers.parallel.errors import RankLost
 
 EXIT_USER_CODE = 65
 """A rank's exit status after it reported a failure of the job's code (or spec): the job fails, no retry."""
@@ -42,7 +42,7 @@ class FailureReport:
 def is_job_failure(exc: BaseException) -> bool:
     """Whether ``exc``, raised on a rank, is the job's code (or spec) failing, rather than storage or
     the process group failing under the rank (another rank lost, or not proving the attempt's secret)."""
-    from .launcher import is_collective_error
+    from baton.workers.parallel.launcher import is_collective_error
 
     infrastructure = (TransientError, CheckpointCorrupt, CheckpointWriteFailed, RankLost)
     return not any(isinstance(e, infrastructure) or is_collective_error(e)

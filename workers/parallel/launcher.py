@@ -36,9 +36,9 @@ import torch.distributed as dist
 from baton.schemas.errors import FencedOut, PermanentError, exception_chain
 from baton.storage import owned_dirs
 
-from . import failure_report, rendezvous
-from .errors import RankFailed, RankLost
-from .failure_report import EXIT_USER_CODE
+from baton.workers.parallel import failure_report, rendezvous
+from baton.workers.parallel.errors import RankFailed, RankLost
+from baton.workers.parallel.failure_report import EXIT_USER_CODE
 
 _log = logging.getLogger("baton.worker")
 

@@ -18,10 +18,10 @@ import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import failure_report
-from .failure_report import EXIT_USER_CODE
-from .launcher import ARGS_ENV, RENDEZVOUS_TIMEOUT_S, die_with_parent, ready_key
-from .rendezvous import SECRET_ENV, connect_tcp, open_store
+from baton.workers.parallel import failure_report
+from baton.workers.parallel.failure_report import EXIT_USER_CODE
+from baton.workers.parallel.launcher import ARGS_ENV, RENDEZVOUS_TIMEOUT_S, die_with_parent, ready_key
+from baton.workers.parallel.rendezvous import SECRET_ENV, connect_tcp, open_store
 
 
 class RankControl:
@@ -82,9 +82,9 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
     from baton.workers.training.determinism import configure, prepare_process
     from baton.workers.training.loop import TrainingLoop
 
-    from . import sharded_state
-    from .distributed import RankGroup
-    from .sharded_checkpoint import ShardedCheckpointer
+    from baton.workers.parallel import sharded_state
+    from baton.workers.parallel.distributed import RankGroup
+    from baton.workers.parallel.sharded_checkpoint import ShardedCheckpointer
 
     prepare_process()
     rank, world_size = args["rank"], args["world_size"]

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import RankLost
+from baton.workers.parallel.errors import RankLost
 
 SECRET_ENV = "BATON_RANK_SECRET"
 """The environment variable that hands a rank its attempt's secret (a name the log redaction hides)."""

@@ -33,7 +33,7 @@ from baton.workers.training.components import Components
 from baton.workers.training.data import derive_seed, pass_batches
 from baton.workers.training.progress import Progress
 
-from .distributed import written_by
+from baton.workers.parallel.distributed import written_by
 
 
 def check_reshard(own: dict[str, Any], processes: int, allowed: bool) -> None:

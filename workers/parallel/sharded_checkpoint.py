@@ -50,7 +50,7 @@ from baton.storage.snapshot import HostSnapshot, storage_key, unwrap
 from baton.workers.training.batches import tensors
 from baton.workers.training.components import Components
 
-from .sharded_state import own_state, rank_file, sharded_parts
+from baton.workers.parallel.sharded_state import own_state, rank_file, sharded_parts
 
 
 class ShardedCheckpointer:

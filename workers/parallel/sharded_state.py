@@ -30,7 +30,7 @@ from baton.workers.training import train_state
 from baton.workers.training.components import Components
 from baton.workers.training.progress import BestTracker, Progress
 
-from . import reshard
+from baton.workers.parallel import reshard
 
 SHARDED = ("model", "optimizer")
 """The parts of the state DCP writes; the rest is the rank's own file."""

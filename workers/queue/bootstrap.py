@@ -25,12 +25,12 @@ from baton.workers.attempt.scratch import remove_orphaned_scratch
 from baton.workers.tracking import prometheus
 from baton.workers.training.determinism import prepare_process
 
-from . import presence
-from .celery_app import app, publish_join, publish_run
-from .worker_control import WorkerContext
-from .preemption import PREEMPTION
-from .redis_retry import TRANSIENT_REDIS_ERRORS
-from .reaper import Reaper
+from baton.workers.queue import presence
+from baton.workers.queue.celery_app import app, publish_join, publish_run
+from baton.workers.queue.worker_control import WorkerContext
+from baton.workers.queue.preemption import PREEMPTION
+from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
+from baton.workers.queue.reaper import Reaper
 
 _log = logging.getLogger("baton.worker")
 _context: Optional[WorkerContext] = None

@@ -9,7 +9,7 @@ from celery import Celery
 
 from baton.schemas.settings import BatonSettings
 
-from .celery_config import celery_settings
+from baton.workers.queue.celery_config import celery_settings
 
 RUN_JOB_TASK = "baton.run_job"
 JOIN_GANG_TASK = "baton.join_gang"

@@ -27,11 +27,11 @@ from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.tracking import prometheus
 
-from . import lease
-from .redis_retry import while_leased
+from baton.workers.queue import lease
+from baton.workers.queue.redis_retry import while_leased
 
 if TYPE_CHECKING:
-    from .worker_control import WorkerControl
+    from baton.workers.queue.worker_control import WorkerControl
 
 _log = logging.getLogger("baton.worker")
 

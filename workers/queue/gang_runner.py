@@ -46,7 +46,7 @@ from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit
 
 from baton.jobs import keys
 
-from .gang import Gang, Gangs, Led, Membership
+from baton.workers.queue.gang import Gang, Gangs, Led, Membership
 
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")

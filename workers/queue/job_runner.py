@@ -49,11 +49,11 @@ from baton.workers.training.control import StepReport
 from baton.workers.training.loop import Outcome
 from baton.workers.training.targets import unavailable
 
-from . import gang_runner, lease
-from .claims import catch_up_with_manifest, release_if_still_mine
-from .redis_retry import while_leased
-from .stall import StallWatchdog, exit_process
-from .worker_control import WorkerContext, WorkerControl
+from baton.workers.queue import gang_runner, lease
+from baton.workers.queue.claims import catch_up_with_manifest, release_if_still_mine
+from baton.workers.queue.redis_retry import while_leased
+from baton.workers.queue.stall import StallWatchdog, exit_process
+from baton.workers.queue.worker_control import WorkerContext, WorkerControl
 
 _log = logging.getLogger("baton.worker")
 

@@ -26,7 +26,7 @@ import redis
 from baton.jobs import keys
 from baton.jobs.records import now
 
-from .redis_retry import TRANSIENT_REDIS_ERRORS
+from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 
 _log = logging.getLogger("baton.worker")
 

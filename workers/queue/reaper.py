@@ -41,7 +41,7 @@ from kombu.exceptions import KombuError
 from baton.jobs import keys
 from baton.jobs.records import JobRecords, now
 
-from .redis_retry import TRANSIENT_REDIS_ERRORS
+from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 
 _log = logging.getLogger("baton.reaper")
 

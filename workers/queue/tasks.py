@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from celery.exceptions import Reject
 
-from .bootstrap import worker_context
-from .celery_app import JOIN_GANG_TASK, RUN_JOB_TASK, app
-from .job_runner import join_gang, run_job
-from .preemption import PREEMPTION
+from baton.workers.queue.bootstrap import worker_context
+from baton.workers.queue.celery_app import JOIN_GANG_TASK, RUN_JOB_TASK, app
+from baton.workers.queue.job_runner import join_gang, run_job
+from baton.workers.queue.preemption import PREEMPTION
 
 
 @app.task(name=RUN_JOB_TASK, bind=True)

@@ -22,11 +22,11 @@ from baton.workers.parallel.launcher import offered_gpus
 from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport
 
-from . import lease
-from .job_store import StoreChecks
-from .preemption import Preemption
-from .redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
-from .stall import StallWatchdog
+from baton.workers.queue import lease
+from baton.workers.queue.job_store import StoreChecks
+from baton.workers.queue.preemption import Preemption
+from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
+from baton.workers.queue.stall import StallWatchdog
 
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")

@@ -48,7 +48,7 @@ def celery_argv(name: str, queues: str, loglevel: str) -> list[str]:
 
 def run_one(name: str, queues: str, loglevel: str) -> None:
     """This process becomes one Celery worker (returns when it shuts down)."""
-    from .celery_app import app
+    from baton.workers.queue.celery_app import app
 
     app.worker_main(celery_argv(name, queues, loglevel))
 
@@ -147,7 +147,7 @@ def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str
                gpus_per_job: int = 1) -> int:
     from baton.schemas.settings import BatonSettings
 
-    from .gpus import plan
+    from baton.workers.queue.gpus import plan
 
     refusal = check_storage(BatonSettings().storage_url)
     if refusal is not None:

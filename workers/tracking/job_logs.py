@@ -41,7 +41,7 @@ from baton.jobs.redaction import Redactor
 from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths
 
-from . import prometheus
+from baton.workers.tracking import prometheus
 
 _log = logging.getLogger("baton.joblogs")
 

@@ -42,7 +42,7 @@ from baton.storage.base import ObjectStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 
-from . import prometheus
+from baton.workers.tracking import prometheus
 
 _log = logging.getLogger("baton.tracking")
 

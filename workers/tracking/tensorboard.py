@@ -38,8 +38,8 @@ from baton.storage.manifest_store import ManifestStore
 from baton.storage.priority import lower_this_thread
 from baton.workers.training.control import LoopControl, StepReport
 
-from . import prometheus
-from .tensorboard_history import EVENT_FILE_PREFIX, steps_written_before
+from baton.workers.tracking import prometheus
+from baton.workers.tracking.tensorboard_history import EVENT_FILE_PREFIX, steps_written_before
 
 _log = logging.getLogger("baton.tracking")
 # TensorBoard's own INFO lines ("No path found after ...", from reading an earlier attempt's event

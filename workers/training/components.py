@@ -18,12 +18,12 @@ from torch.utils.data import IterableDataset
 from baton.schemas.errors import PermanentError
 from baton.schemas.spec import JobSpec, OptimizerSpec, SchedulerSpec
 
-from .amp import Precision
-from .data import DataPlan, Loading
-from .sharding import ShardedPlan
-from .streams import StreamPlan
-from .targets import build_collate, build_dataset, build_model, build_task
-from .task_api import BoundTask
+from baton.workers.training.amp import Precision
+from baton.workers.training.data import DataPlan, Loading
+from baton.workers.training.sharding import ShardedPlan
+from baton.workers.training.streams import StreamPlan
+from baton.workers.training.targets import build_collate, build_dataset, build_model, build_task
+from baton.workers.training.task_api import BoundTask
 
 
 def parameter_groups(model: nn.Module, spec: OptimizerSpec):

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .amp import Precision
-from .batches import to_device
-from .task_api import BoundTask
+from baton.workers.training.amp import Precision
+from baton.workers.training.batches import to_device
+from baton.workers.training.task_api import BoundTask
 
 
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, precision: Precision,

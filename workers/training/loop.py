@@ -28,15 +28,15 @@ from baton.schemas.metrics import MetricsRow
 from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
 from baton.storage.memory_copy import MemoryCopier
 
-from . import train_state
-from .amp import optimizer_step_norm_tensor
-from .batches import batch_size, to_device
-from .components import Components
-from .control import LoopControl, StepReport
-from .data import add_note
-from .evaluate import evaluate
-from .progress import BestTracker, Progress
-from .readings import PendingReadings
+from baton.workers.training import train_state
+from baton.workers.training.amp import optimizer_step_norm_tensor
+from baton.workers.training.batches import batch_size, to_device
+from baton.workers.training.components import Components
+from baton.workers.training.control import LoopControl, StepReport
+from baton.workers.training.data import add_note
+from baton.workers.training.evaluate import evaluate
+from baton.workers.training.progress import BestTracker, Progress
+from baton.workers.training.readings import PendingReadings
 
 
 @dataclass

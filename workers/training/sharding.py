@@ -16,7 +16,7 @@ from typing import Optional
 
 from baton.schemas.errors import PermanentError
 
-from .data import DataPlan, EpochBatches, TrainView, derive_seed, pass_batches
+from baton.workers.training.data import DataPlan, EpochBatches, TrainView, derive_seed, pass_batches
 
 
 def share(batch: list[int], rank: int, world_size: int) -> list[int]:

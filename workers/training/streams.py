@@ -25,8 +25,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from baton.schemas.errors import PermanentError
 
-from .data import Loading, derive_seed
-from .stream_state import from_checkpoint, to_checkpoint
+from baton.workers.training.data import Loading, derive_seed
+from baton.workers.training.stream_state import from_checkpoint, to_checkpoint
 
 
 @dataclass

@@ -14,8 +14,8 @@ from baton.schemas.errors import PermanentError
 from baton.schemas.spec import ModelSpec, TargetSpec, TaskSpec
 from baton.schemas.targets import disallowed_message, module_allowed, parse_target
 
-from . import builtins, rng
-from .task_api import BoundTask
+from baton.workers.training import builtins, rng
+from baton.workers.training.task_api import BoundTask
 
 
 def resolve(target: str, builtin_registry: dict[str, Callable], allowed_prefixes: tuple[str, ...]) -> Callable:

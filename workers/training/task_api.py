@@ -30,7 +30,7 @@ from torchmetrics import Metric
 
 from baton.schemas.errors import UserCodeError
 
-from .batches import describe
+from baton.workers.training.batches import describe
 
 METRIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 

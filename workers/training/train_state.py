@@ -14,9 +14,9 @@ import torch
 from baton.storage.checkpoint_io import FORMAT_VERSION, rows_of
 from baton.storage.snapshot import Plain, storage_key
 
-from . import rng
-from .components import Components
-from .progress import BestTracker, Progress
+from baton.workers.training import rng
+from baton.workers.training.components import Components
+from baton.workers.training.progress import BestTracker, Progress
 
 
 def capture(parts: Components, progress: Progress, best: BestTracker, metrics: list[dict], cpu_threads: int,

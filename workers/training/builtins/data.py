@@ -15,7 +15,7 @@ from torch.utils.data import Dataset, TensorDataset
 from baton.schemas.builtins import DiabetesKwargs, DigitsKwargs, SpiralKwargs
 from baton.schemas.errors import PermanentError
 
-from .. import rng
+from baton.workers.training import rng
 
 
 class TensorPairs(TensorDataset):

@@ -20,7 +20,7 @@ from torchmetrics.text import Perplexity
 
 from baton.schemas.builtins import ClassificationKwargs, LanguageModelKwargs, RegressionKwargs
 
-from ..batches import describe
+from baton.workers.training.batches import describe
 
 
 def _mean() -> MeanMetric:

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from baton.schemas.builtins import StdlibTextKwargs
 
-from ..data import derive_seed
+from baton.workers.training.data import derive_seed
 
 
 def stdlib_bytes(max_bytes: int) -> torch.Tensor:
