@@ -59,8 +59,8 @@ import redis as redis_lib  # noqa: E402
 
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
-from baton.storage.file_store import FileStore  # noqa: E402
-from baton.storage.open import open_store  # noqa: E402
+from baton.storage.stores.file_store import FileStore  # noqa: E402
+from baton.storage.stores.open import open_store  # noqa: E402
 
 from tests.helpers import assert_same_training, make_spec, read_manifest, run_baton, write_spec  # noqa: E402
 from tests.netfault import FaultyProxy  # noqa: E402

@@ -51,14 +51,14 @@ def _writer_processes(holder: WorkerProcess) -> list[int]:
             continue
         try:
             if os.getpgid(int(entry.name)) == holder.proc.pid and \
-                    b"baton.storage.writer_process" in (entry / "cmdline").read_bytes():
+                    b"baton.storage.checkpointing.writer_process" in (entry / "cmdline").read_bytes():
                 pids.append(int(entry.name))
         except (OSError, ProcessLookupError):
             continue
     return pids
 
 
-SWEEP = ("from pathlib import Path; from baton.storage import memory_slots, shared_buffers; "
+SWEEP = ("from pathlib import Path; from baton.storage.memory import memory_slots; from baton.storage.checkpointing import shared_buffers; "
          "print(len(shared_buffers.remove_orphans(Path('/dev/shm'))) + len(memory_slots.remove_orphans()))")
 
 

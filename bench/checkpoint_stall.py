@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton.jobs.services import S3Server  # noqa: E402
 from baton.schemas.spec import JobSpec  # noqa: E402
-from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest  # noqa: E402
-from baton.storage.file_store import FileStore  # noqa: E402
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest  # noqa: E402
+from baton.storage.stores.file_store import FileStore  # noqa: E402
 from baton.storage.layout import JobPaths  # noqa: E402
-from baton.storage.open import open_store  # noqa: E402
-from baton.storage.snapshot import unwrap  # noqa: E402
+from baton.storage.stores.open import open_store  # noqa: E402
+from baton.storage.checkpointing.plain import unwrap  # noqa: E402
 from baton.workers.training import train_state  # noqa: E402
 from baton.workers.training.components import build_components  # noqa: E402
 from baton.workers.training.progress import BestTracker, Progress  # noqa: E402

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from baton.storage.artifacts import read_metrics  # noqa: E402
-from baton.storage.file_store import FileStore  # noqa: E402
+from baton.storage.stores.file_store import FileStore  # noqa: E402
 from baton.storage.layout import JobPaths  # noqa: E402
 from baton.storage.manifest_store import ManifestStore  # noqa: E402
 

@@ -109,7 +109,7 @@ def in_process_cost(spec: dict, repeats: int, root: Path, modes: tuple = ("off",
     """Seconds per optimizer step of the loop with in-memory copies (``modes``: auto, 1) and without,
     interleaved."""
     from baton.schemas.spec import JobSpec
-    from baton.storage.file_store import FileStore
+    from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.attempt.local import register_spec
     from baton.workers.attempt.session import run_attempt

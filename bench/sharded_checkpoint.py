@@ -80,8 +80,8 @@ def rank_main(rank: int, args) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from baton.storage.commit_work import CheckpointRequest
-    from baton.storage.file_store import FileStore
+    from baton.storage.checkpointing.commit_work import CheckpointRequest
+    from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.parallel.distributed import RankGroup
     from baton.workers.parallel.fsdp import shard_model

@@ -25,7 +25,7 @@ from baton.storage.artifacts import read_verified  # noqa: E402
 from baton.storage.checkpoint_io import load_bytes  # noqa: E402
 from baton.storage.layout import JobPaths  # noqa: E402
 from baton.storage.manifest_store import ManifestStore  # noqa: E402
-from baton.storage.open import open_store  # noqa: E402
+from baton.storage.stores.open import open_store  # noqa: E402
 from baton.workers.training.builtins.gpt import char_transformer  # noqa: E402
 
 

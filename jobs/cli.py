@@ -96,9 +96,9 @@ def run(
     4 the job is running in another `baton run` or was submitted to a queue (nothing done), 130 aborted by a second signal (the next
     run resumes from the last committed checkpoint).
     """
-    from baton.storage import writer_start
+    from baton.storage.checkpointing import writer_start
     from baton.storage.layout import JobPaths, new_job_id
-    from baton.storage.open import open_client_store, open_store
+    from baton.storage.stores.open import open_client_store, open_store
 
     from baton.jobs.infra import STORE_ERRORS
 
@@ -314,7 +314,7 @@ def fetch(
     """Download a job's best or latest checkpoint (sha256-verified), its final artifacts, or its
     TensorBoard event files."""
     from baton.schemas.errors import JobNotFound
-    from baton.storage.open import open_client_store
+    from baton.storage.stores.open import open_client_store
 
     from baton.jobs.client import download
 

@@ -29,10 +29,10 @@ from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import NAME_PATTERN, JobSpec
 from baton.schemas.status import JobStatus
 from baton.storage.artifacts import download_checkpoint, download_verified, final_files, read_metrics, read_verified
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id, is_side_output, new_job_id
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.open import open_client_store
+from baton.storage.stores.open import open_client_store
 
 from baton.jobs.logs import FOLLOW_POLL_S, follow_log, read_log
 from baton.jobs.records import JobRecords, spec_fields

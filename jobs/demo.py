@@ -20,7 +20,7 @@ from baton.schemas.status import JobStatus
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.open import open_store
+from baton.storage.stores.open import open_store
 from baton.storage.state_diff import count_tensors, first_difference
 
 from baton.jobs.client import JobClient

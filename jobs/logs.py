@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths, log_chunk_of
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def open_job_log(job_id: str, storage_url: Optional[str], settings: "BatonSettin
     import redis
 
     from baton.schemas.errors import JobNotFound
-    from baton.storage.open import open_client_store
+    from baton.storage.stores.open import open_client_store
 
     JobPaths(job_id)  # ValueError for an id no job can have
     if storage_url is None:

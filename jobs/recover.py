@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Optional
 from baton.schemas.errors import JobNotFound, SpecError
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JOBS_PREFIX, JobPaths, job_id_of_spec
 from baton.storage.manifest_store import ManifestStore
 

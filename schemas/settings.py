@@ -14,8 +14,8 @@ DEPLOYMENT_VARIABLES = frozenset({"BATON_BUCKET", "BATON_WORKER_REPLICAS", "BATO
 """BATON_* variables read by the deployment files and scripts, not by baton itself."""
 TUNING_VARIABLES = frozenset({"BATON_BACKGROUND_NICE", "BATON_CHECKPOINT_WRITER", "BATON_RENDEZVOUS_TIMEOUT_S",
                               "BATON_COLLECTIVE_TIMEOUT_S"})
-"""BATON_* variables read where they act, by the training process (baton.storage.priority,
-baton.storage.checkpointer, baton.workers.parallel.launcher, baton.workers.parallel.distributed;
+"""BATON_* variables read where they act, by the training process (baton.storage.checkpointing.priority,
+baton.storage.checkpointing.checkpointer, baton.workers.parallel.launcher, baton.workers.parallel.distributed;
 the settings table in docs/workers.md)."""
 FAILPOINT_VARIABLES = frozenset({"BATON_FAILPOINT", "BATON_FAILPOINT_PAUSE"})
 """BATON_* variables for tests of what survives a crash or a kill at an exact point (baton.storage.failpoints)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from baton.schemas.errors import CheckpointCorrupt
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, ObjectRef
 
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import sha256_of
 
 METRICS_FILE = "metrics.jsonl"

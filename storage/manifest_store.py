@@ -17,7 +17,7 @@ from baton.schemas.errors import ManifestAhead, PreconditionFailed
 from baton.schemas.manifest import CheckpointManifest
 
 from baton.storage import failpoints
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths
 
 Mutation = Callable[[CheckpointManifest], None]

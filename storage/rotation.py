@@ -7,7 +7,7 @@ from typing import Callable
 from baton.schemas.errors import TransientError
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
 
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths, attempt_of, is_side_output
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from baton.schemas.errors import PreconditionFailed, RunningElsewhere, TransientError
 
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths
 from baton.storage.processes import process_exists
 

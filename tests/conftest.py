@@ -91,7 +91,7 @@ class Cluster:
         return self._client
 
     def store(self):
-        from baton.storage.open import open_store
+        from baton.storage.stores.open import open_store
 
         return open_store(self.storage_url)
 

@@ -21,7 +21,7 @@ from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import deterministic_part
 from baton.storage.artifacts import final_files, read_metrics, read_verified
 from baton.storage import failpoints
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
@@ -243,7 +243,7 @@ def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectSt
     The job's spec sets everything its bits depend on (seed, threads, deterministic algorithms), so
     this equals a run in a fresh process; tests/jobs/test_cli_run.py checks `baton run` itself."""
     from baton.schemas.spec import JobSpec
-    from baton.storage.file_store import FileStore
+    from baton.storage.stores.file_store import FileStore
     from baton.workers.attempt.local import register_spec
     from baton.workers.attempt.session import run_attempt
     from baton.workers.training.control import LoopControl

@@ -19,7 +19,7 @@ import yaml
 
 from baton.jobs.services import WorkerProcess
 from baton.storage.layout import JobPaths
-from baton.storage.open import open_store
+from baton.storage.stores.open import open_store
 
 from tests.helpers import make_spec
 

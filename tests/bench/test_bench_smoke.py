@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench import checkpoint_stall, loop_overhead
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 
 
 def test_bare_loop_trains_validates_and_saves_the_best(tmp_path):

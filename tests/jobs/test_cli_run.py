@@ -8,7 +8,7 @@ import time
 import pytest
 
 from baton.storage.artifacts import final_files, read_verified
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from tests.helpers import REPO, baton_env, make_spec, read_manifest, run_baton, start_baton, write_spec

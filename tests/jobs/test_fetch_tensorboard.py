@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from tests.helpers import make_spec, metrics_rows, run_baton, write_spec
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from baton.storage.file_store import FileStore
-from baton.storage.open import open_store
+from baton.storage.stores.file_store import FileStore
+from baton.storage.stores.open import open_store
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -30,7 +30,7 @@ def store_through(gateway, bucket: str, prefix: str = "runs"):
     import boto3
     from botocore.config import Config
 
-    from baton.storage.s3_store import S3Store
+    from baton.storage.stores.s3_store import S3Store
 
     client = boto3.client("s3", endpoint_url=gateway.endpoint_url,
                           config=Config(retries={"mode": "standard", "total_max_attempts": 1}))

@@ -20,10 +20,10 @@ from baton.jobs.client import Job, JobClient
 from baton.schemas.errors import FencedOut
 from baton.schemas.spec import JobSpec
 from baton.storage.checkpoint_io import load_bytes, rows_of
-from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.open import open_store
+from baton.storage.stores.open import open_store
 from baton.workers.attempt.finalize import finalize
 from baton.workers.attempt.resume import load_latest_good, pin_resume_point
 from baton.workers.attempt.session import run_attempt

@@ -9,10 +9,10 @@ import threading
 import pytest
 import torch
 
-from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
-from baton.storage.file_store import FileStore
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
-from baton.storage.priority import NICE_ENV, background_nice, lower_this_thread
+from baton.storage.checkpointing.priority import NICE_ENV, background_nice, lower_this_thread
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 

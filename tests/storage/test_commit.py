@@ -11,8 +11,8 @@ from baton.schemas.errors import FencedOut, ManifestAhead
 from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
 from baton.storage.artifacts import read_metrics
 from baton.storage.checkpoint_io import load_bytes
-from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
-from baton.storage.file_store import FileStore
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.rotation import rotate

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from baton.storage.open import open_store
+from baton.storage.stores.open import open_store
 
 from tests.helpers import baton_env, run_baton
 from tests.s3_gateway import S3Gateway
@@ -24,7 +24,7 @@ def careless_gateway(s3_server):
 
 
 def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
-    from baton.storage.conditional_probe import check_conditional_writes
+    from baton.storage.stores.conditional_probe import check_conditional_writes
 
     store = open_store(f"s3://{s3_bucket}/runs")
     check_conditional_writes(store)
@@ -33,7 +33,7 @@ def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
 
 def test_the_probe_refuses_a_store_that_ignores_conditions(s3_bucket, careless_gateway):
     from baton.schemas.errors import ConditionalWritesIgnored
-    from baton.storage.conditional_probe import check_conditional_writes
+    from baton.storage.stores.conditional_probe import check_conditional_writes
 
     store = store_through(careless_gateway, s3_bucket)
     with pytest.raises(ConditionalWritesIgnored) as refused:
@@ -65,7 +65,7 @@ def test_a_store_briefly_unreachable_at_start_is_waited_for_not_refused(s3_bucke
     proxy = FaultyProxy(s3_server.port)
     # each store call rides through 20 s of trouble before the probe sees it: 1 s here, or the outage
     # below costs minutes of the suite
-    monkeypatch.setattr("baton.storage.s3_store.RETRY_S", 1.0)
+    monkeypatch.setattr("baton.storage.stores.s3_store.RETRY_S", 1.0)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
         url = f"s3://{s3_bucket}/runs"

@@ -7,11 +7,11 @@ import sys
 import time
 
 from baton.storage import failpoints
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from tests.helpers import REPO
 
-COMMIT = ("from baton.storage.file_store import FileStore; from baton.storage.layout import JobPaths; "
+COMMIT = ("from baton.storage.stores.file_store import FileStore; from baton.storage.layout import JobPaths; "
           "from baton.storage.manifest_store import ManifestStore; "
           "ManifestStore(FileStore({root!r}), JobPaths('held')).update(1, lambda m: None)")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from baton.schemas.errors import PermanentError
-from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.attempt.resume import load_latest_good

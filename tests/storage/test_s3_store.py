@@ -6,9 +6,9 @@ import os
 import pytest
 
 from baton.schemas.errors import PermanentError, StorageUnavailable
-from baton.storage import s3_store
-from baton.storage.open import open_store
-from baton.storage.s3_store import S3Store
+from baton.storage.stores import s3_store
+from baton.storage.stores.open import open_store
+from baton.storage.stores.s3_store import S3Store
 from tests.netfault import FaultyProxy
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from baton.schemas.errors import CheckpointWriteFailed
-from baton.storage.shared_buffers import SharedBuffers
+from baton.storage.checkpointing.shared_buffers import SharedBuffers
 
 from tests.helpers import REPO, baton_env
 
@@ -36,7 +36,7 @@ SNAPSHOT_OWNER = """
 import sys
 from pathlib import Path
 import torch
-from baton.storage.shared_buffers import SharedBuffers
+from baton.storage.checkpointing.shared_buffers import SharedBuffers
 Path(sys.argv[2]).mkdir()
 buffers = SharedBuffers(Path(sys.argv[2]), print, tmpfs=Path(sys.argv[1]), headroom=0)
 buffers.allocate(torch.Size([1024]), torch.float32)
@@ -46,13 +46,13 @@ sys.stdin.read()
 SNAPSHOT_SWEEP = """
 import sys
 from pathlib import Path
-from baton.storage.shared_buffers import remove_orphans
+from baton.storage.checkpointing.shared_buffers import remove_orphans
 print(len(remove_orphans(Path(sys.argv[1]))), flush=True)
 """
 MEMORY_OWNER = """
 import sys
 from pathlib import Path
-from baton.storage import memory_slots
+from baton.storage.memory import memory_slots
 memory_slots.SHM = Path(sys.argv[1])
 print(memory_slots.make_dirs()[0], flush=True)
 sys.stdin.read()
@@ -60,7 +60,7 @@ sys.stdin.read()
 MEMORY_SWEEP = """
 import sys
 from pathlib import Path
-from baton.storage import memory_slots
+from baton.storage.memory import memory_slots
 memory_slots.SHM = Path(sys.argv[1])
 print(len(memory_slots.remove_orphans()), flush=True)
 """

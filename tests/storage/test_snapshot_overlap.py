@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from baton.storage.snapshot import HostSnapshot, storage_key
+from baton.storage.checkpointing.snapshot import HostSnapshot, storage_key
 from baton.workers.training.train_state import stable_storages
 
 
@@ -130,7 +130,7 @@ def test_side_stream_copy_overlaps_forward_backward_and_is_exact():
 @pytest.mark.gpu
 def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
     from baton.schemas.spec import JobSpec
-    from baton.storage.file_store import FileStore
+    from baton.storage.stores.file_store import FileStore
     from baton.workers.attempt.session import run_attempt
 
     from tests.helpers import assert_same_training, make_spec
@@ -146,7 +146,7 @@ def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
 
 @pytest.mark.parametrize("load, threads", [(50.0, 1), (0.0, 2), (float(os.cpu_count() or 1), 2)])
 def test_host_copy_uses_one_thread_on_busy_cores_and_restores_the_training_count(monkeypatch, load, threads):
-    import baton.storage.snapshot as snapshot_module
+    import baton.storage.checkpointing.snapshot as snapshot_module
 
     monkeypatch.setattr(snapshot_module.os, "getloadavg", lambda: (load, load, load))
     seen = []
@@ -166,7 +166,7 @@ def test_host_copy_uses_one_thread_on_busy_cores_and_restores_the_training_count
 def test_a_job_using_every_core_of_an_idle_machine_is_not_taken_for_a_busy_one():
     """The load average counts the training's own threads: 2 threads on 2 idle cores keep the load
     near 2, which must leave the copy its 2 threads; a whole runnable task more means contention."""
-    from baton.storage.snapshot import machine_busy
+    from baton.storage.checkpointing.snapshot import machine_busy
 
     assert not machine_busy(load=2.0, cores=2) and not machine_busy(load=2.6, cores=2)
     assert machine_busy(load=3.0, cores=2) and machine_busy(load=7.0, cores=2)
@@ -176,7 +176,7 @@ def test_a_job_using_every_core_of_an_idle_machine_is_not_taken_for_a_busy_one()
 def test_a_host_state_copied_from_a_background_thread_leaves_the_training_thread_count_alone(monkeypatch):
     """An in-memory copy's publication on CUDA: the pinned staging copy moved into the slot's buffers
     by a thread, while the loop trains with its own intra-op thread count."""
-    import baton.storage.snapshot as snapshot_module
+    import baton.storage.checkpointing.snapshot as snapshot_module
 
     monkeypatch.setattr(snapshot_module.os, "getloadavg", lambda: (50.0, 50.0, 50.0))  # take() would use 1
     model, optimizer = _model_and_optimizer()

@@ -18,8 +18,8 @@ import torch
 
 from baton.schemas.errors import CheckpointWriteFailed
 from baton.storage.checkpoint_io import load_bytes
-from baton.storage.checkpointer import WRITER_ENV, AsyncCheckpointer, CheckpointRequest, writer_kind
-from baton.storage.file_store import FileStore
+from baton.storage.checkpointing.checkpointer import WRITER_ENV, AsyncCheckpointer, CheckpointRequest, writer_kind
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 
@@ -132,8 +132,8 @@ def _running(pid: int) -> bool:
 def test_the_writer_dies_with_its_training_process(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time, torch
-        from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
-        from baton.storage.file_store import FileStore
+        from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+        from baton.storage.stores.file_store import FileStore
         from baton.storage.layout import JobPaths
         ckpt = AsyncCheckpointer(FileStore({str(tmp_path)!r}), JobPaths("w"), 1, 2, log=print)
         ckpt.save(lambda: {{"format": 1, "w": torch.ones(3)}}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
@@ -161,7 +161,7 @@ def test_the_writer_dies_with_its_training_process(tmp_path):
 def test_snapshot_buffers_move_to_the_spool_when_tmpfs_is_full(tmp_path):
     """A container's /dev/shm is 64 MB by default: a full tmpfs is found out when a buffer is
     reserved, never by a SIGBUS at the training process's first write into it."""
-    from baton.storage.shared_buffers import SharedBuffers
+    from baton.storage.checkpointing.shared_buffers import SharedBuffers
 
     tiny, spool = tmp_path / "tiny", tmp_path / "spool"
     tiny.mkdir()
@@ -186,12 +186,12 @@ def test_snapshot_buffers_move_to_the_spool_when_tmpfs_is_full(tmp_path):
 
 def test_buffers_left_on_tmpfs_by_a_killed_training_process_are_removed_by_the_next(tmp_path):
     """A SIGKILLed training process cannot remove its buffers, which are RAM on a tmpfs."""
-    from baton.storage.shared_buffers import PREFIX, SharedBuffers
+    from baton.storage.checkpointing.shared_buffers import PREFIX, SharedBuffers
 
     tmpfs, spool = tmp_path / "shm", tmp_path / "spool"
     tmpfs.mkdir()
     spool.mkdir()
-    make = ("import sys; from pathlib import Path; from baton.storage.shared_buffers import SharedBuffers; "
+    make = ("import sys; from pathlib import Path; from baton.storage.checkpointing.shared_buffers import SharedBuffers; "
             "b = SharedBuffers(Path(sys.argv[2]), print, tmpfs=Path(sys.argv[1]), headroom=0); "
             "print(b.dir, flush=True); sys.stdin.read()")
     owners = [subprocess.Popen([sys.executable, "-c", make, str(tmpfs), str(spool)], stdin=subprocess.PIPE,
@@ -214,7 +214,7 @@ def test_buffers_left_on_tmpfs_by_a_killed_training_process_are_removed_by_the_n
 
 def test_a_writer_failure_comes_back_as_its_own_type_without_unpickling():
     from baton.schemas.errors import ManifestAhead, StorageUnavailable
-    from baton.storage.writer_process import _described, _exception
+    from baton.storage.checkpointing.writer_process import _described, _exception
 
     again = _exception(*_described(ManifestAhead("attempt 1 is stale", 2)))
     assert type(again) is ManifestAhead and again.current == 2 and str(again) == "attempt 1 is stale"
@@ -240,7 +240,7 @@ def test_a_writer_still_starting_is_not_waited_for_at_close(tmp_path):
 
 def test_a_buffer_file_removed_before_the_writer_maps_it_is_the_machines_fault_not_zeros(tmp_path):
     """Mapping by name would create the missing file, full of zeros, and commit that."""
-    from baton.storage.shared_buffers import MappedBuffers, Slot
+    from baton.storage.checkpointing.shared_buffers import MappedBuffers, Slot
 
     path = tmp_path / "t0"
     slot = Slot(str(path), (4,), torch.float32)

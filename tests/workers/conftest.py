@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from baton.schemas.spec import JobSpec
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.workers.attempt.session import run_attempt
 from baton.workers.training.control import LoopControl
 
@@ -63,7 +63,7 @@ def clear_probes():
 
 
 def read_rows(root: Path, job_id: str) -> list[dict]:
-    from baton.storage.file_store import FileStore
+    from baton.storage.stores.file_store import FileStore
 
     from tests.helpers import metrics_rows
 

@@ -19,12 +19,12 @@ from typing import Any, Callable, Optional
 
 from baton.schemas.errors import CheckpointCorrupt
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage import owned_dirs
 from baton.storage.artifacts import download_checkpoint
 from baton.storage.checkpoint_io import load_bytes
-from baton.storage.checkpointer import SPOOL_PREFIX
-from baton.storage.retry import retry_transient
+from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
+from baton.storage.stores.retry import retry_transient
 from baton.workers.parallel.sharded_state import consolidated_model
 
 READ_RETRY_S = 120.0

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from baton.schemas.errors import FencedOut
 from baton.schemas.manifest import CheckpointManifest
-from baton.storage.checkpointer import CheckpointStats
+from baton.storage.checkpointing.checkpointer import CheckpointStats
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 
 from baton.workers.attempt.process_tree import kill_descendants

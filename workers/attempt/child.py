@@ -24,7 +24,7 @@ from baton.jobs.display import summary
 from baton.jobs.redaction import RedactingFilter, Redactor
 from baton.schemas.errors import CheckpointWriteFailed, FencedOut, TransientError, formatted_traceback
 from baton.schemas.spec import JobSpec
-from baton.storage.open import open_store
+from baton.storage.stores.open import open_store
 from baton.workers.parallel.errors import NodeReleased, RankLost
 from baton.workers.parallel.launcher import die_with_parent
 

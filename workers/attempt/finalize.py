@@ -19,11 +19,11 @@ from torch import nn
 
 from baton.schemas.errors import FencedOut
 from baton.schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import sha256_of
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.retry import retry_transient
+from baton.storage.stores.retry import retry_transient
 from baton.storage.rotation import collect_garbage
 from baton.workers.tracking.curves import plot_curves
 from baton.workers.tracking.report import build_report

@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from baton.schemas.errors import FencedOut, PreconditionFailed, RunningElsewhere, SpecError
 from baton.schemas.spec import JobSpec
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.run_lease import LocalLease

@@ -23,7 +23,8 @@ from baton.workers.training.determinism import prepare_process  # noqa: E402  (r
 torch.set_num_threads(1)
 prepare_process()
 
-from baton.storage import memory_copy, writer_process  # noqa: E402,F401
+from baton.storage.checkpointing import writer_process  # noqa: E402,F401
+from baton.storage.memory import memory_copy  # noqa: E402,F401
 from baton.workers.attempt.warmup import warm_up  # noqa: E402
 
 from baton.workers.tracking import tensorboard  # noqa: E402

@@ -4,7 +4,7 @@ The worker process holds the job's lease, its records and its signals; the loop 
 (``start``), so that the worker outlives it: when the child dies (SIGKILL, the OOM killer, a segfault
 in an extension) the worker knows at once, from the child's exit, not from a heartbeat, and can
 bring the job back on this machine from the state the child last copied into memory
-(``baton.storage.memory_copy``). What the child asks of the worker travels through ``channel``.
+(``baton.storage.memory.memory_copy``). What the child asks of the worker travels through ``channel``.
 
 Children are forked from multiprocessing's *forkserver*: a process started once per worker, which
 imports torch and baton's training code and runs one tiny training step (``warm``) before it forks

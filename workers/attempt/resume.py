@@ -18,10 +18,10 @@ from typing import Any, Callable, Optional
 from baton.schemas.errors import CheckpointCorrupt, TransientError
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, Reshard
 from baton.storage.artifacts import download_checkpoint
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.retry import retry_transient
+from baton.storage.stores.retry import retry_transient
 
 READ_RETRY_S = 120.0
 """How long reading a checkpoint is retried through transient storage errors."""

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from baton.storage import owned_dirs
-from baton.storage.base import ObjectStore
-from baton.storage.checkpointer import SPOOL_PREFIX
+from baton.storage.stores.base import ObjectStore
+from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
 from baton.workers.parallel.launcher import RANKS_PREFIX
 from baton.workers.tracking.tensorboard import LOCAL_DIR_PREFIX
 

@@ -17,14 +17,14 @@ from baton.jobs.logs import BATON_STREAM
 from baton.schemas.errors import FencedOut, TransientError, formatted_traceback
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, Reshard
 from baton.schemas.spec import JobSpec
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage import owned_dirs
-from baton.storage.checkpointer import SPOOL_PREFIX, UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
-from baton.storage import memory_slots
+from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX, UPLOAD_RETRY_S, AsyncCheckpointer, CheckpointStats
+from baton.storage.memory import memory_slots
 from baton.storage.checkpoint_io import rows_of
 from baton.storage.layout import JobPaths
-from baton.storage.memory_copy import MemoryCopier
-from baton.storage.memory_slots import InMemoryState
+from baton.storage.memory.memory_copy import MemoryCopier
+from baton.storage.memory.memory_slots import InMemoryState
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.parallel import sharded_state
 from baton.workers.parallel.distributed import RankGroup, check_same_processes

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from baton.schemas.errors import PermanentError
-from baton.storage.checkpointer import AsyncCheckpointer, CheckpointerTotals, CheckpointRequest
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointerTotals, CheckpointRequest
 from baton.workers.training import rng
 from baton.workers.training.components import Components
 from baton.workers.training.control import LoopControl, StepReport

@@ -76,7 +76,7 @@ def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = 
     from baton.schemas.spec import JobSpec
     from baton.storage.checkpoint_io import load_bytes
     from baton.storage.layout import JobPaths
-    from baton.storage.open import open_store as open_object_store
+    from baton.storage.stores.open import open_store as open_object_store
     from baton.workers.training import rng, train_state
     from baton.workers.training.components import build_components
     from baton.workers.training.determinism import configure, prepare_process

@@ -40,13 +40,14 @@ from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, Tra
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, ObjectRef, sharded_digest
 from baton.storage import owned_dirs
 from baton.storage.artifacts import file_sha256, object_name
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import ROWS_KEY, RowLines, save_to_file
-from baton.storage.checkpointer import SPOOL_PREFIX, UPLOAD_RETRY_S, CheckpointerTotals, CheckpointStats
-from baton.storage.commit_work import CheckpointRequest, CommitWork
+from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX, UPLOAD_RETRY_S, CheckpointerTotals, CheckpointStats
+from baton.storage.checkpointing.commit_work import CheckpointRequest, CommitWork
 from baton.storage.layout import JobPaths
-from baton.storage.retry import retry_transient
-from baton.storage.snapshot import HostSnapshot, storage_key, unwrap
+from baton.storage.stores.retry import retry_transient
+from baton.storage.checkpointing.plain import unwrap
+from baton.storage.checkpointing.snapshot import HostSnapshot, storage_key
 from baton.workers.training.batches import tensors
 from baton.workers.training.components import Components
 

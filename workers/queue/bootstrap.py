@@ -18,8 +18,8 @@ from baton.jobs.records import JobRecords
 from baton.jobs.redaction import RedactingFilter, Redactor
 from baton.jobs.redis_conn import connect
 from baton.schemas.settings import BatonSettings
-from baton.storage.open import open_store
-from baton.storage import memory_slots
+from baton.storage.stores.open import open_store
+from baton.storage.memory import memory_slots
 from baton.workers.attempt.process import start_forkserver
 from baton.workers.attempt.scratch import remove_orphaned_scratch
 from baton.workers.tracking import prometheus

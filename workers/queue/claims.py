@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed, ManifestAhead
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.tracking import prometheus

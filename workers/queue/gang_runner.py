@@ -38,8 +38,8 @@ from baton.schemas.manifest import CheckpointEntry
 from baton.schemas.spec import JobSpec
 from baton.storage import owned_dirs
 from baton.storage.artifacts import download_checkpoint
-from baton.storage.checkpointer import SPOOL_PREFIX
-from baton.storage.open import open_store
+from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
+from baton.storage.stores.open import open_store
 from baton.workers.parallel import failure_report
 from baton.workers.parallel.errors import NodeReleased, RankFailed, RankLost
 from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit

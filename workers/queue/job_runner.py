@@ -39,9 +39,9 @@ from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
-from baton.storage.checkpointer import CheckpointStats
-from baton.storage.memory_slots import JobMemory
-from baton.storage.open import open_store
+from baton.storage.checkpointing.checkpointer import CheckpointStats
+from baton.storage.memory.memory_slots import JobMemory
+from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.launcher import devices_missing
 from baton.workers.tracking import prometheus

@@ -38,7 +38,7 @@ from typing import Mapping, Optional
 
 from baton.jobs.logs import BATON_STREAM, END_MARKER
 from baton.jobs.redaction import Redactor
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths
 
 from baton.workers.tracking import prometheus

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from baton.schemas.errors import PreconditionFailed
 from baton.storage.artifacts import read_metrics
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 

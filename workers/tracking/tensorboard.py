@@ -31,11 +31,11 @@ from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
 from baton.storage import owned_dirs
 from baton.storage.artifacts import read_metrics
-from baton.storage.base import ObjectStore
-from baton.storage.checkpointer import CheckpointStats
+from baton.storage.stores.base import ObjectStore
+from baton.storage.checkpointing.checkpointer import CheckpointStats
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.priority import lower_this_thread
+from baton.storage.checkpointing.priority import lower_this_thread
 from baton.workers.training.control import LoopControl, StepReport
 
 from baton.workers.tracking import prometheus

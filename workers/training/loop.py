@@ -10,7 +10,7 @@ the metrics row, the best tracker and a checkpoint. A per-epoch scheduler steps 
 Checkpoints fall on optimizer-step boundaries only. Losses and gradient norms stay on the device
 until the group's step reads them in one transfer (readings.py). On CUDA a checkpoint's
 device-to-host copy of the parameters and optimizer state overlaps the next forward/backward;
-the loop waits for it just before the next optimizer step (storage/snapshot.py).
+the loop waits for it just before the next optimizer step (storage/checkpointing/snapshot.py).
 
 A run is epoch-based (``loop.epochs``) or step-based (``loop.max_steps``, passing over the data
 as often as needed). When a pass's length is known (map-style data), its last accumulation
@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 from baton.schemas.errors import NonFiniteLossError
 from baton.schemas.metrics import MetricsRow
-from baton.storage.checkpointer import AsyncCheckpointer, CheckpointRequest
-from baton.storage.memory_copy import MemoryCopier
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.memory.memory_copy import MemoryCopier
 
 from baton.workers.training import train_state
 from baton.workers.training.amp import optimizer_step_norm_tensor
@@ -56,7 +56,7 @@ class TrainingLoop:
     best: Optional[BestTracker] = None
     metrics: list[dict] = field(default_factory=list)
     group: Any = None  # a data-parallel job's RankGroup (baton.workers.parallel.distributed); None for one process
-    memory: Optional[MemoryCopier] = None  # the last step in host memory, for a crash (storage/memory_copy.py)
+    memory: Optional[MemoryCopier] = None  # the last step in host memory, for a crash (storage/memory/memory_copy.py)
 
     def __post_init__(self) -> None:
         spec = self.parts.spec

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from baton.storage.checkpoint_io import FORMAT_VERSION, rows_of
-from baton.storage.snapshot import Plain, storage_key
+from baton.storage.checkpointing.plain import Plain
+from baton.storage.checkpointing.snapshot import storage_key
 
 from baton.workers.training import rng
 from baton.workers.training.components import Components
@@ -22,7 +23,7 @@ from baton.workers.training.progress import BestTracker, Progress
 def capture(parts: Components, progress: Progress, best: BestTracker, metrics: list[dict], cpu_threads: int,
             weights: bool = True) -> dict[str, Any]:
     """The live state (tensors are references: snapshot it before the loop moves on). The metrics
-    rows are wrapped in ``Plain``: the snapshot does not walk them (``baton.storage.snapshot.unwrap``).
+    rows are wrapped in ``Plain``: the snapshot does not walk them (``baton.storage.checkpointing.snapshot.unwrap``).
     Without ``weights``, all but the model and the optimizer (a sharded checkpointer takes those as
     shards: building their whole state dicts here would only add to the stall)."""
     state = {"model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict()} if weights else {}

@@ -17,7 +17,7 @@ import torch
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.spec import JobSpec
 from baton.storage.checkpoint_io import load_bytes
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.workers.attempt.local import register_spec
 from baton.workers.attempt.session import run_attempt

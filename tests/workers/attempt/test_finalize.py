@@ -9,7 +9,7 @@ import torch
 
 from baton.schemas.manifest import CheckpointManifest
 from baton.storage.artifacts import final_files
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from tests.helpers import make_spec, read_manifest
 
 TIED = {"target": "builtin:char_transformer", "kwargs": {"block": 16, "width": 32, "layers": 1, "heads": 2}}

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from tests.helpers import (
     BATON,
     REPO,

@@ -1,4 +1,4 @@
-"""The last step in memory (storage/memory_copy.py), in one process: copies taken while training, a
+"""The last step in memory (storage/memory/memory_copy.py), in one process: copies taken while training, a
 resume from the newest one that verifies, bit-exact with a run never interrupted."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 import pytest
 
 from baton.schemas.spec import JobSpec
-from baton.storage import memory_slots
-from baton.storage.file_store import FileStore
+from baton.storage.memory import memory_slots
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.workers.attempt.local import register_spec
 from baton.workers.attempt.session import run_attempt
@@ -94,7 +94,7 @@ def test_a_copy_that_does_not_verify_falls_back_to_the_one_before(tmp_path, dirs
 def test_the_interval_is_said_once_it_settles_not_at_every_noisy_choice(dirs):
     """The costs a loaded machine measures make the chosen interval wander (1, 2, 5, 1, 2, 4 ...): the
     log says an interval when it has held, and again only when it settles twice as far or more."""
-    from baton.storage.memory_copy import SETTLED_AFTER, MemoryCopier
+    from baton.storage.memory.memory_copy import SETTLED_AFTER, MemoryCopier
 
     said = []
     copier = MemoryCopier(dirs, log=said.append)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from baton.storage.open import open_store
+from baton.storage.stores.open import open_store
 from tests.helpers import (assert_same_training, baton_env, kill_frozen, make_spec, mid_epoch_after_two_checkpoints,
                            read_manifest, run_baton, run_reference, start_baton, write_spec)
 from tests.netfault import FaultyProxy

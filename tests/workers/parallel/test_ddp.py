@@ -11,7 +11,7 @@ import torch
 
 from baton.schemas.errors import PermanentError, SpecError
 from baton.schemas.spec import JobSpec
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.workers.attempt.local import register_spec
 from baton.workers.attempt.session import run_attempt

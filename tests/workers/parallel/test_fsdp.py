@@ -18,7 +18,7 @@ from baton.schemas.errors import PermanentError, SpecError
 from baton.schemas.manifest import CheckpointEntry
 from baton.schemas.spec import JobSpec
 from baton.storage.artifacts import download_checkpoint
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.workers.attempt.session import run_attempt
 from baton.workers.parallel.fsdp import shard_units
 from baton.workers.parallel.sharded_state import read_own
@@ -269,7 +269,7 @@ def test_a_cuda_shard_is_snapshot_to_pinned_host_memory_while_the_next_step_runs
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from baton.storage.snapshot import HostSnapshot, storage_key
+    from baton.storage.checkpointing.snapshot import HostSnapshot, storage_key
     from baton.workers.parallel.fsdp import shard_model
     from baton.workers.parallel.sharded_state import sharded_parts
 

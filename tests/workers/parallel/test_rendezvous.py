@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 
 from tests.helpers import REPO, baton_env, make_spec, start_baton, write_spec
 from tests.intruder import listening_ports

@@ -18,7 +18,7 @@ from baton.schemas.errors import PermanentError
 from baton.schemas.manifest import CheckpointEntry
 from baton.schemas.spec import JobSpec
 from baton.storage.artifacts import download_checkpoint
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.workers.attempt.session import run_attempt
 from baton.workers.parallel.reshard import progress_for, restore_resharded
 from baton.workers.training import train_state

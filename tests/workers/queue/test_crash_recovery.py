@@ -1,5 +1,5 @@
 """A crash of the training process, with its worker alive: the worker sees it at once and resumes the
-job itself from the state the process left in memory (storage/memory_copy.py), bit-exact with a run
+job itself from the state the process left in memory (storage/memory/memory_copy.py), bit-exact with a run
 never interrupted. Steps redone are counted by the user's own model (tests.probes.counting_mlp)."""
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO, assert_same_training, baton_env, final_state, make_spec, run_baton, write_spec
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 
 
 def _shortened(example: str, **loop) -> dict:

@@ -141,7 +141,7 @@ def is_working_checkpoint_writer(pid: int) -> bool:
     one killed while it starts leaves the attempt's checkpoints to the training process's thread."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            if b"baton.storage.writer_process" not in fh.read():
+            if b"baton.storage.checkpointing.writer_process" not in fh.read():
                 return False
         with open(f"/proc/{pid}/maps") as fh:
             return "baton-snapshot-" in fh.read()

@@ -120,7 +120,7 @@ def test_the_console_copy_is_redacted_when_a_secret_is_split_between_two_reads(t
     two reads of the pipe must be hidden there as in the stored log."""
     import os
 
-    from baton.storage.file_store import FileStore
+    from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.tracking.job_logs import JobLogCapture
 
@@ -139,7 +139,7 @@ def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
     """A chunk is rewritten while it grows, left as is when full; readers see every line once, in
     order, across chunks and attempts."""
     from baton.jobs.logs import follow_log, log_chunks
-    from baton.storage.file_store import FileStore
+    from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.tracking import job_logs
 
@@ -166,7 +166,7 @@ def test_follow_keeps_the_lines_a_chunk_gained_as_it_was_sealed(tmp_path, monkey
     """A follower that read a chunk while it grew must read it once more after the next chunk
     appears: the lines added before it was sealed are not lost."""
     from baton.jobs.logs import follow_log
-    from baton.storage.file_store import FileStore
+    from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.tracking import job_logs
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from baton.jobs.cli import app
 from baton.schemas.spec import JobSpec
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.workers.attempt.session import run_attempt
 from baton.workers.tracking.mlflow_tracking import flatten, row_metrics
 from baton.workers.training.control import LoopControl

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from baton.storage.open import open_store
+from baton.storage.stores.open import open_store
 from baton.workers.tracking.tensorboard import row_scalars
 
 from tests.helpers import baton_env, kill_when, make_spec, metrics_rows, run_baton, start_baton, write_spec

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from baton.schemas.spec import JobSpec
-from baton.storage.file_store import FileStore
-from baton.storage.snapshot import HostSnapshot
+from baton.storage.stores.file_store import FileStore
+from baton.storage.checkpointing.snapshot import HostSnapshot
 from baton.workers.attempt.session import run_attempt
 from baton.workers.training import rng
 from baton.workers.training.control import LoopControl

@@ -12,7 +12,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from baton.schemas.errors import NonFiniteLossError
 from baton.schemas.spec import JobSpec, TaskSpec
 from baton.storage.checkpoint_io import load_bytes, rows_of
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.training.amp import Precision, optimizer_step

@@ -6,7 +6,7 @@ import torch
 
 from baton.schemas.spec import JobSpec
 from baton.storage.checkpoint_io import load_bytes, save_to_file
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.attempt.session import run_attempt

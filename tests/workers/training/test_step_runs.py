@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from tests import tasks
 from tests.helpers import final_state, make_spec
 from tests.workers.conftest import read_rows

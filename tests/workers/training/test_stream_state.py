@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from baton.schemas.errors import UserCodeError
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 
 from tests.helpers import (
     assert_bit_equal,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from baton.schemas.errors import NonFiniteLossError, PermanentError
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.workers.training.task_api import TaskError
 
 from tests import tasks

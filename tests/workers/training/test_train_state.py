@@ -6,7 +6,7 @@ import torch
 
 from baton.schemas.spec import JobSpec
 from baton.storage.checkpoint_io import rows_of
-from baton.storage.file_store import FileStore
+from baton.storage.stores.file_store import FileStore
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.layout import JobPaths
 from baton.workers.training import train_state

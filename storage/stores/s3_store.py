@@ -29,8 +29,8 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from baton.schemas.errors import AccessDenied, PermanentError, PreconditionFailed, StorageUnavailable, StoreUnusable
 
-from baton.storage.base import ObjectStore
-from baton.storage.retry import retry_transient
+from baton.storage.stores.base import ObjectStore
+from baton.storage.stores.retry import retry_transient
 
 T = TypeVar("T")
 

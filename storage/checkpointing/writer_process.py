@@ -47,10 +47,10 @@ from typing import Any, Callable, Optional
 from baton.schemas import errors
 from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, ManifestAhead
 
-from baton.storage import writer_start
+from baton.storage.checkpointing import writer_start
 from baton.storage.checkpoint_io import ROWS_KEY
-from baton.storage.commit_work import CheckpointRequest, Committed
-from baton.storage.snapshot import Plain
+from baton.storage.checkpointing.commit_work import CheckpointRequest, Committed
+from baton.storage.checkpointing.plain import Plain
 
 CANCEL_FILE = "cancelled"
 
@@ -281,10 +281,10 @@ def main(argv: list[str]) -> None:
 
     import torch
 
-    from baton.storage.commit_work import CommitWork
+    from baton.storage.checkpointing.commit_work import CommitWork
     from baton.storage.layout import JobPaths
-    from baton.storage.open import open_store
-    from baton.storage.shared_buffers import MappedBuffers
+    from baton.storage.stores.open import open_store
+    from baton.storage.checkpointing.shared_buffers import MappedBuffers
 
     torch.set_num_threads(1)
     try:

@@ -18,13 +18,13 @@ from typing import Any, Callable, Optional, TypeVar
 from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, TransientError
 from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
 
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import ROWS_KEY, RowLines, save_to_file, sha256_of
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from baton.storage.retry import retry_transient
+from baton.storage.stores.retry import retry_transient
 from baton.storage.rotation import collect_garbage, rotate
-from baton.storage.snapshot import unwrap
+from baton.storage.checkpointing.plain import unwrap
 
 T = TypeVar("T")
 

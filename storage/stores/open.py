@@ -5,8 +5,8 @@ import logging
 from typing import Optional
 from urllib.parse import urlparse
 
-from baton.storage.base import ObjectStore
-from baton.storage.file_store import FileStore
+from baton.storage.stores.base import ObjectStore
+from baton.storage.stores.file_store import FileStore
 
 CLIENT_PATIENCE_S = 3.0
 """How long a command a person waits on retries a store that does not answer (a worker: 20 s a call)."""
@@ -29,7 +29,7 @@ def open_store(url: str, patience_s: Optional[float] = None) -> ObjectStore:
             raise ValueError(f"storage URL {url!r} has no path")
         return FileStore(path)
     if parsed.scheme == "s3":
-        from baton.storage.s3_store import S3Store  # boto3 is imported only when S3 is used
+        from baton.storage.stores.s3_store import S3Store  # boto3 is imported only when S3 is used
 
         if patience_s is None:
             return S3Store.from_url(url)

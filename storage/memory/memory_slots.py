@@ -23,8 +23,8 @@ from typing import Any, Callable, Collection, Optional
 import torch
 
 from baton.storage import owned_dirs
-from baton.storage.shared_buffers import SHM, MappedBuffers, Slot, writable
-from baton.storage.snapshot import Plain, unwrap
+from baton.storage.checkpointing.shared_buffers import SHM, MappedBuffers, Slot, writable
+from baton.storage.checkpointing.plain import Plain, unwrap
 
 PREFIX = "baton-memory-"
 """The directories' names (``owned_dirs``: those of an agent killed outright are swept)."""

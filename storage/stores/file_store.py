@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 
 from baton.schemas.errors import PreconditionFailed, StoreUnusable
 
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 
 _TMP_PREFIX = ".tmp-"
 _LOCK_DIR = ".locks"

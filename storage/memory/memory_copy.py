@@ -45,10 +45,11 @@ from typing import Any, Callable, Collection, Optional
 import torch
 
 from baton.storage import failpoints
-from baton.storage.memory_slots import SLOTS, Record, crc, read_record, record_path, slot_dirs, slots_and_tensors
+from baton.storage.memory.memory_slots import SLOTS, Record, crc, read_record, record_path, slot_dirs, slots_and_tensors
 from baton.storage.processes import own_cgroup
-from baton.storage.shared_buffers import SharedBuffers
-from baton.storage.snapshot import Copies, HostSnapshot, only_scalars
+from baton.storage.checkpointing.shared_buffers import SharedBuffers
+from baton.storage.checkpointing.plain import only_scalars
+from baton.storage.checkpointing.snapshot import Copies, HostSnapshot
 
 BUDGET = 0.03
 """The share of training time the copies may cost when their interval is chosen (CheckFreq's bound)."""

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 WRITER_ENV = "BATON_CHECKPOINT_WRITER"
 """``process`` (the default where it can be), or ``thread``: where a checkpoint's commit runs."""
 
@@ -44,7 +44,7 @@ def start(nice: int) -> StartedWriter:
     from_child_r, from_child_w = os.pipe()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "baton.storage.writer_process", str(to_child_r),
+        proc = subprocess.Popen([sys.executable, "-m", "baton.storage.checkpointing.writer_process", str(to_child_r),
                                  str(from_child_w), str(os.getpid()), str(nice)],
                                 pass_fds=(to_child_r, from_child_w), env=env)
     except BaseException:
@@ -61,7 +61,7 @@ def prestart() -> None:
     """Start this process's spare writer now, unless one is started or the settings choose the thread
     writer (a setting that is not valid is left for the checkpointer to refuse)."""
     global _spare
-    from baton.storage.priority import background_nice
+    from baton.storage.checkpointing.priority import background_nice
 
     if _spare is not None or os.environ.get(WRITER_ENV, "process").strip() == "thread":
         return

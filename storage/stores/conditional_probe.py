@@ -11,7 +11,7 @@ import uuid
 
 from baton.schemas.errors import ConditionalWritesIgnored, PreconditionFailed
 
-from baton.storage.base import ObjectStore
+from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import probe_key
 
 

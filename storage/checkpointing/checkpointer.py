@@ -35,13 +35,14 @@ from typing import Any, Callable, Collection, Optional
 
 from baton.schemas.manifest import CheckpointManifest
 
-from baton.storage.base import ObjectStore
-from baton.storage.commit_work import CheckpointRequest, Committed, CommitWork
-from baton.storage import owned_dirs, writer_start
+from baton.storage.stores.base import ObjectStore
+from baton.storage.checkpointing.commit_work import CheckpointRequest, Committed, CommitWork
+from baton.storage import owned_dirs
+from baton.storage.checkpointing import writer_start
 from baton.storage.layout import JobPaths
-from baton.storage.priority import background_nice as nice_setting, lower_this_thread
-from baton.storage.shared_buffers import SharedBuffers
-from baton.storage.snapshot import Copies, HostSnapshot
+from baton.storage.checkpointing.priority import background_nice as nice_setting, lower_this_thread
+from baton.storage.checkpointing.shared_buffers import SharedBuffers
+from baton.storage.checkpointing.snapshot import Copies, HostSnapshot
 
 UPLOAD_RETRY_S = 600.0
 """How long one checkpoint's upload and commit are retried through transient storage errors."""
@@ -122,7 +123,7 @@ class AsyncCheckpointer:
         if self.writer == "thread":
             writer_start.discard()  # a writer process started ahead has nothing to do here
         if self.writer == "process":
-            from baton.storage.writer_process import ProcessWriter
+            from baton.storage.checkpointing.writer_process import ProcessWriter
 
             self._shared = SharedBuffers(self._spool, log)
             config = {"store_url": store.reopen_url(), "job_id": paths.job_id, "attempt": attempt,

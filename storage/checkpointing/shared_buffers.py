@@ -32,7 +32,7 @@ import torch
 from baton.schemas.errors import CheckpointWriteFailed
 
 from baton.storage import owned_dirs
-from baton.storage.snapshot import Plain, only_scalars
+from baton.storage.checkpointing.plain import Plain, only_scalars
 
 SHM = Path("/dev/shm")
 PREFIX = "baton-snapshot-"

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional
 
 import torch
 
+from baton.storage.checkpointing.plain import Plain, only_scalars
+
 if TYPE_CHECKING:
-    from baton.storage.shared_buffers import SharedBuffers
+    from baton.storage.checkpointing.shared_buffers import SharedBuffers
 
 try:  # a sharded job's parameters and optimizer state (FSDP2): only the rank's own shard is copied
     from torch.distributed.tensor import DTensor
@@ -72,29 +74,6 @@ def _intra_op_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@dataclass(frozen=True)
-class Plain:
-    """A top-level value of a state that the snapshot keeps by reference instead of walking it:
-    it holds no tensors and nothing modifies it after the capture (the metrics rows: walked,
-    their thousands of numbers cost the loop more with every epoch). The writer unwraps it
-    (``unwrap``) just before serializing, so a checkpoint never holds a Plain."""
-
-    value: Any
-
-
-SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
-
-
-def only_scalars(items: Any) -> bool:
-    """Whether a list or tuple holds immutable scalars only (checked without a Python loop)."""
-    return set(map(type, items)) <= SCALARS
-
-
-def unwrap(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with its top-level Plain values replaced by what they hold."""
-    return {k: v.value if isinstance(v, Plain) else v for k, v in state.items()}
 
 
 @dataclass
