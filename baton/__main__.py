@@ -1,4 +1,4 @@
 """``python -m baton``: the ``baton`` command."""
-from baton.jobs.cli import main
+from baton.cli import main
 
 main()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from baton.jobs.services import WorkerProcess
 from baton.schemas.settings import BatonSettings
-from baton.workers.queue.celery_app import make_app, publish_run
+from baton.storage.records.messages import make_app, publish_run
 
 from tests.helpers import read_manifest, run_baton
 

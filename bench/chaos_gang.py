@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis as redis_lib
 
-from baton.jobs import keys
+from baton.storage.records import keys
 from baton.storage.stores.file_store import FileStore
 
 from tests.workers.parallel.test_fsdp import FSDP, assert_same_sharded_training

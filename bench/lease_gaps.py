@@ -19,7 +19,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis as redis_lib  # noqa: E402
 
-from baton.jobs import keys  # noqa: E402
+from baton.storage.records import keys  # noqa: E402
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
 from bench.recovery import SPEC, poll  # noqa: E402

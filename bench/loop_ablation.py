@@ -64,7 +64,7 @@ def run_variant(variant: str, epochs: int, store: Path, threads: int) -> None:
     """The variant's ``baton run`` in this process."""
     if variant != "baton":
         _remove(variant)
-    from baton.jobs.cli import main
+    from baton.cli import main
 
     sys.argv = ["baton", "run", str(ROOT / "examples" / "spiral.yaml"), "--id", "ablation", "--storage",
                 f"file://{store}", "--no-progress", "--set", f"loop.epochs={epochs}",

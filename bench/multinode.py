@@ -48,7 +48,7 @@ def admission(client: JobClient, spec: dict, name: str) -> tuple[object, float]:
 
 
 def gang_follower(client: JobClient, job_id: str) -> str:
-    from baton.workers.queue.gang import Gangs
+    from baton.storage.records.gangs import Gangs
 
     return poll(lambda: (g := Gangs(client.records.redis).read(job_id)) and g.state == "running" and g.workers[1])
 

@@ -34,9 +34,9 @@ from baton.storage.layout import JobPaths, check_job_id, is_side_output, new_job
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.open import open_client_store
 
-from baton.jobs.logs import FOLLOW_POLL_S, follow_log, read_log
-from baton.jobs.records import JobRecords, spec_fields
-from baton.jobs.redis_conn import connect
+from baton.storage.job_log import FOLLOW_POLL_S, follow_log, read_log
+from baton.storage.records.job_records import JobRecords, spec_fields
+from baton.storage.records.connection import connect
 from baton.jobs.specfile import SpecSource, load_spec, read_raw
 from baton.jobs.sweeps import SweepEntry, plan, rank
 
@@ -209,7 +209,7 @@ class JobClient:
         self._celery = None
 
     def _publish(self, job_id: str, attempt: int) -> None:
-        from baton.workers.queue.celery_app import make_app, publish_run  # the Celery app only, never the loop
+        from baton.storage.records.messages import make_app, publish_run  # the Celery app only, never the loop
 
         if self._celery is None:
             self._celery = make_app(self.settings)

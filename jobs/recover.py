@@ -29,7 +29,7 @@ from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JOBS_PREFIX, JobPaths, job_id_of_spec
 from baton.storage.manifest_store import ManifestStore
 
-from baton.jobs.records import JobRecords, spec_fields
+from baton.storage.records.job_records import JobRecords, spec_fields
 
 ATTEMPTS_SKIPPED = 1
 """Attempt numbers left out past the manifest's: one may have been claimed in the lost Redis."""

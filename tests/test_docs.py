@@ -54,7 +54,7 @@ def test_the_spec_reference_names_every_field_of_the_spec(site):
 def test_the_cli_reference_names_every_command(site):
     from typer.main import get_command
 
-    from baton.jobs.cli import app
+    from baton.cli import app
 
     page = (site / "cli" / "index.html").read_text()
     missing = [name for name in get_command(app).commands if f"baton {name}" not in page]

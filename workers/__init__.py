@@ -8,7 +8,7 @@ Rooms, each importing only from the rooms below it (and from ``baton.schemas`` a
     tracking/    what a run leaves for people: job logs, TensorBoard, MLflow, the report, curves, Prometheus
     training/    the loop and everything a step needs: components, data, tasks, AMP, RNG, train state
 
-``queue`` -> ``attempt`` -> ``parallel``, ``tracking`` -> ``training``. The queue side also reads and writes
-job records through ``baton.jobs`` (keys, records, the Redis connection); nothing in ``baton.jobs``
-imports the training loop except the CLI's ``run`` and ``worker`` commands, lazily.
+``queue`` -> ``attempt`` -> ``parallel``, ``tracking`` -> ``training``. The queue side reads and writes job
+records through ``baton.storage.records`` (keys, records, leases, the Redis connection), as the user's side
+(``baton.jobs``) does; neither side imports the other.
 """

@@ -331,7 +331,7 @@ def _param_name(param: Any) -> str:
 def cli_reference() -> str:
     import typer
 
-    from baton.jobs.cli import app
+    from baton.cli import app
 
     group = typer.main.get_command(app)
     root_ctx = _click_context(group, "baton")

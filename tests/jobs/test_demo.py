@@ -16,7 +16,7 @@ def _demo(cwd, *args: str, prelude: str = "", timeout: float = 600) -> subproces
     env = baton_env()
     for name in ("BATON_REDIS_URL", "AWS_ENDPOINT_URL"):
         env.pop(name, None)
-    code = f"{prelude}\nimport sys; sys.argv = ['baton', 'demo', *sys.argv[1:]]\nfrom baton.jobs.cli import main; main()"
+    code = f"{prelude}\nimport sys; sys.argv = ['baton', 'demo', *sys.argv[1:]]\nfrom baton.cli import main; main()"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -85,7 +85,7 @@ def test_a_finished_job_is_recovered_as_succeeded_and_a_live_record_is_left_alon
 
 def test_a_job_whose_stored_spec_is_unreadable_is_skipped_and_the_others_recovered(redis_server, tmp_path):
     from baton.jobs.recover import recover_jobs
-    from baton.jobs.records import JobRecords
+    from baton.storage.records.job_records import JobRecords
     from baton.storage.stores.file_store import FileStore as Store
 
     client = redis_lib.Redis.from_url(redis_server.url, decode_responses=True)

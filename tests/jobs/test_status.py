@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from baton.jobs import records
+from baton.storage.records import job_records as records
 from baton.jobs.display import details
 from tests.helpers import make_spec
 from tests.workers.conftest import SPEC

@@ -7,7 +7,7 @@ import json
 import pytest
 import redis
 
-from baton.jobs import keys
+from baton.storage.records import keys
 from baton.schemas.errors import SpecError
 from baton.schemas.spec import JobSpec
 from tests.helpers import make_spec, run_baton, write_spec

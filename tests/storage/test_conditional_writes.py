@@ -24,7 +24,7 @@ def careless_gateway(s3_server):
 
 
 def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
-    from baton.storage.stores.conditional_probe import check_conditional_writes
+    from baton.storage.conditional_probe import check_conditional_writes
 
     store = open_store(f"s3://{s3_bucket}/runs")
     check_conditional_writes(store)
@@ -33,7 +33,7 @@ def test_the_probe_passes_on_a_store_that_honours_conditions(s3_bucket):
 
 def test_the_probe_refuses_a_store_that_ignores_conditions(s3_bucket, careless_gateway):
     from baton.schemas.errors import ConditionalWritesIgnored
-    from baton.storage.stores.conditional_probe import check_conditional_writes
+    from baton.storage.conditional_probe import check_conditional_writes
 
     store = store_through(careless_gateway, s3_bucket)
     with pytest.raises(ConditionalWritesIgnored) as refused:

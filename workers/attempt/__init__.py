@@ -2,6 +2,6 @@
 (one process or a data-parallel group), finalize (weights, report, curves, ``completed``).
 ``local`` is ``baton run``: an attempt in this process, with no Redis.
 
-May import ``training``, ``parallel``, ``tracking``, ``baton.schemas``, ``baton.storage`` and
-``baton.jobs.logs`` and ``baton.jobs.redaction``; never the queue side.
+May import ``training``, ``parallel``, ``tracking``, ``baton.schemas`` and ``baton.storage``; never the
+queue side.
 """

@@ -20,8 +20,8 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
-from baton.jobs.display import summary
-from baton.jobs.redaction import RedactingFilter, Redactor
+from baton.workers.training.failures import summary
+from baton.storage.redaction import RedactingFilter, Redactor
 from baton.schemas.errors import CheckpointWriteFailed, FencedOut, TransientError, formatted_traceback
 from baton.schemas.spec import JobSpec
 from baton.storage.stores.open import open_store

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 
-from baton.jobs.logs import BATON_STREAM
+from baton.storage.job_log import BATON_STREAM
 from baton.schemas.errors import FencedOut, TransientError, formatted_traceback
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, Reshard
 from baton.schemas.spec import JobSpec

@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from baton.jobs.redaction import Redactor
+from baton.storage.redaction import Redactor
 from baton.schemas.errors import CheckpointCorrupt, CheckpointWriteFailed, TransientError, exception_chain
 
 from baton.workers.parallel.errors import RankLost

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch.distributed as dist

@@ -13,10 +13,10 @@ import torch
 from celery import signals
 from celery.worker import state as celery_state
 
-from baton.jobs import keys
-from baton.jobs.records import JobRecords
-from baton.jobs.redaction import RedactingFilter, Redactor
-from baton.jobs.redis_conn import connect
+from baton.storage.records import keys
+from baton.storage.records.job_records import JobRecords
+from baton.storage.redaction import RedactingFilter, Redactor
+from baton.storage.records.connection import connect
 from baton.schemas.settings import BatonSettings
 from baton.storage.stores.open import open_store
 from baton.storage.memory import memory_slots
@@ -25,8 +25,9 @@ from baton.workers.attempt.scratch import remove_orphaned_scratch
 from baton.workers.tracking import prometheus
 from baton.workers.training.determinism import prepare_process
 
-from baton.workers.queue import presence
-from baton.workers.queue.celery_app import app, publish_join, publish_run
+from baton.storage.records import presence
+from baton.storage.records.messages import publish_join, publish_run
+from baton.workers.queue.celery_app import app
 from baton.workers.queue.worker_control import WorkerContext
 from baton.workers.queue.preemption import PREEMPTION
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS

@@ -27,7 +27,7 @@ from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.tracking import prometheus
 
-from baton.workers.queue import lease
+from baton.storage.records import leases
 from baton.workers.queue.redis_retry import while_leased
 
 if TYPE_CHECKING:
@@ -55,13 +55,13 @@ def catch_up_with_manifest(control: "WorkerControl", attempt: int, nonce: str, s
             return attempt
         except ManifestAhead as exc:
             newer = exc.current + 1
-            new_token = lease.token(newer, ctx.worker, nonce)
+            new_token = leases.token(newer, ctx.worker, nonce)
             held = control.token
             # retried *inside* the swap: between a try whose reply was lost (it may have moved the
             # lease) and its retry, a renewal with the old token would find the lease gone and
             # fence this attempt out; the script is idempotent for this claim, so retrying is safe
             moved = control.heartbeat.swap_token(lambda: control.leased(
-                lambda: lease.catch_up(ctx.redis, job_id, held, attempt, newer, new_token, ctx.settings.lease_ttl_s),
+                lambda: leases.catch_up(ctx.redis, job_id, held, attempt, newer, new_token, ctx.settings.lease_ttl_s),
                 "catching up with the manifest"), new_token)
             if not moved:
                 raise FencedOut(f"job {job_id}: attempt {attempt} is behind the manifest ({exc}) and no longer "

@@ -44,9 +44,9 @@ from baton.workers.parallel import failure_report
 from baton.workers.parallel.errors import NodeReleased, RankFailed, RankLost
 from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit
 
-from baton.jobs import keys
+from baton.storage.records import keys
 
-from baton.workers.queue.gang import Gang, Gangs, Led, Membership
+from baton.storage.records.gangs import Gang, Gangs, Led, Membership
 
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")

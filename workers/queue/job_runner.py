@@ -32,8 +32,8 @@ from typing import Optional
 import redis
 from kombu.exceptions import KombuError
 
-from baton.jobs import keys
-from baton.jobs.display import summary
+from baton.storage.records import keys
+from baton.workers.training.failures import summary
 from baton.schemas.errors import FencedOut, SpecError, TransientError, formatted_traceback
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.spec import JobSpec
@@ -49,7 +49,9 @@ from baton.workers.training.control import StepReport
 from baton.workers.training.loop import Outcome
 from baton.workers.training.targets import unavailable
 
-from baton.workers.queue import gang_runner, lease
+from baton.workers.queue import gang_runner
+from baton.storage.records import leases
+from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.claims import catch_up_with_manifest, release_if_still_mine
 from baton.workers.queue.redis_retry import while_leased
 from baton.workers.queue.stall import StallWatchdog, exit_process
@@ -214,10 +216,10 @@ class Comeback:
 
 def _claim_and_run_once(ctx: WorkerContext, job_id: str, attempt: int, gang: Optional["gang_runner.Leadership"],
                         memory: JobMemory, comeback: Optional[Death]) -> "str | Comeback":
-    nonce = lease.new_nonce()
+    nonce = leases.new_nonce()
     try:  # no lease yet: wait for Redis one lease TTL, then leave the message to the reaper's re-publish
         wait_until = time.monotonic() + ctx.settings.lease_ttl_s
-        claimed = while_leased(lambda: lease.claim(ctx.redis, job_id, attempt, ctx.worker, ctx.settings.lease_ttl_s,
+        claimed = while_leased(lambda: leases.claim(ctx.redis, job_id, attempt, ctx.worker, ctx.settings.lease_ttl_s,
                                                    nonce),
                                lambda: wait_until, f"job {job_id}: the claim")
     except FencedOut as exc:
@@ -227,7 +229,7 @@ def _claim_and_run_once(ctx: WorkerContext, job_id: str, attempt: int, gang: Opt
         _log.info("job %s attempt %d: dropped (%s)", job_id, attempt, claimed.reason)
         return "dropped"
     spec_data = json.loads(claimed.spec)
-    heartbeat = lease.Heartbeat(ctx.redis, job_id, claimed.token, ctx.worker, ctx.settings.lease_ttl_s,
+    heartbeat = Heartbeat(ctx.redis, job_id, claimed.token, ctx.worker, ctx.settings.lease_ttl_s,
                                 ctx.settings.heartbeat_s, on_renew=prometheus.LEASE_RENEWALS.inc)
     heartbeat.start()
     prometheus.JOBS_STARTED.inc()
@@ -251,7 +253,7 @@ def _claim_and_run_once(ctx: WorkerContext, job_id: str, attempt: int, gang: Opt
             ended = outcome = "fenced"
         if outcome == "fenced" and heartbeat.unreachable.is_set():
             heartbeat.stop()  # the lease is not renewed any more: the release below must find it as it is
-            release_if_still_mine(control, lease.attempt_of(control.token), lambda n: _publish(ctx, job_id, n))
+            release_if_still_mine(control, leases.attempt_of(control.token), lambda n: _publish(ctx, job_id, n))
         return ended
     finally:
         prometheus.JOBS_RUNNING.dec()  # first: the job's record already says how it ended

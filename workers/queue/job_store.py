@@ -15,7 +15,7 @@ from typing import Optional
 from urllib.parse import urlparse
 
 from baton.schemas.errors import BatonError, TransientError
-from baton.storage.stores.conditional_probe import check_conditional_writes
+from baton.storage.conditional_probe import check_conditional_writes
 from baton.storage.layout import JobPaths
 from baton.storage.stores.open import open_store
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from celery.exceptions import Reject
 
 from baton.workers.queue.bootstrap import worker_context
-from baton.workers.queue.celery_app import JOIN_GANG_TASK, RUN_JOB_TASK, app
+from baton.storage.records.messages import JOIN_GANG_TASK, RUN_JOB_TASK
+from baton.workers.queue.celery_app import app
 from baton.workers.queue.job_runner import join_gang, run_job
 from baton.workers.queue.preemption import PREEMPTION
 

@@ -10,8 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TypeVar
 
-from baton.jobs.records import JobRecords
-from baton.jobs.redaction import Redactor
+import redis
+
+from baton.storage.records.job_records import JobRecords
+from baton.storage.redaction import Redactor
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
@@ -22,7 +24,7 @@ from baton.workers.parallel.launcher import offered_gpus
 from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport
 
-from baton.workers.queue import lease
+from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.job_store import StoreChecks
 from baton.workers.queue.preemption import Preemption
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
@@ -57,7 +59,7 @@ class WorkerContext:
 class WorkerControl(LoopControl):
     """The loop's view of the lease, the cancel flag and the worker's shutdown."""
 
-    def __init__(self, ctx: WorkerContext, job_id: str, heartbeat: lease.Heartbeat):
+    def __init__(self, ctx: WorkerContext, job_id: str, heartbeat: Heartbeat):
         self.ctx, self.job_id, self.heartbeat = ctx, job_id, heartbeat
         self._last_progress = 0.0
         self._last_step = None

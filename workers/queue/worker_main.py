@@ -126,7 +126,7 @@ def check_storage(storage_url: str, waits: tuple[float, ...] = STORAGE_START_WAI
     must not take jobs; a store that is briefly away (a blip while a node or a restarted slot
     starts) is waited for."""
     from baton.schemas.errors import BatonError, TransientError
-    from baton.storage.stores.conditional_probe import check_conditional_writes
+    from baton.storage.conditional_probe import check_conditional_writes
     from baton.storage.stores.open import open_store
 
     for wait in (*waits, None):

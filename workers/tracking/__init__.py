@@ -2,6 +2,5 @@
 runs, the report and its curves, and the worker's Prometheus metrics.
 
 May import ``training`` (its ``LoopControl`` callbacks feed the trackers), ``baton.schemas``,
-``baton.storage``, ``baton.jobs.logs`` (the job log's markers) and ``baton.jobs.redaction``. A
-tracker's failure is logged and counted; it never fails a job.
+``baton.storage``. A tracker's failure is logged and counted; it never fails a job.
 """

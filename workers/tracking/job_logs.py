@@ -36,8 +36,8 @@ import time
 from datetime import datetime, timezone
 from typing import Mapping, Optional
 
-from baton.jobs.logs import BATON_STREAM, END_MARKER
-from baton.jobs.redaction import Redactor
+from baton.storage.job_log import BATON_STREAM, END_MARKER
+from baton.storage.redaction import Redactor
 from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths
 

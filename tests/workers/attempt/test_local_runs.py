@@ -83,7 +83,7 @@ def test_a_run_killed_outright_is_taken_over_at_once_and_ends_bit_exact(tmp_path
 
 
 def test_following_the_log_of_a_run_killed_outright_stops_and_says_so(tmp_path):
-    from baton.jobs.logs import log_chunks
+    from baton.storage.job_log import log_chunks
 
     slower = make_spec(data={**SPEC["data"], "kwargs": {"n_per_class": 300, "delay_s": 0.01}}, loop={"epochs": 2})
     spec_path = write_spec(tmp_path, slower)

@@ -31,7 +31,7 @@ NODES_ENV = {"BATON_GANG_DISTINCT": "worker", "BATON_NODE_ADDRESS": "127.0.0.1"}
 
 
 def gang_of(cluster, job_id: str):
-    from baton.workers.queue.gang import Gangs
+    from baton.storage.records.gangs import Gangs
 
     return Gangs(cluster.client.records.redis).read(job_id)
 

@@ -6,8 +6,8 @@ import sys
 
 from baton.jobs.services import die_with_parent
 from baton.schemas.settings import BatonSettings
-from baton.workers.queue.celery_app import make_app
-from baton.workers.queue.celery_config import celery_settings
+from baton.storage.records.messages import make_app
+from baton.storage.records.celery_config import celery_settings
 
 from tests.helpers import REPO, make_spec
 

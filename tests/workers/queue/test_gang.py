@@ -8,10 +8,10 @@ import time
 import pytest
 import redis
 
-from baton.jobs import keys
-from baton.jobs.records import JobRecords
-from baton.workers.queue import lease, reaper
-from baton.workers.queue.gang import Gangs
+from baton.storage.records import keys
+from baton.storage.records.job_records import JobRecords
+from baton.storage.records import leases as lease, reaping as reaper
+from baton.storage.records.gangs import Gangs
 
 from tests.workers.queue.test_reaper import new_job
 

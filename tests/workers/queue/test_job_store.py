@@ -30,7 +30,7 @@ def test_a_job_on_a_file_store_not_the_workers_own_is_passed_on_saying_why(clust
 def test_a_job_whose_store_does_not_hold_its_spec_is_passed_on(cluster):
     import redis
 
-    from baton.jobs import keys
+    from baton.storage.records import keys
 
     job = cluster.client.submit(QUICK, "moved")
     cluster.store().delete("jobs/moved/spec.json")  # as a worker seeing another bucket of that name would

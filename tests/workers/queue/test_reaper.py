@@ -11,11 +11,12 @@ import time
 import pytest
 import redis
 
-from baton.jobs import keys
-from baton.jobs.records import JobRecords
+from baton.storage.records import keys
+from baton.storage.records.job_records import JobRecords
 from baton.schemas.settings import BatonSettings
-from baton.workers.queue import lease, reaper
-from baton.workers.queue.celery_app import make_app, publish_run
+from baton.storage.records import leases as lease, reaping as reaper
+from baton.workers.queue.reaper import Reaper
+from baton.storage.records.messages import make_app, publish_run
 
 
 @pytest.fixture
@@ -196,7 +197,7 @@ def test_a_reaper_that_lived_through_a_redis_pause_does_not_count_the_lapsed_lea
         celery = make_app(BatonSettings(redis_url=server.url))
         new_job(records, "p", max_attempts=2)
         assert lease.claim(client, "p", 1, "w1", ttl_s=0.6).ok
-        thread = reaper.Reaper(client, lambda job, attempt, queue: publish_run(celery, job, attempt, queue),
+        thread = Reaper(client, lambda job, attempt, queue: publish_run(celery, job, attempt, queue),
                                period_s=0.2, worker="r1", lease_ttl_s=0.6)
         thread.start()
         time.sleep(0.3)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from baton.jobs import keys
+from baton.storage.records import keys
 from baton.jobs.services import _wait, die_with_parent, free_port
 
 from tests.conftest import Cluster
@@ -191,7 +191,7 @@ def test_a_worker_whose_start_meets_a_redis_outage_waits_for_it_and_starts_whole
     """Redis gone between the worker's broker connection and its start-up's own Redis calls: the worker
     waits for Redis, then starts its reaper and announces its queues (its start-up raised, and it took
     jobs with no reaper, no preemption handler and no presence: a frozen holder was never reaped)."""
-    from baton.jobs import keys
+    from baton.storage.records import keys
     from baton.jobs.services import WorkerProcess
 
     redis.Redis.from_url(redis_server.url).flushdb()

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from baton.schemas.settings import BatonSettings
-from baton.workers.queue.celery_app import make_app, publish_run
+from baton.storage.records.messages import make_app, publish_run
 
 from tests.helpers import assert_same_training, descendants, kill_when, make_spec, read_manifest
 from tests.workers.conftest import SPEC  # noqa: F401 (tests in other modules import it from here)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from baton.jobs import keys
+from baton.storage.records import keys
 from baton.jobs.services import WorkerProcess
 from tests.workers.queue.test_worker_loss import wait_for
 

@@ -10,7 +10,7 @@ import json
 import re
 import subprocess
 
-from baton.jobs.logs import read_log
+from baton.storage.job_log import read_log
 from baton.workers.tracking.job_logs import Redactor
 from baton.workers.tracking.mlflow_tracking import flatten, row_metrics
 
@@ -138,7 +138,7 @@ def test_the_console_copy_is_redacted_when_a_secret_is_split_between_two_reads(t
 def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
     """A chunk is rewritten while it grows, left as is when full; readers see every line once, in
     order, across chunks and attempts."""
-    from baton.jobs.logs import follow_log, log_chunks
+    from baton.storage.job_log import follow_log, log_chunks
     from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.tracking import job_logs
@@ -165,7 +165,7 @@ def test_chunks_roll_over_and_follow_reads_them_in_order(tmp_path, monkeypatch):
 def test_follow_keeps_the_lines_a_chunk_gained_as_it_was_sealed(tmp_path, monkeypatch):
     """A follower that read a chunk while it grew must read it once more after the next chunk
     appears: the lines added before it was sealed are not lost."""
-    from baton.jobs.logs import follow_log
+    from baton.storage.job_log import follow_log
     from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.tracking import job_logs

@@ -10,7 +10,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from baton.jobs.cli import app
+from baton.cli import app
 from baton.schemas.spec import JobSpec
 from baton.storage.stores.file_store import FileStore
 from baton.workers.attempt.session import run_attempt

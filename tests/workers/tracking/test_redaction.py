@@ -4,7 +4,7 @@ JSON credential); a URL password holding '@' (user info ends at the last '@', as
 read it)."""
 from __future__ import annotations
 
-from baton.jobs.redaction import Redactor
+from baton.storage.redaction import Redactor
 from baton.workers.tracking.mlflow_tracking import shown_uri
 from tests.helpers import make_spec
 from tests.workers.queue.test_worker_loss import wait_for

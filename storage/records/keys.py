@@ -44,7 +44,7 @@ def queue_workers(queue: str) -> str:
 
 def gang(job_id: str) -> str:
     """Hash: the gang of workers forming for, or running, an attempt of a multi-node job; it expires
-    unless its leader renews it (``workers/queue/gang.py``)."""
+    unless its leader renews it (``storage/records/gangs.py``)."""
     return f"{PREFIX}:job:{job_id}:gang"
 
 

@@ -1,4 +1,4 @@
-"""A worker's hold on a job: the claim that starts an attempt, and the heartbeat that keeps it.
+"""A worker's hold on a job: the claim that starts an attempt, and the renewal that keeps it.
 
 The claim succeeds only for the message of the next attempt (``attempt == record.attempt + 1``)
 of a job waiting for a worker, so a duplicate or stale delivery is dropped without training.
@@ -8,27 +8,21 @@ out to be behind the manifest (Redis came back behind the object store: AOF loss
 replica, a restore from backup), the holder *catches up*: while its lease is still the job's, the
 record's attempt jumps past the manifest's and the lease follows, in one script, and training goes
 on under the new number (``claims.py``). Nothing is counted as lost.
-The heartbeat renews the lease every ``heartbeat_s`` and brings back the job's cancel flag and
-the worker's stopping flag; when the lease is gone, or cannot be renewed for a whole TTL, the
-attempt is fenced out and must stop.
+``renew`` is one heartbeat's renewal (``baton.workers.queue.heartbeat`` sends them): it brings back
+the job's cancel flag and the worker's stopping flag with the lease.
 """
 from __future__ import annotations
 
-import logging
 import secrets
-import threading
-import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import redis
 
-from baton.jobs import keys
-from baton.jobs.records import now
+from baton.storage.records import keys
+from baton.storage.records.job_records import now
 
-from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 
-_log = logging.getLogger("baton.worker")
 
 _CLAIM = """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -111,73 +105,20 @@ def token(attempt: int, worker: str, nonce: str = "") -> str:
     return f"{attempt}:{worker}:{nonce}" if nonce else f"{attempt}:{worker}"
 
 
-class Heartbeat(threading.Thread):
-    """Renews the lease in the background; the loop reads its flags between steps."""
+@dataclass(frozen=True)
+class Renewal:
+    held: bool  # the lease was still this token's, and now lives another TTL
+    cancel_requested: bool
+    worker_stopping: bool
 
-    def __init__(self, client: redis.Redis, job_id: str, lease_token: str, worker: str, ttl_s: float, every_s: float,
-                 on_renew: Callable[[], None] = lambda: None):
-        super().__init__(name=f"baton-heartbeat-{job_id}", daemon=True)
-        self._renew = client.register_script(_RENEW)
+
+class Renewer:
+    """One job's lease renewals for one worker (the script registered once)."""
+
+    def __init__(self, client: redis.Redis, job_id: str, worker: str):
+        self._script = client.register_script(_RENEW)
         self._keys = [keys.lease(job_id), keys.job(job_id), keys.worker_stopping(worker)]
-        self._token, self._ttl_ms, self._every_s, self._ttl_s = lease_token, int(ttl_s * 1000), every_s, ttl_s
-        self._stopping = threading.Event()  # not _stop: that is Thread's own method, which a fork calls
-        self.fenced = threading.Event()
-        self.cancel_requested = threading.Event()
-        self.worker_stopping = threading.Event()
-        self.unreachable = threading.Event()  # a renewal failed, or Redis took longer than a period to answer
-        self._on_renew = on_renew
-        self._lock = threading.Lock()  # a renewal and a change of token never overlap
-        self._confirmed_at = time.monotonic()  # the claim that set the lease was sent before this
 
-    @property
-    def token(self) -> str:
-        return self._token
-
-    def swap_token(self, change: Callable[[], bool], new_token: str) -> bool:
-        """Run ``change`` (the script that moves the lease to ``new_token``) between two renewals;
-        renew ``new_token`` from then on if it returned True."""
-        with self._lock:
-            if not change():
-                return False
-            self._token = new_token
-            return True
-
-    def valid_until(self) -> float:
-        """time.monotonic() past which the lease may have expired: the last renewal that succeeded
-        was *sent* at ``_confirmed_at``, so Redis set its expiry no earlier than that plus the TTL."""
-        return self._confirmed_at + self._ttl_s
-
-    def run(self) -> None:
-        while not self._stopping.wait(self._every_s):
-            sent = time.monotonic()
-            try:
-                with self._lock:
-                    held, cancel, stopping = self._renew(keys=self._keys, args=[self._token, self._ttl_ms])
-            except redis.RedisError as exc:
-                if isinstance(exc, TRANSIENT_REDIS_ERRORS):
-                    self.unreachable.set()
-                if time.monotonic() >= self.valid_until():  # cannot prove the lease is still ours
-                    _log.warning("lease %s: no renewal for %.0fs (%s): fencing this attempt out", self._token,
-                                 self._ttl_s, exc)
-                    self.fenced.set()
-                    return
-                _log.warning("lease %s: renewal failed (%s); the lease holds for %.1fs more", self._token, exc,
-                             self.valid_until() - time.monotonic())
-                continue
-            if time.monotonic() - sent > self._every_s:  # Redis held the renewal back (paused, overloaded)
-                self.unreachable.set()
-            if not held:
-                _log.warning("lease %s %s: fencing this one out", self._token,
-                             "lapsed while Redis was unreachable" if self.unreachable.is_set()
-                             else "is gone: another attempt owns the job")
-                self.fenced.set()
-                return
-            self._confirmed_at = sent
-            self._on_renew()
-            if cancel:
-                self.cancel_requested.set()
-            if stopping:
-                self.worker_stopping.set()
-
-    def stop(self) -> None:
-        self._stopping.set()
+    def __call__(self, lease_token: str, ttl_ms: int) -> Renewal:
+        held, cancel, stopping = self._script(keys=self._keys, args=[lease_token, ttl_ms])
+        return Renewal(bool(held), bool(cancel), bool(stopping))

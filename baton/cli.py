@@ -136,8 +136,8 @@ def run(
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - the job's failure (an asyncio.CancelledError is a BaseException):
-        from baton.jobs.display import failure  # the cause and the user's own frames; the whole traceback is in the job's log
-        from baton.jobs.redaction import Redactor
+        from baton.workers.training.failures import failure  # the cause and the user's own frames; the whole traceback is in the job's log
+        from baton.storage.redaction import Redactor
 
         where = f"baton logs {job_id}" + ("" if store.url == settings.storage_url else f" --storage {store.url}")
         typer.echo(Redactor()(failure(exc, settings.allowed_prefixes, where)), err=True)
@@ -390,7 +390,7 @@ def health() -> None:
     and readiness probes."""
     import redis
 
-    from baton.jobs.redis_conn import connect
+    from baton.storage.records.connection import connect
 
     try:
         connect(_settings()).ping()
@@ -462,7 +462,7 @@ def main() -> None:
 
 def _infrastructure_line(exc: BaseException) -> Optional[str]:
     from baton.jobs.infra import explain
-    from baton.jobs.redaction import Redactor
+    from baton.storage.redaction import Redactor
 
     line = explain(exc, os.environ.get("BATON_REDIS_URL") or DEFAULT_REDIS_URL)
     return None if line is None else Redactor()(line)

@@ -23,7 +23,7 @@ from baton.schemas.errors import JobNotFound
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState, JobStatus
 
-from baton.jobs import keys
+from baton.storage.records import keys
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end

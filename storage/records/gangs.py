@@ -42,8 +42,8 @@ from typing import Optional
 
 import redis
 
-from baton.jobs import keys
-from baton.jobs.records import now
+from baton.storage.records import keys
+from baton.storage.records.job_records import now
 
 # The scripts' shared parts. waiting: whether the job still waits for a worker (a cancelled one does not);
 # waiting_for: what its status says meanwhile (with why a worker was not taken, if one was not).

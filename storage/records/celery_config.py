@@ -1,12 +1,12 @@
 """baton's Celery settings, each with the reason it is set (celery/app/defaults.py names them).
 
 Celery only delivers messages here; job state, leases and retries are baton's own (see
-jobs/records.py, workers/queue/lease.py, workers/queue/reaper.py), because with a Redis broker Celery's
+storage/records/job_records.py, storage/records/leases.py, storage/records/reaping.py), because with a Redis broker Celery's
 redelivery is slow after a SIGKILL (visibility_timeout) and can run a long task twice.
 """
 from __future__ import annotations
 
-from baton.jobs.redis_conn import ssl_options
+from baton.storage.records.connection import ssl_options
 from baton.schemas.settings import BatonSettings
 
 VISIBILITY_TIMEOUT_S = 6 * 3600

@@ -1,10 +1,10 @@
 """Which queues live workers serve: every worker announces its queues on each reaper pass, so that a
-client can tell a job waiting on a queue that no live worker serves (``baton.jobs.records``)."""
+client can tell a job waiting on a queue that no live worker serves (``baton.storage.records.job_records``)."""
 from __future__ import annotations
 
 import redis
 
-from baton.jobs import keys
+from baton.storage.records import keys
 
 LAPSES_AFTER_PERIODS = 3
 """An announcement lapses after this many reaper periods without a new one: one late pass keeps it."""
