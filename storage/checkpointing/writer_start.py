@@ -22,7 +22,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(sys.modules[__name__.split(".")[0]].__file__ or ".").resolve().parents[1]
+"""The folder ``baton`` is imported from (a checkout, or site-packages): first on the writer's path."""
 WRITER_ENV = "BATON_CHECKPOINT_WRITER"
 """``process`` (the default where it can be), or ``thread``: where a checkpoint's commit runs."""
 
