@@ -40,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton.jobs.services import S3Server  # noqa: E402
 from baton.schemas.spec import JobSpec  # noqa: E402
-from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest  # noqa: E402
+from baton.storage.checkpointing.contract import CheckpointTarget
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer  # noqa: E402
+from baton.storage.checkpointing.contract import CheckpointRequest
 from baton.storage.stores.file_store import FileStore  # noqa: E402
 from baton.storage.layout import JobPaths  # noqa: E402
 from baton.storage.stores.open import open_store  # noqa: E402
@@ -149,7 +151,7 @@ def clean(store, prefix: str) -> None:
 def measure_pause(parts, store, repeats: int) -> dict:
     """Median stall of each method, interleaved: one of each per repeat, order rotating."""
     paths = JobPaths("bench")
-    ckpt = AsyncCheckpointer(store, paths, attempt=1, keep_last=2, log=lambda m: None)
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, paths, attempt=1, keep_last=2, log=lambda m: None))
     ckpt.wait_for_writer()  # its writer process starts during a real attempt's start-up
     dcp = Dcp()
     first = timed(lambda: ckpt.save(lambda: capture(parts), CheckpointRequest(0, 0, 0, "step"), mandatory=True))
@@ -184,7 +186,7 @@ def measure_pause(parts, store, repeats: int) -> dict:
 def run_steps(parts, steps: int, every: int, method: str, store) -> float:
     """steps/s over ``steps`` training steps with a checkpoint every ``every`` by ``method``,
     including the wait for the last one (a run is over when its checkpoint is)."""
-    ckpt = AsyncCheckpointer(store, JobPaths("bench-tput"), attempt=1, keep_last=2, log=lambda m: None) \
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, JobPaths("bench-tput"), attempt=1, keep_last=2, log=lambda m: None)) \
         if method == "baton" else None
     if ckpt is not None:
         ckpt.wait_for_writer()  # its writer process starts during a real attempt's start-up

@@ -23,6 +23,7 @@ epochs, for every variant and the bare loop, interleaved (the order reversed eve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -53,7 +54,7 @@ def _remove(variant: str) -> None:
         session.TensorBoardTracker = NoTracker
     elif variant == "no-job-log":
         run_attempt = session.run_attempt
-        local.run_attempt = lambda *args, **kwargs: run_attempt(*args, **{**kwargs, "job_log": False})
+        local.run_attempt = lambda attempt, options: run_attempt(attempt, dataclasses.replace(options, job_log=False))
     elif variant == "per-sample":
         data.SplitView.tensor_batches = lambda self: None
     elif variant == "no-checkpoint":

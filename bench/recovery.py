@@ -112,7 +112,7 @@ def in_process_cost(spec: dict, repeats: int, root: Path, modes: tuple = ("off",
     from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
     from baton.workers.attempt.local import register_spec
-    from baton.workers.attempt.session import run_attempt
+    from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
     from baton.workers.training.control import LoopControl
 
     class Quiet(LoopControl):
@@ -134,7 +134,7 @@ def in_process_cost(spec: dict, repeats: int, root: Path, modes: tuple = ("off",
             dirs[0].mkdir(parents=True)
             control = Quiet()
             started = time.perf_counter()
-            result = run_attempt(parsed, job, store, 1, control, memory=[str(d) for d in dirs])
+            result = run_attempt(Attempt(parsed, job, 1, store), AttemptOptions(control, memory=tuple([str(d) for d in dirs])))
             times[mode].append((time.perf_counter() - started) / result.outcome.step)
             said[mode] = next((line for line in control.lines if line.startswith("in-memory copies:")), "")
     off = statistics.median(times["off"])

@@ -80,10 +80,10 @@ def rank_main(rank: int, args) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from baton.storage.checkpointing.commit_work import CheckpointRequest
+    from baton.storage.checkpointing.contract import CheckpointRequest, CheckpointTarget
     from baton.storage.stores.file_store import FileStore
     from baton.storage.layout import JobPaths
-    from baton.workers.parallel.distributed import RankGroup
+    from baton.workers.parallel.distributed import RankGroup, RankSeat
     from baton.workers.parallel.fsdp import shard_model
     from baton.workers.parallel.rendezvous import open_store
     from baton.workers.parallel.sharded_checkpoint import ShardedCheckpointer
@@ -93,8 +93,7 @@ def rank_main(rank: int, args) -> dict:
 
     torch.set_num_threads(args.threads)
     root = Path(args.root)
-    group = RankGroup.join(open_store(root, 2, 60, args.secret), rank, 2, args.device, 0, args.secret,
-                           strategy="fsdp")
+    group = RankGroup.join(open_store(root, 2, 60, args.secret), RankSeat(rank, 2, args.device), args.secret, seed=0, sharded=True)
     device = group.device
     results = {}
     for mode in [args.mode]:
@@ -121,8 +120,8 @@ def rank_main(rank: int, args) -> dict:
                           for t in tensors(part) if isinstance(t, DTensor))
         store = FileStore(root / f"store-{mode}")
         if mode == "baton":
-            checkpointer = ShardedCheckpointer(group, parts, store, JobPaths(f"bench-{mode}"), 1, keep_last=2,
-                                               log=lambda message: None)
+            checkpointer = ShardedCheckpointer(group, parts, CheckpointTarget(store, JobPaths(f"bench-{mode}"), 1, 2,
+                                                                              log=lambda message: None))
         stalls, taken, skipped, pending = [], 0, 0, None
         own = lambda: {"format": 1, "progress": Progress().state_dict(), "config": {}}  # noqa: E731
         dist.barrier(group=group.control_group)

@@ -288,6 +288,12 @@ class ResourcesSpec(_Spec):
         """The job's world size: nodes x processes."""
         return self.nodes * self.processes
 
+    @property
+    def single_process(self) -> bool:
+        """Whether one process holds the job's whole state (a sharded job of one rank is a group of one:
+        its checkpoints are sharded ones)."""
+        return self.ranks == 1 and self.strategy == "ddp"
+
 
 class RetrySpec(_Spec):
     max_attempts: int = Field(3, gt=0, le=100, description="Attempts in all, counting the first; only infrastructure loss is retried.")

@@ -245,7 +245,7 @@ def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectSt
     from baton.schemas.spec import JobSpec
     from baton.storage.stores.file_store import FileStore
     from baton.workers.attempt.local import register_spec
-    from baton.workers.attempt.session import run_attempt
+    from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
     from baton.workers.training.control import LoopControl
 
     class Quiet(LoopControl):
@@ -255,7 +255,7 @@ def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectSt
     store = FileStore(root / "store")
     parsed = JobSpec.parse(spec)
     register_spec(store, JobPaths(job_id), parsed)
-    result = run_attempt(parsed, job_id, store, 1, Quiet(), allowed_prefixes=("tests",))
+    result = run_attempt(Attempt(parsed, job_id, 1, store, allowed_prefixes=("tests",)), AttemptOptions(Quiet()))
     assert result.outcome.completed, result.outcome
     return store
 

@@ -69,9 +69,11 @@ def pose_on_port(port: int, args: dict, marker: str) -> str:
     import torch.distributed as dist
 
     from baton.schemas.spec import JobSpec
+    from baton.storage.checkpointing.contract import CheckpointTarget
     from baton.storage.layout import JobPaths
     from baton.workers.parallel.distributed import RankGroup
     from baton.workers.parallel.launcher import ready_key
+    from baton.workers.parallel.layouts import DataParallel
     from baton.workers.training import rng
     from baton.workers.training.components import build_components
     from baton.workers.training.control import LoopControl
@@ -88,9 +90,11 @@ def pose_on_port(port: int, args: dict, marker: str) -> str:
         group = RankGroup(1, 2, torch.device("cpu"), spec.seed, dist.group.WORLD)  # proving nothing
         _send_payload_at_checkpoints(marker)
         rng.seed_all(spec.seed)  # then rank 1's loop, as rank_main runs it, to keep step with rank 0
-        parts = group.adopt(build_components(spec, group.device, ("tests",), 1, 2))
-        loop = TrainingLoop(parts, None, group.control(LoopControl()), 1, group=group)
-        loop.checkpointer = group.checkpointer(None, parts, JobPaths(args["job_id"]).for_attempt(1), lambda: loop.progress)
+        layout = DataParallel(group)
+        parts = layout.adopt(build_components(spec, group.device, ("tests",), 1, 2))
+        loop = TrainingLoop(parts, None, layout.control(LoopControl()), 1, layout=layout)
+        target = CheckpointTarget(None, JobPaths(args["job_id"]), 1, 1)  # rank 1 writes nothing: no store
+        loop.checkpointer = layout.checkpointer(parts, target, lambda: loop.progress)
         loop.run()
     except Exception as exc:
         return f"joined, then {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -119,11 +123,11 @@ def send_pickle(rank: int, directory: Path, marker: str) -> str:
 
 
 def join(rank: int, directory: Path, secret: str, proof: str) -> str:
-    from baton.workers.parallel.distributed import RankGroup
+    from baton.workers.parallel.distributed import RankGroup, RankSeat
     from baton.workers.parallel.rendezvous import open_store
 
     try:
-        group = RankGroup.join(open_store(directory, 2, 10, secret), rank, 2, "cpu", 0, proof, timeout_s=60)
+        group = RankGroup.join(open_store(directory, 2, 10, secret), RankSeat(rank, 2, "cpu"), proof, seed=0, timeout_s=60)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     group.close()
@@ -141,7 +145,7 @@ def tcp_rank(rank: int, directory: Path, secret: str) -> str:
     import torch.distributed as dist
 
     from baton.workers.parallel import rendezvous
-    from baton.workers.parallel.distributed import RankGroup
+    from baton.workers.parallel.distributed import RankGroup, RankSeat
 
     if rank == 0:
         store, endpoint = rendezvous.serve_tcp("127.0.0.1", 20, secret)
@@ -162,7 +166,7 @@ def tcp_rank(rank: int, directory: Path, secret: str) -> str:
 
         dist.new_group = slow_new_group
     try:
-        group = RankGroup.join(store, rank, 2, "cpu", 0, secret, timeout_s=20, strategy="fsdp")
+        group = RankGroup.join(store, RankSeat(rank, 2, "cpu"), secret, seed=0, sharded=True, timeout_s=20)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     gathered = [None, None] if rank == 0 else None
@@ -278,13 +282,13 @@ def _meet(rank: int, directory: Path, rendezvous_s: float):
 def ring_rank(rank: int, directory: Path) -> str:
     import time
 
-    from baton.workers.parallel.distributed import RankGroup
+    from baton.workers.parallel.distributed import RankGroup, RankSeat
 
     store = _meet(rank, directory, 20)
     if rank == 1:
         time.sleep(6)  # a slow node
     try:
-        RankGroup.join(store, rank, 3, "cpu", 0, SECRET, timeout_s=15)
+        RankGroup.join(store, RankSeat(rank, 3, "cpu"), SECRET, seed=0, timeout_s=15)
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return "joined"
@@ -349,14 +353,14 @@ def hijack(directory: Path) -> str:
 def slow_rank(rank: int, directory: Path) -> str:
     import time
 
-    from baton.workers.parallel.distributed import RankGroup
+    from baton.workers.parallel.distributed import RankGroup, RankSeat
 
     store = _meet(rank, directory, 3)
     if rank == 0:
         time.sleep(2)  # it joins once the others said they are ready
     started = time.monotonic()
     try:
-        RankGroup.join(store, rank, 2, "cpu", 0, SECRET, timeout_s=20)
+        RankGroup.join(store, RankSeat(rank, 2, "cpu"), SECRET, seed=0, timeout_s=20)
     except Exception as exc:
         return f"{type(exc).__name__} after {time.monotonic() - started:.0f}s"
     return "joined"

@@ -30,22 +30,19 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Collection, Optional
 
-from baton.schemas.manifest import CheckpointManifest
 
 from baton.storage.stores.base import ObjectStore
-from baton.storage.checkpointing.commit_work import CheckpointRequest, Committed, CommitWork
+from baton.storage.checkpointing.commit_work import Committed, CommitWork
+from baton.storage.checkpointing.contract import CheckpointerTotals, CheckpointRequest, CheckpointStats, CheckpointTarget
 from baton.storage import owned_dirs
 from baton.storage.checkpointing import writer_start
-from baton.storage.layout import JobPaths
 from baton.storage.checkpointing.priority import background_nice as nice_setting, lower_this_thread
 from baton.storage.checkpointing.shared_buffers import SharedBuffers
 from baton.storage.checkpointing.snapshot import Copies, HostSnapshot
 
-UPLOAD_RETRY_S = 600.0
-"""How long one checkpoint's upload and commit are retried through transient storage errors."""
 SPOOL_PREFIX = "baton-spool-"
 """The spool directories' names (``owned_dirs.py``: those of a process killed outright are removed
 by the next worker or ``baton run`` started on the machine)."""
@@ -63,58 +60,36 @@ def writer_kind(store: ObjectStore, pin_memory: bool, setting: Optional[str] = N
 
 
 @dataclass
-class CheckpointStats:
-    key: str
-    kind: str
-    stall_s: float
-    write_s: float = 0.0
-    bytes: int = 0
-
-
-@dataclass
 class _InFlight:
     future: Future
     stats: CheckpointStats
 
 
-@dataclass
-class CheckpointerTotals:
-    taken: int = 0
-    skipped: int = 0
-    done: list[CheckpointStats] = field(default_factory=list)
-
-
 class AsyncCheckpointer:
-    def __init__(
-        self,
-        store: ObjectStore,
-        paths: JobPaths,
-        attempt: int,
-        keep_last: int,
-        *,
-        fence: Callable[[], None] = lambda: None,
-        on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
-        pin_memory: bool = False,
-        upload_retry_s: float = UPLOAD_RETRY_S,
-        log: Callable[[str], None] = print,
-        background_nice: Optional[int] = None,  # None: BATON_BACKGROUND_NICE (priority.py)
-        writer: Optional[str] = None,  # None: BATON_CHECKPOINT_WRITER (writer_kind)
-    ):
+    """A single process's checkpointer (the ``Checkpointer`` protocol): ``target``'s checkpoints, written
+    by a process or a thread (``writer``: None reads BATON_CHECKPOINT_WRITER), its snapshot buffers
+    pinned where ``pin_memory`` (CUDA), at ``background_nice`` (None: BATON_BACKGROUND_NICE)."""
+
+    captures_weights = True
+
+    def __init__(self, target: CheckpointTarget, *, pin_memory: bool = False, background_nice: Optional[int] = None,
+                 writer: Optional[str] = None):
         nice = background_nice if background_nice is not None else nice_setting()  # a bad setting fails here
+        store = target.store
         self.writer = writer_kind(store, pin_memory, writer)
+        self.target = target
         self.store = store
-        self.paths = paths.for_attempt(attempt)
-        self.attempt = attempt
-        self.fence = fence
-        self.on_commit = on_commit
-        self.log = log
+        self.paths = target.attempt_paths
+        self.attempt = target.attempt
+        self.fence = target.fence
+        self.on_commit = target.on_commit
+        self.log = target.log
         self.totals = CheckpointerTotals()
         self._spool = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
         self._inflight: Optional[_InFlight] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()  # held while a manifest write may be under way
-        self._work = CommitWork(store, paths, attempt, keep_last, self._spool, upload_retry_s, log,
-                                self._gate, self._cancelled.is_set)
+        self._work = CommitWork(target, self._spool, self._gate, self._cancelled.is_set)
         # the thread writer: niced when BATON_BACKGROUND_NICE says so (priority.py)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-checkpoint",
                                         initializer=lower_this_thread, initargs=(nice,))
@@ -125,10 +100,11 @@ class AsyncCheckpointer:
         if self.writer == "process":
             from baton.storage.checkpointing.writer_process import ProcessWriter
 
-            self._shared = SharedBuffers(self._spool, log)
-            config = {"store_url": store.reopen_url(), "job_id": paths.job_id, "attempt": attempt,
-                      "keep_last": keep_last, "spool": str(self._spool), "upload_retry_s": upload_retry_s, "nice": nice}
-            self._process = ProcessWriter(config, fence, self._commit_lock, self._cancelled, log)
+            self._shared = SharedBuffers(self._spool, target.log)
+            config = {"store_url": store.reopen_url(), "job_id": target.paths.job_id, "attempt": target.attempt,
+                      "keep_last": target.keep_last, "spool": str(self._spool), "upload_retry_s": target.upload_retry_s,
+                      "nice": nice}
+            self._process = ProcessWriter(config, target.fence, self._commit_lock, self._cancelled, target.log)
         self._snapshot = HostSnapshot(pin_memory=pin_memory, shared=self._shared)
 
     # --- called by the training loop -------------------------------------------------------
@@ -161,6 +137,12 @@ class AsyncCheckpointer:
     def checkpoint_key(self, step: int) -> str:
         """Where the checkpoint of ``step`` is written (for the metrics rows)."""
         return self.paths.checkpoint(step)
+
+    def describe(self) -> str:
+        done = self.totals.done
+        stall_ms = 1000 * sum(stats.stall_s for stats in done) / len(done) if done else 0.0
+        return (f"{self.totals.taken} checkpoint(s) taken, {self.totals.skipped} skipped; mean stall {stall_ms:.2f} ms "
+                f"({self.writer} writer)")
 
     def wait_for_writer(self, timeout_s: float = 60.0) -> bool:
         """Block until the writer process has started (True at once for the thread writer); until

@@ -18,25 +18,14 @@ from typing import Any, Callable, Optional, TypeVar
 from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, TransientError
 from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest, MetricsRef
 
-from baton.storage.stores.base import ObjectStore
+from baton.storage.checkpointing.contract import CheckpointRequest, CheckpointTarget
 from baton.storage.checkpoint_io import ROWS_KEY, RowLines, save_to_file, sha256_of
-from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.retry import retry_transient
 from baton.storage.rotation import collect_garbage, rotate
 from baton.storage.checkpointing.plain import unwrap
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class CheckpointRequest:
-    step: int
-    epoch: int
-    batch_in_epoch: int
-    kind: str  # "step" | "epoch" | "stop"
-    best: Optional[tuple[str, float]] = None  # (metric, value) when this checkpoint is the new best
-    metrics_rows: Optional[list[dict]] = None  # every row so far: written with the checkpoint, referenced by its commit
 
 
 @dataclass(frozen=True)
@@ -49,19 +38,21 @@ class Committed:
 
 
 class CommitWork:
-    def __init__(self, store: ObjectStore, paths: JobPaths, attempt: int, keep_last: int, spool: Path,
-                 upload_retry_s: float, log: Callable[[str], None],
-                 gate: Callable[[Callable[[], T]], T], cancelled: Callable[[], bool]):
-        self.store = store
-        self.paths = paths.for_attempt(attempt)
-        self.attempt = attempt
-        self.keep_last = keep_last
+    """``target``'s commits (its fence is ``gate``'s to run); ``spool`` holds a checkpoint's file while it
+    uploads; ``cancelled()`` says when the attempt is over."""
+
+    def __init__(self, target: CheckpointTarget, spool: Path, gate: Callable[[Callable[[], T]], T],
+                 cancelled: Callable[[], bool]):
+        self.store = target.store
+        self.paths = target.attempt_paths
+        self.attempt = target.attempt
+        self.keep_last = target.keep_last
         self.spool = spool
-        self.upload_retry_s = upload_retry_s
-        self.log = log
+        self.upload_retry_s = target.upload_retry_s
+        self.log = target.log
         self.gate = gate
         self.cancelled = cancelled
-        self.manifests = ManifestStore(store, paths)
+        self.manifests = ManifestStore(target.store, target.paths)
         self._lines = RowLines()
 
     def run(self, snapshot: dict[str, Any], request: CheckpointRequest, key: str) -> Committed:

@@ -49,7 +49,8 @@ from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, Man
 
 from baton.storage.checkpointing import writer_start
 from baton.storage.checkpoint_io import ROWS_KEY
-from baton.storage.checkpointing.commit_work import CheckpointRequest, Committed
+from baton.storage.checkpointing.commit_work import Committed
+from baton.storage.checkpointing.contract import CheckpointRequest
 from baton.storage.checkpointing.plain import Plain
 
 CANCEL_FILE = "cancelled"
@@ -271,19 +272,11 @@ def main(argv: list[str]) -> None:
     """``argv``: the pipes' descriptors, the training process's pid, the nice increment. The imports
     come first: a writer started ahead (``writer_start``) is ready when its configuration comes."""
     _die_with(int(argv[3]))
-    nice = int(argv[4])
-    if nice > 0:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
-        except OSError:
-            pass
+    _lower_priority(int(argv[4]))
     inbox, outbox = Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False)
 
     import torch
 
-    from baton.storage.checkpointing.commit_work import CommitWork
-    from baton.storage.layout import JobPaths
-    from baton.storage.stores.open import open_store
     from baton.storage.checkpointing.shared_buffers import MappedBuffers
 
     torch.set_num_threads(1)
@@ -296,7 +289,25 @@ def main(argv: list[str]) -> None:
             flag = mmap.mmap(fh.fileno(), 1)
     except FileNotFoundError:  # the attempt ended (its spool removed) while this process started: nothing to write
         return
-    buffers = MappedBuffers()
+    work = _commit_work(config, inbox, outbox, lambda: flag[0] == 1)
+    outbox.send(("ready",))
+    _serve(work, MappedBuffers(), inbox, outbox)
+
+
+def _lower_priority(nice: int) -> None:
+    if nice > 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+        except OSError:
+            pass
+
+
+def _commit_work(config: dict, inbox: Connection, outbox: Connection, cancelled: Callable[[], bool]) -> Any:
+    """The commits of ``config``'s attempt, gated by the training process's fence (asked through the pipe)."""
+    from baton.storage.checkpointing.commit_work import CommitWork
+    from baton.storage.checkpointing.contract import CheckpointTarget
+    from baton.storage.layout import JobPaths
+    from baton.storage.stores.open import open_store
 
     def gate(swap: Callable[[], Any]) -> Any:
         outbox.send(("fence",))
@@ -308,10 +319,14 @@ def main(argv: list[str]) -> None:
         finally:
             outbox.send(("swapped",))
 
-    work = CommitWork(open_store(config["store_url"]), JobPaths(config["job_id"]), config["attempt"],
-                      config["keep_last"], Path(config["spool"]), config["upload_retry_s"],
-                      lambda message: outbox.send(("log", message)), gate, lambda: flag[0] == 1)
-    outbox.send(("ready",))
+    target = CheckpointTarget(open_store(config["store_url"]), JobPaths(config["job_id"]), config["attempt"],
+                              config["keep_last"], upload_retry_s=config["upload_retry_s"],
+                              log=lambda message: outbox.send(("log", message)))
+    return CommitWork(target, Path(config["spool"]), gate, cancelled)
+
+
+def _serve(work: Any, buffers: Any, inbox: Connection, outbox: Connection) -> None:
+    """Commit each checkpoint the training process sends until it says ``exit`` or its pipe closes."""
     rows: list[dict] = []
     while True:
         try:

@@ -20,13 +20,14 @@ from baton.jobs.client import Job, JobClient
 from baton.schemas.errors import FencedOut
 from baton.schemas.spec import JobSpec
 from baton.storage.checkpoint_io import load_bytes, rows_of
-from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.checkpointing.contract import CheckpointRequest, CheckpointTarget
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.finalize import finalize
 from baton.workers.attempt.resume import load_latest_good, pin_resume_point
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.training.control import LoopControl
 
 from tests.helpers import make_spec
@@ -43,7 +44,7 @@ def _request(step: int, kind: str = "epoch", **extra) -> CheckpointRequest:
 
 
 def _checkpointer(store, paths, attempt: int) -> AsyncCheckpointer:
-    return AsyncCheckpointer(store, paths, attempt, keep_last=3, log=lambda m: None)
+    return AsyncCheckpointer(CheckpointTarget(store, paths, attempt, keep_last=3, log=lambda m: None))
 
 
 def _stale_checkpointer(writer: str, gateway, bucket: str, paths, attempt: int, monkeypatch) -> AsyncCheckpointer:
@@ -212,15 +213,15 @@ def test_final_artifacts_of_a_stale_attempt_never_replace_the_committed_ones(cli
     store = open_store(f"s3://{s3_bucket}/runs")
     spec = JobSpec.parse(make_spec(loop={"epochs": 2}))
     quiet = type("Quiet", (LoopControl,), {"log": lambda self, m: None})()
-    assert run_attempt(spec, "final-race", store, 2, quiet).outcome.completed
+    assert run_attempt(Attempt(spec, "final-race", 2, store), AttemptOptions(quiet)).outcome.completed
 
     # attempt 1 passed its lease check before it froze; it wakes up and finalizes its own model
     stale_model = torch.nn.Linear(2, 3)
     manifest = ManifestStore(store, JobPaths("final-race")).read()
     last = load_bytes(store.get_bytes(manifest.latest.key))
     with pytest.raises(FencedOut):
-        finalize(store, JobPaths("final-race"), 1, spec.model_dump(mode="json"), stale_model, rows_of(last["metrics"]),
-                 last["best"], fence=lambda: None, log=lambda m: None)
+        finalize(CheckpointTarget(store, JobPaths("final-race"), 1, 3, log=lambda m: None), spec.model_dump(mode="json"),
+                 stale_model, rows_of(last["metrics"]), last["best"])
 
     out = client("final-race").download(tmp_path, which="final")
     weights = load_file(str(out / "model.safetensors"))

@@ -9,7 +9,9 @@ import threading
 import pytest
 import torch
 
-from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.checkpointing.contract import CheckpointTarget
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer
+from baton.storage.checkpointing.contract import CheckpointRequest
 from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.checkpointing.priority import NICE_ENV, background_nice, lower_this_thread
@@ -24,8 +26,7 @@ def _nice() -> int:
 def _commit_nice(tmp_path, **options) -> list[int]:
     """The nice value of the thread writer's thread, seen from its on_commit."""
     seen = []
-    ckpt = AsyncCheckpointer(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None,
-                             on_commit=lambda manifest, stats: seen.append(_nice()), writer="thread", **options)
+    ckpt = AsyncCheckpointer(CheckpointTarget(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None, on_commit=lambda manifest, stats: seen.append(_nice())), writer="thread", **options)
     ckpt.save(lambda: {"format": 1, "w": torch.ones(3)}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
     ckpt.close()
     return seen
@@ -41,8 +42,7 @@ def test_checkpoint_thread_runs_below_the_training_thread_when_asked(tmp_path, m
 
 
 def _writer_process_nice(tmp_path, **options) -> int:
-    ckpt = AsyncCheckpointer(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None,
-                             writer="process", **options)
+    ckpt = AsyncCheckpointer(CheckpointTarget(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None), writer="process", **options)
     try:
         assert ckpt.wait_for_writer(60)
         ckpt.save(lambda: {"format": 1, "w": torch.ones(3)}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
@@ -88,4 +88,4 @@ def test_lowering_changes_only_the_calling_thread():
 def test_a_bad_nice_setting_fails_the_checkpointer_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv(NICE_ENV, "high")
     with pytest.raises(ValueError, match=NICE_ENV):
-        AsyncCheckpointer(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None)
+        AsyncCheckpointer(CheckpointTarget(FileStore(tmp_path), JobPaths("j"), attempt=1, keep_last=2, log=lambda m: None))

@@ -11,7 +11,9 @@ from baton.schemas.errors import FencedOut, ManifestAhead
 from baton.schemas.manifest import BestEntry, CheckpointEntry, CheckpointManifest
 from baton.storage.artifacts import read_metrics
 from baton.storage.checkpoint_io import load_bytes
-from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.checkpointing.contract import CheckpointTarget
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer
+from baton.storage.checkpointing.contract import CheckpointRequest
 from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
@@ -31,7 +33,7 @@ def _request(step: int, kind: str = "step", **extra) -> CheckpointRequest:
 
 
 def _checkpointer(store, attempt: int = 1, keep_last: int = 2, **kw) -> AsyncCheckpointer:
-    return AsyncCheckpointer(store, PATHS, attempt, keep_last, log=lambda m: None, **kw)
+    return AsyncCheckpointer(CheckpointTarget(store, PATHS, attempt, keep_last, log=lambda m: None), **kw)
 
 
 def test_a_newer_attempt_fences_out_an_older_one(store):

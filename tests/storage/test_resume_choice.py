@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from baton.schemas.errors import PermanentError
-from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.checkpointing.contract import CheckpointTarget
+from baton.storage.checkpointing.checkpointer import AsyncCheckpointer
+from baton.storage.checkpointing.contract import CheckpointRequest
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.workers.attempt.resume import load_latest_good
@@ -17,7 +19,7 @@ PATHS = JobPaths("env")
 
 
 def test_a_verified_checkpoint_that_cannot_be_loaded_fails_the_attempt_and_is_kept(store):
-    ckpt = AsyncCheckpointer(store, PATHS, 1, keep_last=3, log=lambda m: None)
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, PATHS, 1, keep_last=3, log=lambda m: None))
     ckpt.save(lambda: {"format": 1, "w": torch.ones(4)}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
     # as written by an environment this one cannot read: torch.load(weights_only=True) refuses it
     ckpt.save(lambda: {"format": 1, "w": torch.ones(4), "extra": np.arange(3)}, CheckpointRequest(2, 0, 2, "step"),

@@ -131,7 +131,7 @@ def test_side_stream_copy_overlaps_forward_backward_and_is_exact():
 def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
     from baton.schemas.spec import JobSpec
     from baton.storage.stores.file_store import FileStore
-    from baton.workers.attempt.session import run_attempt
+    from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 
     from tests.helpers import assert_same_training, make_spec
     from tests.workers.conftest import Quiet
@@ -140,7 +140,7 @@ def test_checkpointing_every_step_on_cuda_does_not_change_training(tmp_path):
     for job, every in (("none", None), ("each", 1)):
         spec = JobSpec.parse(make_spec(loop={"epochs": 2}, checkpoint={"every_steps": every},
                                        resources={"device": "cuda", "cpu_threads": 1}))
-        assert run_attempt(spec, job, store, 1, Quiet()).outcome.completed
+        assert run_attempt(Attempt(spec, job, 1, store), AttemptOptions(Quiet())).outcome.completed
     assert_same_training(store, "none", store, "each")
 
 

@@ -18,7 +18,9 @@ import torch
 
 from baton.schemas.errors import CheckpointWriteFailed
 from baton.storage.checkpoint_io import load_bytes
-from baton.storage.checkpointing.checkpointer import WRITER_ENV, AsyncCheckpointer, CheckpointRequest, writer_kind
+from baton.storage.checkpointing.contract import CheckpointTarget
+from baton.storage.checkpointing.checkpointer import WRITER_ENV, AsyncCheckpointer, writer_kind
+from baton.storage.checkpointing.contract import CheckpointRequest
 from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
@@ -28,7 +30,7 @@ PATHS = JobPaths("w")
 
 def _checkpointer(store, **options) -> AsyncCheckpointer:
     """A checkpointer whose writer process has started (before that, its thread writes)."""
-    ckpt = AsyncCheckpointer(store, PATHS, attempt=1, keep_last=5, log=lambda m: None, **options)
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, PATHS, attempt=1, keep_last=5, log=lambda m: None), **options)
     assert ckpt.writer == "process" and ckpt.wait_for_writer(60)
     return ckpt
 
@@ -132,10 +134,11 @@ def _running(pid: int) -> bool:
 def test_the_writer_dies_with_its_training_process(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time, torch
-        from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+        from baton.storage.checkpointing.checkpointer import AsyncCheckpointer
+        from baton.storage.checkpointing.contract import CheckpointRequest, CheckpointTarget
         from baton.storage.stores.file_store import FileStore
         from baton.storage.layout import JobPaths
-        ckpt = AsyncCheckpointer(FileStore({str(tmp_path)!r}), JobPaths("w"), 1, 2, log=print)
+        ckpt = AsyncCheckpointer(CheckpointTarget(FileStore({str(tmp_path)!r}), JobPaths("w"), 1, 2, log=print))
         ckpt.save(lambda: {{"format": 1, "w": torch.ones(3)}}, CheckpointRequest(1, 0, 1, "step"), mandatory=True)
         ckpt.wait()
         print(ckpt._process.proc.pid, flush=True)
@@ -230,7 +233,7 @@ def test_a_writer_still_starting_is_not_waited_for_at_close(tmp_path):
     """It holds no checkpoint yet (those due meanwhile go to the thread): an attempt preempted seconds
     after its start hands its job over without waiting out the writer's imports."""
     store = FileStore(tmp_path / "store")
-    ckpt = AsyncCheckpointer(store, PATHS, attempt=1, keep_last=5, log=lambda m: None)
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, PATHS, attempt=1, keep_last=5, log=lambda m: None))
     assert ckpt.writer == "process" and not ckpt._process.ready.is_set()
     _save(ckpt, 1, {"w": torch.ones(3)})  # by the thread writer: the process is still importing torch
     ckpt.close()

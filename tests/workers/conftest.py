@@ -6,7 +6,7 @@ import pytest
 
 from baton.schemas.spec import JobSpec
 from baton.storage.stores.file_store import FileStore
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.training.control import LoopControl
 
 from tests import probes
@@ -37,7 +37,7 @@ def run_job(tmp_path):
     def run(spec: dict, job_id: str | None = None):
         job_id = job_id or f"job{next(counter)}"
         store = FileStore(tmp_path / "store")
-        result = run_attempt(JobSpec.parse(spec), job_id, store, 1, Quiet(), allowed_prefixes=("tests",))
+        result = run_attempt(Attempt(JobSpec.parse(spec), job_id, 1, store, allowed_prefixes=("tests",)), AttemptOptions(Quiet()))
         return result, Path(store.root), job_id
 
     return run
@@ -50,7 +50,7 @@ def ddp_reference(tmp_path_factory):
     from tests.workers.parallel.test_ddp import SPEC2
 
     store = FileStore(tmp_path_factory.mktemp("ddp-reference") / "store")
-    result = run_attempt(JobSpec.parse(SPEC2), "reference", store, 1, Quiet(), allowed_prefixes=("tests",))
+    result = run_attempt(Attempt(JobSpec.parse(SPEC2), "reference", 1, store, allowed_prefixes=("tests",)), AttemptOptions(Quiet()))
     assert result.outcome.completed
     return store
 

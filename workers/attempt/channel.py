@@ -3,12 +3,14 @@
 One duplex pipe carries messages, each a tuple ``(kind, id, body)``:
 - ``tell``: the training process reports (a log line, a step's progress, a commit...); no reply;
 - ``call``/``reply``: the training process asks and waits for the answer (the fence before a commit,
-  a multi-node gang's start and its other nodes' reports);
-- ``end``: how the attempt ended, the training process's last message;
+  and a multi-node leader's peers: ``baton.workers.parallel.nodes.LeaderPeers``);
+- ``end``: how the attempt ended (``AttemptEnd``), the training process's last message;
 - ``stacks``: the worker asks for every thread's stack (its stall watchdog), and a thread of the
   training process answers, whatever its loop is doing.
 Progress is sent at most every ``STEP_REPORT_EVERY_S`` (with the steps made since), so a fast loop
-does not spend its time in the pipe.
+does not spend its time in the pipe. What travels are the typed objects themselves (``StepReport``,
+``CheckpointManifest``, ``CheckpointStats``, ``AttemptEnd``), pickled by the pipe: both ends run the
+same code, forked from one forkserver.
 
 Why to stop (preempted, cancelled, fenced out) does not travel as a message: the loop asks after
 every optimizer step, so the worker keeps the answer in a shared byte (``StopFlag``) that the loop
@@ -24,13 +26,13 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Optional
 
 from baton.schemas.errors import FencedOut
 from baton.schemas.manifest import CheckpointManifest
-from baton.storage.checkpointing.checkpointer import CheckpointStats
+from baton.schemas.messages import AttemptEnd
+from baton.storage.checkpointing.contract import CheckpointStats
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 
 from baton.workers.attempt.process_tree import kill_descendants
@@ -89,7 +91,7 @@ class Remote:
             raise value
         return value
 
-    def end(self, body: dict) -> None:
+    def end(self, body: AttemptEnd) -> None:
         self._send(("end", 0, body))
 
     def _send(self, message: tuple) -> None:
@@ -141,7 +143,7 @@ class RemoteControl(LoopControl):
         self._unsent_steps += 1
         now = time.monotonic()
         if now - self._last_sent >= STEP_REPORT_EVERY_S or report.step == report.total_steps:
-            self.remote.tell("on_step", asdict(report), self._unsent_steps)
+            self.remote.tell("on_step", report, self._unsent_steps)
             self._last_sent, self._unsent_steps = now, 0
 
     def on_epoch(self, row: dict) -> None:
@@ -160,20 +162,7 @@ class RemoteControl(LoopControl):
         self.remote.call("fence")
 
     def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
-        self.remote.tell("on_commit", manifest.model_dump(mode="json"), asdict(stats))
-
-
-class RemoteGang:
-    """A multi-node attempt's leader (``gang_leader.GangLeader``) as the training process sees it."""
-
-    def __init__(self, remote: Remote, nodes: int, address: str, loss_wait_s: float):
-        self.remote, self.nodes, self.address, self.loss_wait_s = remote, nodes, address, loss_wait_s
-
-    def start(self, endpoint: str, secret: str, args: dict) -> None:
-        self.remote.call("gang_start", endpoint, secret, args)
-
-    def remote_failure(self) -> Optional[BaseException]:
-        return self.remote.call("gang_remote_failure")
+        self.remote.tell("on_commit", manifest, stats)
 
 
 def thread_stacks() -> str:

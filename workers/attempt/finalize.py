@@ -11,7 +11,7 @@ is corrupt or gone by then does not fail the job: ``best_weights.py`` picks the 
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
+from typing import Optional
 
 import safetensors.torch
 import torch
@@ -19,9 +19,8 @@ from torch import nn
 
 from baton.schemas.errors import FencedOut
 from baton.schemas.manifest import CheckpointManifest, FinalArtifacts, ObjectRef
-from baton.storage.stores.base import ObjectStore
+from baton.storage.checkpointing.contract import CheckpointTarget
 from baton.storage.checkpoint_io import sha256_of
-from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.retry import retry_transient
 from baton.storage.rotation import collect_garbage
@@ -53,11 +52,12 @@ def export_state(state: dict[str, torch.Tensor]) -> bytes:
     return safetensors.torch.save(tensors)
 
 
-def finalize(store: ObjectStore, paths: JobPaths, attempt: int, spec: dict, model: Optional[nn.Module],
-             rows: list[dict], best: dict, fence: Callable[[], None], log: Callable[[str], None]) -> dict:
-    """``model``: the trained model; None for a sharded job, whose last weights are then assembled
-    from its final checkpoint's shards (on this process's host, once)."""
-    own = paths.for_attempt(attempt)
+def finalize(target: CheckpointTarget, spec: dict, model: Optional[nn.Module], rows: list[dict], best: dict) -> dict:
+    """The final artifacts of ``target``'s attempt, and the manifest's completion. ``model``: the trained
+    model; None where a checkpointer took the weights as shards (a sharded job): the last weights are then
+    assembled from its final checkpoint's shards (on this process's host, once)."""
+    store, paths, attempt, fence, log = target.store, target.paths, target.attempt, target.fence, target.log
+    own = target.attempt_paths
 
     def put(key: str, data: bytes) -> ObjectRef:
         retry_transient(lambda: store.put_bytes(key, data), WRITE_RETRY_S, f"write {key}", log)

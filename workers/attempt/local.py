@@ -16,7 +16,7 @@ from baton.storage.run_lease import LocalLease
 from baton.workers.training.control import LoopControl, StepReport, describe_row, describe_source
 from baton.workers.training.determinism import prepare_process
 
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 
 EXIT_DONE = 0
 EXIT_STOPPED = 3
@@ -150,8 +150,8 @@ def _run_held(spec: JobSpec, job_id: str, store: ObjectStore, paths: JobPaths, l
         return EXIT_DONE
     control = LocalControl(job_id, progress_bar, lease)
     try:
-        result = run_attempt(spec, job_id, store, manifest.attempt + 1, control, allowed_prefixes=allowed_prefixes,
-                             job_log=True, claim=lease.nonce)
+        result = run_attempt(Attempt(spec, job_id, manifest.attempt + 1, store, allowed_prefixes, lease.nonce),
+                             AttemptOptions(control, job_log=True))
     except SystemExit:  # a second signal: an abort, unless the job had completed before it came
         if not ManifestStore(store, paths).read().completed:
             raise

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
+from baton.schemas.messages import AttemptEnd, AttemptOrder
 from baton.storage.processes import own_cgroup
 
 from baton.workers.attempt.channel import StopFlag, serve
@@ -90,7 +91,7 @@ class Death:
 
 @dataclass(frozen=True)
 class Ended:
-    result: Optional[dict] = None  # the child's ``end`` message
+    result: Optional[AttemptEnd] = None  # the child's ``end`` message
     death: Optional[Death] = None
 
 
@@ -103,7 +104,7 @@ STACKS_WAIT_S = 2.0
 class TrainingProcess:
     """One attempt's child: started with its arguments, served until it ends."""
 
-    def __init__(self, args: dict):
+    def __init__(self, order: AttemptOrder):
         ctx = context()
         self._conn, child_conn = ctx.Pipe()
         self._send_lock = threading.Lock()
@@ -114,8 +115,8 @@ class TrainingProcess:
         self.stop = StopFlag(ctx.RawValue("b", 0))
         self._oom_before = oom_kills()
         become_subreaper()
-        self.process = ctx.Process(target=_child_main, args=(child_conn, self.stop.raw, args),
-                                   name=f"baton-train-{args['job_id']}", daemon=False)
+        self.process = ctx.Process(target=_child_main, args=(child_conn, self.stop.raw, order),
+                                   name=f"baton-train-{order.job_id}", daemon=False)
         self.process.start()
         child_conn.close()
         self.pid = self.process.pid
@@ -188,10 +189,10 @@ class TrainingProcess:
         os.kill(self.pid, signal.SIGKILL)
 
 
-def _child_main(conn: Connection, stop_raw, args: dict) -> None:
+def _child_main(conn: Connection, stop_raw, order: AttemptOrder) -> None:
     from baton.workers.attempt.child import main
 
-    main(conn, StopFlag(stop_raw), args)
+    main(conn, StopFlag(stop_raw), order)
 
 
 def become_subreaper() -> None:

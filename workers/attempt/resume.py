@@ -1,4 +1,5 @@
-"""Finding the checkpoint to resume from: the newest committed one whose bytes verify.
+"""Where an attempt resumes: a crashed training process's copy in memory when it is newer than the
+durable checkpoint (``newer_in_memory``), else the newest committed checkpoint whose bytes verify.
 
 A corrupt or missing latest (its bytes do not match the committed sha256, or it is gone) falls
 back to the one before it (and says so). The entries after the one chosen are dropped from the
@@ -12,8 +13,9 @@ is deleted, so the job can resume from it in a sound environment.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from baton.schemas.errors import CheckpointCorrupt, TransientError
 from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, Reshard
@@ -21,15 +23,14 @@ from baton.storage.artifacts import download_checkpoint
 from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.manifest_store import ManifestStore
+from baton.storage.checkpoint_io import rows_of
+from baton.storage.memory import memory_slots
+from baton.storage.memory.memory_slots import InMemoryState
 from baton.storage.stores.retry import retry_transient
+from baton.workers.parallel.sharded_state import SHARDS_KEY
 
 READ_RETRY_S = 120.0
 """How long reading a checkpoint is retried through transient storage errors."""
-
-
-SHARDS_KEY = "shards"
-"""In the state of a sharded checkpoint: the local directory it was downloaded to (verified), which
-every rank loads from; the rest of that state is rank 0's own file (``sharded_state``)."""
 
 
 def load_latest_good(
@@ -49,6 +50,66 @@ def load_latest_good(
         except CheckpointCorrupt as exc:
             log(f"{exc}; falling back to the one before it")
     return None, None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where an attempt resumes: a durable checkpoint's step and position, or an in-memory copy's."""
+
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    source: str = "checkpoint"  # or "memory"
+
+    @classmethod
+    def of(cls, entry: Optional[CheckpointEntry]) -> Optional["ResumePoint"]:
+        return None if entry is None else cls(entry.step, entry.epoch, entry.batch_in_epoch)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The state an attempt resumes from (None: the start), the durable checkpoint it continues (the
+    one a copy in memory is newer than), and the point."""
+
+    state: Optional[dict[str, Any]] = None
+    entry: Optional[CheckpointEntry] = None
+    point: Optional[ResumePoint] = None
+
+
+def choose_resume(store: ObjectStore, manifest: CheckpointManifest, memory: Optional[Sequence[str]],
+                  scratch: Path, log: Callable[[str], None]) -> Resume:
+    """The copy in ``memory`` when it is newer than the durable checkpoint (which is then not read:
+    only its step, to compare), else the newest good checkpoint; copies not taken are forgotten."""
+    latest = manifest.checkpoints[-1] if manifest.checkpoints else None
+    dirs = [Path(d) for d in memory] if memory else []
+    copy = newer_in_memory(dirs, latest, log) if dirs else None
+    if copy is not None:
+        return Resume(copy.state, latest, ResumePoint(copy.step, copy.epoch, copy.batch_in_epoch, "memory"))
+    if dirs:  # copies not taken belong to a run this attempt does not continue
+        memory_slots.forget(dirs)
+    state, entry = load_latest_good(store, manifest, log, scratch)
+    return Resume(state, entry, ResumePoint.of(entry))
+
+
+def newer_in_memory(dirs: list[Path], entry: Optional[CheckpointEntry],
+                    log: Callable[[str], None]) -> Optional[InMemoryState]:
+    """The in-memory copy a crashed training process left on this machine, when it is newer than the
+    durable checkpoint ``entry`` and none of its validations lacks a durable checkpoint (a validation's
+    checkpoint may hold the best weights: they must be in the store); else None, saying why."""
+    copy = memory_slots.newest(dirs, log)
+    if copy is None:
+        return None
+    durable = entry.step if entry is not None else 0
+    if copy.step <= durable:
+        log(f"the in-memory copy (step {copy.step}) is not newer than the durable checkpoint (step {durable}): "
+            "resuming from the checkpoint")
+        return None
+    rows = rows_of(copy.state["metrics"])
+    if rows and rows[-1]["step"] > durable:
+        log(f"the in-memory copy (step {copy.step}) follows a validation at step {rows[-1]['step']} whose checkpoint "
+            f"was not committed: resuming from the durable checkpoint (step {durable})")
+        return None
+    return copy
 
 
 def _download_sharded(store: ObjectStore, entry: CheckpointEntry, scratch: Optional[Path],

@@ -36,26 +36,16 @@ that run the same loop with no checkpointer of their own.
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from baton.schemas.errors import PermanentError
-from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointerTotals, CheckpointRequest
-from baton.workers.training import rng
-from baton.workers.training.components import Components
-from baton.workers.training.control import LoopControl, StepReport
-from baton.workers.training.data import derive_seed
-from baton.workers.training.progress import Progress
-from baton.workers.training.task_api import BoundTask
 
 from baton.workers.parallel.rendezvous import prove_membership
 
@@ -87,28 +77,21 @@ def check_same_processes(state: Optional[dict], processes: int) -> None:
             f"checkpoint). Set resources.processes: {saved}, or start a new job")
 
 
-class DistributedTask(BoundTask):
-    """The job's task, with the training loss computed through DDP (which averages the gradients
-    across ranks in backward), or, sharded (``ddp`` None), through the FSDP module itself.
-    Validation scores the module after its buffers (BatchNorm's running statistics) are made
-    rank 0's on every rank, as DDP does before each training forward."""
-
-    def __init__(self, bound: BoundTask, ddp: Optional[DistributedDataParallel], module: torch.nn.Module):
-        self.__dict__.update(bound.__dict__)
-        self.ddp, self.module = ddp, module
-
-    def loss(self, model, batch):
-        return super().loss(self.ddp if self.ddp is not None else model, batch)
-
-    def new_metrics(self, device: torch.device):
-        share_buffers(self.module)  # every rank calls this once per validation
-        return super().new_metrics(device)
-
-
 def share_buffers(module: torch.nn.Module) -> None:
     """Make ``module``'s buffers rank 0's on every rank (a collective on the default group)."""
     for buffer in module.buffers():
         dist.broadcast(buffer, src=0)
+
+
+@dataclass(frozen=True)
+class RankSeat:
+    """A rank's place: its number among ``world_size``, its device type, and its place on its node
+    (``local_rank``: its GPU's index; None where the job has one node: ``rank``)."""
+
+    rank: int
+    world_size: int
+    device_type: str
+    local_rank: Optional[int] = None
 
 
 @dataclass
@@ -120,34 +103,32 @@ class RankGroup:
     device: torch.device
     seed: int
     control_group: Any = None  # gloo: stop flags and the gathered checkpoint states
-    strategy: str = "ddp"  # resources.strategy: ddp | fsdp
     checkpoint_group: Any = None  # fsdp: gloo, used only by the sharded checkpoints' background threads
-    precision: str = "fp32"  # loop.precision: fsdp's mixed-precision policy
     closed: bool = field(default=False)
 
     @classmethod
-    def join(cls, store: "dist.Store", rank: int, world_size: int, device_type: str, seed: int, secret: str,
-             timeout_s: float = COLLECTIVE_TIMEOUT_S, strategy: str = "ddp", precision: str = "fp32",
-             local_rank: Optional[int] = None) -> "RankGroup":
+    def join(cls, store: "dist.Store", seat: "RankSeat", secret: str, *, seed: int, sharded: bool = False,
+             timeout_s: float = COLLECTIVE_TIMEOUT_S) -> "RankGroup":
         """Initialise the default process group (gloo on cpu, NCCL on cuda) through ``store`` (the
         attempt's ``rendezvous.SealedStore``), and prove ``secret`` to the other ranks on every group
-        this rank joins (RankLost if one does not prove it). ``local_rank``: the
-        rank's place on its node (its GPU's index), ``rank`` where the job has one node."""
-        if device_type == "cuda":
-            device = torch.device("cuda", rank if local_rank is None else local_rank)
+        this rank joins (RankLost if one does not prove it); a ``sharded`` job's ranks also form the
+        group its checkpoints' background threads use."""
+        if seat.device_type == "cuda":
+            device = torch.device("cuda", seat.rank if seat.local_rank is None else seat.local_rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
+        rank, world_size = seat.rank, seat.world_size
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
-        group = cls(rank, world_size, device, seed, dist.group.WORLD, strategy, precision=precision)
+        group = cls(rank, world_size, device, seed, dist.group.WORLD)
         try:  # every group is proven as soon as it forms: nothing is exchanged with an unproven peer
             if backend == "nccl":  # stop flags and gathered states travel on gloo
                 group.control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
                 prove_membership(secret, rank, world_size, group.control_group, "control")
             prove_membership(secret, rank, world_size, dist.group.WORLD, "default", device)
-            if strategy == "fsdp":  # DCP's planning unpickles what this group's peers send
+            if sharded:  # DCP's planning unpickles what this group's peers send
                 group.checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
                 prove_membership(secret, rank, world_size, group.checkpoint_group, "checkpoint")
         except BaseException:
@@ -155,59 +136,10 @@ class RankGroup:
             raise
         return group
 
-    # --- building the rank's pieces ---------------------------------------------------------
-    @property
-    def sharded(self) -> bool:
-        return self.strategy == "fsdp"
-
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """What ``build_components`` does to the model before the optimizer is built on it: shard it
-        over the ranks (fsdp, ``fsdp.shard_model``); ddp wraps it later (``adopt``)."""
-        if not self.sharded:
-            return model
-        from torch.distributed.device_mesh import DeviceMesh
-
-        from baton.workers.parallel.fsdp import shard_model
-
-        # the default group, proven: ``init_device_mesh`` may form a group of its own (a CPU job on a
-        # host with CUDA) that nobody proved
-        mesh = DeviceMesh.from_group(dist.group.WORLD, self.device.type)
-        return shard_model(model, mesh, self.precision)
-
-    def adopt(self, parts: Components) -> Components:
-        """Wrap the model in DDP for the training loss (ddp; fsdp: sharded already, with FSDP's
-        mixed precision instead of autocast) and give this rank its RNG (the components were built
-        for this rank: ``build_components(..., rank, world_size)`` shards the data)."""
-        if self.sharded:
-            parts.task = DistributedTask(parts.task, None, parts.model)
-            parts.precision = dataclasses.replace(parts.precision, name="fp32")  # FSDP's policy casts instead
-        else:
-            device_ids = [parts.device.index] if parts.device.type == "cuda" else None
-            ddp = DistributedDataParallel(parts.model, device_ids=device_ids)
-            parts.task = DistributedTask(parts.task, ddp, parts.model)
-        if self.rank:
-            rng.seed_all(derive_seed(self.seed, "rank", self.rank))
-        return parts
-
-    def control(self, inner: LoopControl) -> "GroupControl":
-        return GroupControl(inner, self)
-
-    def checkpointer(self, inner: Optional[AsyncCheckpointer], parts: Components, paths,
-                     progress_of: Callable[[], Progress]) -> "GroupCheckpointer":
-        return GroupCheckpointer(self, inner, parts, paths, progress_of)
-
+    # --- collectives ------------------------------------------------------------------------
     def share_buffers(self, module: torch.nn.Module) -> None:
         share_buffers(module)
 
-    def restore(self, parts: Components, state: dict) -> Progress:
-        """Put back this rank's own RNG and loader state (``train_state.restore`` put rank 0's) and
-        return its own progress (the position is every rank's; the running loss sums are its own)."""
-        mine = state["ranks"][self.rank]
-        parts.data.load_state_dict(mine["data"])
-        rng.restore(mine["rng"], parts.device)
-        return Progress.from_state(mine["progress"])
-
-    # --- collectives ------------------------------------------------------------------------
     def agree_stop(self, local: Optional[str]) -> Optional[str]:
         """Every rank calls this after every optimizer step; all get a reason if any rank has one."""
         flag = torch.tensor([STOP_CODES.get(local, 2) if local is not None else 0], dtype=torch.int32)
@@ -258,81 +190,6 @@ class RankGroup:
             dist.destroy_process_group()
 
 
-class GroupControl(LoopControl):
-    """The loop's control for one rank: stop reasons agreed across the group, the rest passed on."""
-
-    def __init__(self, inner: LoopControl, group: RankGroup):
-        self.inner, self.group = inner, group
-
-    def stop_reason(self) -> Optional[str]:
-        return self.group.agree_stop(self.inner.stop_reason())
-
-    def on_step(self, report: StepReport) -> None:
-        self.inner.on_step(report)
-
-    def on_epoch(self, row: dict) -> None:
-        self.inner.on_epoch(row)
-
-    def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
-        self.inner.on_resume(step, epoch, batch_in_epoch, attempt, source)
-
-    def log(self, message: str) -> None:
-        self.inner.log(message)
-
-
-class GroupCheckpointer:
-    """The checkpointer as the loop sees it on every rank. A save is a collective: every rank's RNG
-    and loader state is gathered to rank 0 (whether or not rank 0 then skips a periodic one, so the
-    ranks never disagree on the collectives), and rank 0's checkpointer takes the snapshot with the
-    gathered states under ``ranks``. Other ranks write nothing."""
-
-    def __init__(self, group: RankGroup, inner: Optional[AsyncCheckpointer], parts: Components, paths,
-                 progress_of: Callable[[], Progress]):
-        self.group, self.inner, self.parts, self.progress_of = group, inner, parts, progress_of
-        self.paths = inner.paths if inner is not None else paths
-        self.totals = inner.totals if inner is not None else CheckpointerTotals()
-        self.gather_s: list[float] = []  # per save: capturing and gathering the ranks' states
-
-    def save(self, capture: Callable[[], dict], request: CheckpointRequest, mandatory: bool,
-             stable: Optional[Collection[int]] = None) -> bool:
-        started = time.perf_counter()
-        mine = {"rng": rng.capture(self.parts.device), "data": self.parts.data.state_dict(),
-                "progress": self.progress_of().state_dict()}
-        ranks = self.group.gather_to_first(mine)
-        self.gather_s.append(time.perf_counter() - started)
-        if self.inner is None:
-            return False
-        return self.inner.save(lambda: with_ranks(capture(), ranks), request, mandatory, stable)
-
-    def checkpoint_key(self, step: int) -> str:
-        return self.paths.checkpoint(step)
-
-    def describe(self) -> str:
-        """This rank's share of the checkpoint stall (for logs and bench/ddp.py)."""
-        mean_ms = 1000 * sum(self.gather_s) / len(self.gather_s) if self.gather_s else 0.0
-        return f"{len(self.gather_s)} checkpoint gathers, mean {mean_ms:.2f} ms"
-
-    def before_optimizer_step(self) -> None:
-        if self.inner is not None:
-            self.inner.before_optimizer_step()
-
-    def poll(self) -> None:
-        if self.inner is not None:
-            self.inner.poll()
-
-    def wait(self) -> None:
-        if self.inner is not None:
-            self.inner.wait()
-
-    def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
-
-    def abandon(self) -> None:
-        if self.inner is not None:
-            self.inner.abandon()
-
-
 def _to_bytes(state: dict) -> torch.Tensor:
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -343,6 +200,3 @@ def _from_bytes(data: torch.Tensor) -> dict:
     return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
 
 
-def with_ranks(state: dict, ranks: list) -> dict:
-    """A group's checkpoint: a single-process one plus every rank's own state and the rank count."""
-    return {**state, "ranks": ranks, "config": {**state["config"], "processes": len(ranks)}}

@@ -19,7 +19,6 @@ with that rank's exception and traceback; a rank that dies without one is lost.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -28,11 +27,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch.distributed as dist
 
 from baton.schemas.errors import FencedOut, PermanentError, exception_chain
+from baton.schemas.messages import GroupOrder, RankOrder
 from baton.storage import owned_dirs
 
 from baton.workers.parallel import failure_report, rendezvous
@@ -57,37 +59,50 @@ SETTLE_S = 0.5
 that may have caused it (a rank whose collective broke under it can raise from the job's code)."""
 
 
-class Ranks:
-    """The child ranks of this attempt, the rendezvous rank 0 opens for them and the attempt's secret."""
+def _nothing_reported() -> Optional[BaseException]:
+    return None
 
-    def __init__(self, world_size: int, args: dict, log: Callable[[str], None],
-                 on_hang: Optional[Callable[[str], None]] = None, ranks: Optional[range] = None,
-                 store: Optional["dist.Store"] = None, endpoint: Optional[str] = None, secret: Optional[str] = None,
-                 remote: Callable[[], Optional[BaseException]] = lambda: None, remote_wait_s: float = 5.0):
-        """Start ``ranks`` (default 1..N-1: every rank but this process's 0). A multi-node attempt's
-        ranks meet at ``endpoint`` (a TCP store its leader serves, ``store`` there), with the
-        attempt's ``secret``; else at a file store in this attempt's private directory. ``remote``:
-        what another node reported of its ranks (RankFailed, RankLost), None before; a broken
-        collective waits up to ``remote_wait_s`` for its cause (a dead rank here, or a report)."""
-        self.world_size, self.log = world_size, log
-        self.ranks = ranks if ranks is not None else range(1, world_size)
-        self.directory = owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
-        self.secret = secret or rendezvous.new_secret()
-        self.store = store if store is not None or endpoint is not None else rendezvous.open_store(
-            self.directory, world_size, RENDEZVOUS_TIMEOUT_S, self.secret)
+
+@dataclass(frozen=True)
+class Meeting:
+    """Where an attempt's ranks meet and how they prove they belong: its ``secret``; ``store``, on rank
+    0's node, the store it watches for the ranks' ready marks; ``endpoint``, a multi-node attempt's TCP
+    store (None: a file store in the ranks' private directory); ``remote``, what another node reported
+    of its ranks (RankFailed, RankLost; None before), waited for up to ``remote_wait_s`` when a
+    collective breaks."""
+
+    secret: str
+    store: Optional["dist.Store"] = None
+    endpoint: Optional[str] = None
+    remote: Callable[[], Optional[BaseException]] = _nothing_reported
+    remote_wait_s: float = 5.0
+
+
+class Ranks:
+    """The ranks an attempt starts on this node (never this process's rank 0), watched until they end."""
+
+    def __init__(self, order: GroupOrder, ranks: range, meeting: Meeting, log: Callable[[str], None],
+                 directory: Optional[Path] = None, on_hang: Optional[Callable[[str], None]] = None):
+        """Start ``ranks`` with ``order`` (each gets its place: ``RankOrder``), meeting as ``meeting`` says,
+        their reports in ``directory`` (the attempt's private one on this node; made if None)."""
+        self.world_size, self.log = order.world_size, log
+        self.ranks = ranks
+        self.directory = directory or owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
+        self.secret = meeting.secret
+        self.store = meeting.store
         self.procs: list[subprocess.Popen] = []
         self._ending = threading.Event()
         self._lost: Optional[str] = None
         self._on_hang = on_hang or _exit_hung
-        self._remote = remote
-        self.remote_wait_s = remote_wait_s
+        self._remote = meeting.remote
+        self.remote_wait_s = meeting.remote_wait_s
         for rank in self.ranks:
-            rank_args = {**args, "rank": rank, "world_size": world_size, "parent_pid": os.getpid(),
-                         "directory": str(self.directory), "endpoint": endpoint}
-            env = {**os.environ, ARGS_ENV: json.dumps(rank_args), rendezvous.SECRET_ENV: self.secret}
+            place = RankOrder(group=order, rank=rank, parent_pid=os.getpid(), directory=str(self.directory),
+                              endpoint=meeting.endpoint)
+            env = {**os.environ, ARGS_ENV: place.model_dump_json(), rendezvous.SECRET_ENV: self.secret}
             self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env))
         if self.procs:
-            self.log(f"data-parallel: {world_size} ranks; ranks {self.ranks[0]}..{self.ranks[-1]} are pids "
+            self.log(f"data-parallel: {self.world_size} ranks; ranks {self.ranks[0]}..{self.ranks[-1]} are pids "
                      f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
         self._watchdog.start()

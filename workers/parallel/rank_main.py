@@ -18,13 +18,15 @@ import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
+from baton.schemas.messages import GroupOrder, RankOrder
+from baton.workers.training.control import LoopControl
 from baton.workers.parallel import failure_report
 from baton.workers.parallel.failure_report import EXIT_USER_CODE
 from baton.workers.parallel.launcher import ARGS_ENV, RENDEZVOUS_TIMEOUT_S, die_with_parent, ready_key
 from baton.workers.parallel.rendezvous import SECRET_ENV, connect_tcp, open_store
 
 
-class RankControl:
+class RankControl(LoopControl):
     """A rank's own control: a stop flag from signals; its logs go to stderr, prefixed."""
 
     def __init__(self, rank: int):
@@ -70,92 +72,84 @@ class FailureReporter:
         return self.failed
 
 
-def run_rank(args: dict, secret: str, report: Callable[[BaseException], bool] = lambda exc: False) -> None:
+def run_rank(order: RankOrder, secret: str, report: Callable[[BaseException], bool] = lambda exc: False) -> None:
     """This rank's share of the attempt; a failure of the job's code is passed to ``report`` while
     this rank is still in the group (the others learn of it when its connections close)."""
-    from baton.schemas.spec import JobSpec
-    from baton.storage.checkpoint_io import load_bytes
+    from baton.storage.checkpointing.contract import CheckpointTarget
     from baton.storage.layout import JobPaths
     from baton.storage.stores.open import open_store as open_object_store
-    from baton.workers.training import rng, train_state
-    from baton.workers.training.components import build_components
+    from baton.workers.parallel.distributed import RankGroup, RankSeat
+    from baton.workers.parallel.layouts import layout_for
+    from baton.workers.training.assembly import RankPlan, assemble, run
     from baton.workers.training.determinism import configure, prepare_process
-    from baton.workers.training.loop import TrainingLoop
-
-    from baton.workers.parallel import sharded_state
-    from baton.workers.parallel.distributed import RankGroup
-    from baton.workers.parallel.sharded_checkpoint import ShardedCheckpointer
 
     prepare_process()
-    rank, world_size = args["rank"], args["world_size"]
+    group_order, rank = order.group, order.rank
+    spec = group_order.spec
     control = RankControl(rank)
-    spec = JobSpec.parse(args["spec"])
-    state = None
-    shards = Path(args["resume_dir"]) if args.get("resume_dir") else None  # sharded: downloaded, verified by rank 0
-    if args.get("resume_key"):
-        store = open_object_store(args["storage_url"])
-        state = load_bytes(store.get_bytes(args["resume_key"]), args["resume_sha256"], where=args["resume_key"])
-    configure(spec.loop.deterministic, args["cpu_threads"])
-    if args.get("endpoint"):  # a multi-node attempt: its leader's TCP store
-        rendezvous = connect_tcp(args["endpoint"], RENDEZVOUS_TIMEOUT_S, secret)
+    store = open_object_store(group_order.storage_url)
+    state = _resume_state(group_order, store)
+    configure(spec.loop.deterministic, group_order.cpu_threads)
+    if order.endpoint:  # a multi-node attempt: its leader's TCP store
+        rendezvous = connect_tcp(order.endpoint, RENDEZVOUS_TIMEOUT_S, secret)
     else:
-        rendezvous = open_store(Path(args["directory"]), world_size, RENDEZVOUS_TIMEOUT_S, secret)
+        rendezvous = open_store(Path(order.directory), group_order.world_size, RENDEZVOUS_TIMEOUT_S, secret)
     rendezvous.set(ready_key(rank), "1")  # rank 0 joins once every rank is here (Ranks.wait_until_ready)
-    group = RankGroup.join(rendezvous, rank, world_size, args["device_type"], spec.seed, secret,
-                           strategy=spec.resources.strategy, precision=spec.loop.precision,
-                           local_rank=rank % spec.resources.processes)
-    checkpointer = None
+    seat = RankSeat(rank, group_order.world_size, group_order.device_type, local_rank=rank % spec.resources.processes)
+    group = RankGroup.join(rendezvous, seat, secret, seed=spec.seed, sharded=spec.resources.strategy == "fsdp")
+    target = CheckpointTarget(store, JobPaths(group_order.job_id), group_order.attempt, spec.checkpoint.keep_last,
+                              log=control.log)
     finished = False
     try:
-        rng.seed_all(spec.seed)
-        parts = group.adopt(build_components(spec, group.device, tuple(args["allowed_prefixes"]), rank, world_size,
-                                             prepare_model=group.prepare_model))
-        paths = JobPaths(args["job_id"]).for_attempt(args["attempt"])
-        loop = TrainingLoop(parts, None, group.control(control), args["cpu_threads"], group=group)
-        if group.sharded:  # this rank writes its own shard; rank 0 commits
-            checkpointer = ShardedCheckpointer(group, parts, open_object_store(args["storage_url"]), JobPaths(args["job_id"]),
-                                               args["attempt"], spec.checkpoint.keep_last, log=control.log)
-            loop.checkpointer = checkpointer
-        else:
-            loop.checkpointer = group.checkpointer(None, parts, paths, lambda: loop.progress)
-        if shards is not None:
-            loop.progress, loop.best, loop.metrics = sharded_state.restore(parts, shards, rank, world_size,
-                                                                           group.checkpoint_group)
-        elif state is not None:
-            loop.progress, loop.best, loop.metrics = train_state.restore(parts, state)
-            loop.progress = group.restore(parts, state)
-        loop.run()
-        if checkpointer is not None:
-            checkpointer.close()
-            checkpointer = None
-        control.log(loop.checkpointer.describe())
+        plan = RankPlan(spec, group_order.allowed_prefixes, group_order.cpu_threads, target, state)
+        run(assemble(plan, layout_for(group, spec.resources.strategy, spec.loop.precision), control))
         finished = True
     except BaseException as exc:  # noqa: BLE001 - a BaseException from the job's code is its failure too
         report(exc)
         raise
     finally:
-        if checkpointer is not None:
-            checkpointer.abandon()
         if finished:  # a failing rank leaves at once (``main``): tearing the group down under a collective a
             group.close()  # background thread may still be in (a checkpoint's) aborts the process instead
+
+
+def _resume_state(order: GroupOrder, store) -> Optional[dict]:
+    """The state this rank resumes from: the sharded checkpoint's directory rank 0's node downloaded and
+    verified, or the checkpoint read and verified here; None from the start."""
+    from baton.storage.checkpoint_io import load_bytes
+    from baton.workers.parallel.sharded_state import SHARDS_KEY
+
+    if order.resume_dir:
+        return {SHARDS_KEY: order.resume_dir}
+    if order.resume_key:
+        return load_bytes(store.get_bytes(order.resume_key), order.resume_sha256, where=order.resume_key)
+    return None
 
 
 def main() -> int:
     # a Ctrl-C reaches every rank of the terminal's process group: rank 0 decides what it means, so until
     # RankControl takes it, it must not become a KeyboardInterrupt here (that would read as the job's failure)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    args = json.loads(os.environ[ARGS_ENV])
+    raw = json.loads(os.environ[ARGS_ENV])
     secret = os.environ.pop(SECRET_ENV)  # not inherited by what the job's code starts
-    die_with_parent(args["parent_pid"])
-    report = FailureReporter(Path(args["directory"]), args["rank"])
+    die_with_parent(raw["parent_pid"])
+    report = FailureReporter(Path(raw["directory"]), raw["rank"])
     try:
-        run_rank(args, secret, report)
+        run_rank(_order(raw), secret, report)
     except BaseException as exc:  # as on rank 0: anything from the job's code (or spec) fails the job
         if report(exc):
             return EXIT_USER_CODE
         traceback.print_exc()  # storage or the group failed here: rank 0 counts this rank lost
         return 1
     return 0
+
+
+def _order(raw: dict) -> RankOrder:
+    """This rank's order; a spec this rank cannot take (a node whose baton reads it otherwise) is a
+    SpecError naming each wrong field: the job's failure, as on rank 0."""
+    from baton.schemas.spec import JobSpec
+
+    JobSpec.parse(raw["group"]["spec"])
+    return RankOrder.model_validate(raw)
 
 
 def exit_now(code: int) -> None:

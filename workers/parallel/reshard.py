@@ -25,9 +25,10 @@ and says so: the log, the manifest's ``reshards`` and the report.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Optional
 
 from baton.schemas.errors import PermanentError
+from baton.schemas.manifest import CheckpointEntry, Reshard
 from baton.workers.training import rng
 from baton.workers.training.components import Components
 from baton.workers.training.data import derive_seed, pass_batches
@@ -121,3 +122,20 @@ def restore_resharded(parts: Components, rank: int, owns: list[dict[str, Any]]) 
     restore_rng(owns, parts, rank, progress.global_step)
     return progress
 
+
+
+def resharding_of(state: Optional[dict[str, Any]], entry: Optional[CheckpointEntry], world_size: int,
+                  allowed: bool, attempt: int) -> Optional[Reshard]:
+    """Whether resuming ``state`` (from ``entry``) on ``world_size`` ranks reshards it: a sharded
+    checkpoint written by another number of ranks, where ``resources.reshard`` allows it (PermanentError
+    where not); any other checkpoint resumes only on the count that wrote it."""
+    from baton.workers.parallel.distributed import check_same_processes
+    from baton.workers.parallel.sharded_state import SHARDS_KEY
+
+    if state is None or SHARDS_KEY not in state:
+        check_same_processes(state, world_size)
+        return None
+    check_reshard(state, world_size, allowed)
+    if written_by(state) == world_size or entry is None:
+        return None
+    return Reshard(step=entry.step, from_ranks=written_by(state), to_ranks=world_size, attempt=attempt)

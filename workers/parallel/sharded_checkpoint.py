@@ -37,14 +37,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, TransientError
-from baton.schemas.manifest import CheckpointEntry, CheckpointManifest, ObjectRef, sharded_digest
+from baton.schemas.manifest import CheckpointEntry, ObjectRef, sharded_digest
 from baton.storage import owned_dirs
 from baton.storage.artifacts import file_sha256, object_name
-from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpoint_io import ROWS_KEY, RowLines, save_to_file
-from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX, UPLOAD_RETRY_S, CheckpointerTotals, CheckpointStats
-from baton.storage.checkpointing.commit_work import CheckpointRequest, CommitWork
-from baton.storage.layout import JobPaths
+from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
+from baton.storage.checkpointing.commit_work import CommitWork
+from baton.storage.checkpointing.contract import CheckpointerTotals, CheckpointRequest, CheckpointStats, CheckpointTarget
 from baton.storage.stores.retry import retry_transient
 from baton.storage.checkpointing.plain import unwrap
 from baton.storage.checkpointing.snapshot import HostSnapshot, storage_key
@@ -55,27 +54,23 @@ from baton.workers.parallel.sharded_state import own_state, rank_file, sharded_p
 
 
 class ShardedCheckpointer:
-    """One per rank. ``store`` and ``paths`` are the job's; rank 0 also gets what commits: ``fence``
-    and ``on_commit`` (as ``AsyncCheckpointer``'s) and ``keep_last``."""
+    """One per rank, each writing ``target``'s shards (the job's store and paths); rank 0 commits, with
+    ``target``'s fence and ``on_commit`` (as ``AsyncCheckpointer``'s) and rotation."""
 
-    def __init__(self, group, parts: Components, store: ObjectStore, paths: JobPaths, attempt: int, keep_last: int, *,
-                 fence: Callable[[], None] = lambda: None,
-                 on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = lambda manifest, stats: None,
-                 upload_retry_s: float = UPLOAD_RETRY_S, log: Callable[[str], None] = print):
-        self.group, self.parts, self.store = group, parts, store
-        self.paths = paths.for_attempt(attempt)
-        self.fence, self.on_commit, self.log = fence, on_commit, log
-        self.upload_retry_s = upload_retry_s
+    def __init__(self, group, parts: Components, target: CheckpointTarget):
+        self.group, self.parts, self.store = group, parts, target.store
+        self.paths = target.attempt_paths
+        self.fence, self.on_commit, self.log = target.fence, target.on_commit, target.log
+        self.upload_retry_s = target.upload_retry_s
         self.totals = CheckpointerTotals()
-        self._spool = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
+        self._spool = owned_dirs.make(SPOOL_PREFIX, target.store.scratch_dir())
         on_cpu = parts.device.type == "cpu"  # on CUDA the shards' copy overlaps on a side stream instead
         self._snapshot = HostSnapshot(pin_memory=not on_cpu, overlap_on_cpu=on_cpu)
         self._inflight: Optional[tuple[Future, CheckpointStats]] = None
         self._cancelled = threading.Event()
         self._commit_lock = threading.Lock()
         self._rows = RowLines()
-        self._work = (CommitWork(store, paths, attempt, keep_last, self._spool, upload_retry_s, log, self._gate,
-                                 self._cancelled.is_set) if group.rank == 0 else None)
+        self._work = CommitWork(target, self._spool, self._gate, self._cancelled.is_set) if group.rank == 0 else None
         self._taken: list[CheckpointStats] = []  # every checkpoint's stats (the latest's stall may still grow)
 
     captures_weights = False

@@ -32,6 +32,10 @@ from baton.workers.training.progress import BestTracker, Progress
 
 from baton.workers.parallel import reshard
 
+SHARDS_KEY = "shards"
+"""In the state of a sharded checkpoint: the local directory it was downloaded to (verified), which
+every rank loads from; the rest of that state is rank 0's own file."""
+
 SHARDED = ("model", "optimizer")
 """The parts of the state DCP writes; the rest is the rank's own file."""
 

@@ -34,8 +34,7 @@ from typing import Callable, Optional, TypeVar
 
 import redis
 
-from baton.schemas.manifest import CheckpointEntry
-from baton.schemas.spec import JobSpec
+from baton.schemas.messages import GroupOrder
 from baton.storage import owned_dirs
 from baton.storage.artifacts import download_checkpoint
 from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
@@ -43,6 +42,7 @@ from baton.storage.stores.open import open_store
 from baton.workers.parallel import failure_report
 from baton.workers.parallel.errors import NodeReleased, RankFailed, RankLost
 from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit
+from baton.workers.parallel.nodes import start_node
 
 from baton.storage.records import keys
 
@@ -95,8 +95,9 @@ class Leadership:
         self.gangs, self.led, self.nodes, self.address = gangs, led, led.nodes, address
         self.loss_wait_s = REPORT_WAIT_S
 
-    def start(self, endpoint: str, secret: str, args: dict) -> None:
-        if not self.gangs.start(self.led, endpoint, secret, json.dumps(args)):
+    def announce(self, endpoint: str, secret: str, order: str) -> None:
+        """Publish the rendezvous and the ranks' ``order`` (a GroupOrder's JSON) for the other nodes."""
+        if not self.gangs.start(self.led, endpoint, secret, order):
             raise RankLost(f"the gang of job {self.led.job_id} was dissolved before its ranks could start")
 
     def remote_failure(self) -> Optional[BaseException]:
@@ -276,26 +277,23 @@ def _wait_for_start(ctx, gangs: Gangs, job_id: str, membership: Membership, keep
 
 
 def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, keeper: "_Renewer") -> str:
-    args = json.loads(gang.args)
-    spec = JobSpec.parse(args["spec"])
-    per_node = spec.resources.processes
-    first = membership.node * per_node
-    args["allowed_prefixes"] = list(ctx.settings.allowed_prefixes)  # what this worker allows
-    store = open_store(args["storage_url"])
+    # what this worker allows its ranks to import, whatever the leader's worker allows
+    order = GroupOrder.model_validate_json(gang.args).model_copy(
+        update={"allowed_prefixes": ctx.settings.allowed_prefixes})
+    store = open_store(order.storage_url)
     scratch = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
     try:
-        entry = args.pop("resume_entry", None)
-        if entry is not None:  # sharded: this node's copy of the checkpoint the leader chose, every file verified
+        if order.resume_entry is not None:  # sharded: this node's copy of the checkpoint the leader chose, verified
             try:
-                args["resume_dir"] = str(download_checkpoint(store, CheckpointEntry(**entry), scratch / "resume"))
+                resume_dir = download_checkpoint(store, order.resume_entry, scratch / "resume")
             except Exception as exc:  # noqa: BLE001 - unreachable, corrupt, a full disk: this node's loss
                 return _report(gangs, job_id, gang, "lost", f"node {membership.node} ({ctx.worker}) could not read "
                                f"the checkpoint: {type(exc).__name__}: {exc}")
+            order = order.model_copy(update={"resume_dir": str(resume_dir)})
         if ctx.preemption.requested.is_set():  # shutting down before its ranks started
             return _report(gangs, job_id, gang, "released", f"node {membership.node} ({ctx.worker}) is shutting down")
-        ranks = Ranks(args["world_size"], args, lambda message: _log.info("job %s: %s", job_id, message),
-                      on_hang=lambda why: None, ranks=range(first, first + per_node), endpoint=gang.endpoint,
-                      secret=gang.secret)
+        ranks = start_node(order, membership.node, gang.endpoint, gang.secret,
+                           lambda message: _log.info("job %s: %s", job_id, message))
         try:
             return _watch(ctx, gangs, job_id, gang, membership, keeper, ranks)
         finally:

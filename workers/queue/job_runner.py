@@ -35,18 +35,16 @@ from kombu.exceptions import KombuError
 from baton.storage.records import keys
 from baton.workers.training.failures import summary
 from baton.schemas.errors import FencedOut, SpecError, TransientError, formatted_traceback
-from baton.schemas.manifest import CheckpointManifest
+from baton.schemas.messages import AttemptEnd, AttemptOrder, Ending, Failure, PeersOrder
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
-from baton.storage.checkpointing.checkpointer import CheckpointStats
 from baton.storage.memory.memory_slots import JobMemory
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.launcher import devices_missing
+from baton.workers.parallel.nodes import ANNOUNCE, REMOTE_FAILURE
 from baton.workers.tracking import prometheus
-from baton.workers.training.control import StepReport
-from baton.workers.training.loop import Outcome
 from baton.workers.training.targets import unavailable
 
 from baton.workers.queue import gang_runner
@@ -281,13 +279,13 @@ def _train(ctx: WorkerContext, job_id: str, attempt: int, nonce: str, spec_data:
     except Exception as exc:  # the job's spec: record it, do not retry
         return _failed(ctx, control, summary(exc, ctx.settings.allowed_prefixes), formatted_traceback(exc),
                        f"{type(exc).__name__}: {exc}")
-    single = spec.resources.ranks == 1 and spec.resources.strategy == "ddp"
-    args = {"spec": spec_data, "job_id": job_id, "storage_url": storage_url, "attempt": attempt, "claim": nonce,
-            "allowed_prefixes": list(ctx.settings.allowed_prefixes), "worker": ctx.worker,
-            "memory": memory.get() if single and spec.checkpoint.memory_every_steps != "off" else None,
-            "gang": None if gang is None else {"nodes": gang.nodes, "address": gang.address,
-                                               "loss_wait_s": gang.loss_wait_s}}
-    process = control.process = TrainingProcess(args)
+    order = AttemptOrder(
+        spec=spec, job_id=job_id, storage_url=storage_url, attempt=attempt, claim=nonce,
+        allowed_prefixes=ctx.settings.allowed_prefixes, worker=ctx.worker,
+        memory=tuple(memory.get()) if spec.resources.single_process and spec.checkpoint.memory_every_steps != "off"
+        else None,
+        peers=None if gang is None else PeersOrder(nodes=gang.nodes, address=gang.address, loss_wait_s=gang.loss_wait_s))
+    process = control.process = TrainingProcess(order)
     try:
         return _serve(ctx, job_id, attempt, control, gang, process)
     except BaseException:  # the worker's side failed (Redis past the lease...): no attempt may train unserved
@@ -301,15 +299,12 @@ def _serve(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl
            gang: Optional["gang_runner.Leadership"], process: TrainingProcess) -> "str | Comeback":
     control._record({"pid": process.pid}, "the training process's pid")
     _log.info("job %s: attempt %d trains in process %d", job_id, attempt, process.pid)
-    handlers = {"on_epoch": control.on_epoch, "on_resume": control.on_resume,
-                "on_step": lambda report, steps: control.on_step(StepReport(**report), steps),
-                "on_commit": lambda manifest, stats: control.on_commit(CheckpointManifest.model_validate(manifest),
-                                                                       CheckpointStats(**stats)),
-                "fence": control.fence,
-                # through a Redis outage while the lease may be valid (LeaseUnconfirmed after: a loss, not the job's)
-                "gang_start": (lambda *args: control.leased(lambda: gang.start(*args), "the gang's start"))
-                if gang is not None else None,
-                "gang_remote_failure": gang.remote_failure if gang is not None else None}
+    handlers = {"on_epoch": control.on_epoch, "on_resume": control.on_resume, "on_step": control.on_step,
+                "on_commit": control.on_commit, "fence": control.fence}
+    if gang is not None:  # a multi-node leader's peers (baton.workers.parallel.nodes.LeaderPeers)
+        # through a Redis outage while the lease may be valid (LeaseUnconfirmed after: a loss, not the job's)
+        handlers[ANNOUNCE] = lambda *args: control.leased(lambda: gang.announce(*args), "the gang's start")
+        handlers[REMOTE_FAILURE] = gang.remote_failure
     ended = process.serve(handlers, control.stop_flag)
     if ended.result is None:
         if process.killed_for == "stalled":
@@ -318,29 +313,13 @@ def _serve(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl
     return _ended(ctx, job_id, attempt, control, ended.result)
 
 
-def _ended(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl, result: dict) -> str:
+def _ended(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl, result: AttemptEnd) -> str:
     """What the training process said of its attempt's end, recorded."""
-    error = result.get("error")
-    message = result.get("message", "")
-    if error == "fenced":
-        return _fenced(job_id, attempt, message)
-    if error == "transient":
-        _release(ctx, control, f"storage unavailable on {ctx.worker}: {message}", kind="storage")
-        return "released"
-    if error == "node_released":  # another node of the gang is shutting down: as a preemption, not counted
-        _release(ctx, control, message)
-        return "released"
-    if error == "rank_lost":  # a data-parallel rank died: infrastructure, counted as a worker loss
-        _release_lost(ctx, control, f"{message} on {ctx.worker}")
-        return "lost"
-    if error == "checkpoint_write":  # this machine's disk or /dev/shm: another worker resumes the job
-        _release_lost(ctx, control, f"{message} on {ctx.worker}", metric_reason="checkpoint_write")
-        return "lost"
-    if error is not None:  # the job's own code (or its spec) failed: record it, do not retry
-        if result.get("step") is not None:
-            control.step_now = result["step"]  # (the last progress report may be older)
-        return _failed(ctx, control, result["summary"], result["traceback"], f"{result['type']}: {message}")
-    outcome = Outcome(**result["outcome"])
+    failure = result.failure
+    if failure is not None:
+        return _failure_ended(ctx, job_id, attempt, control, failure)
+    outcome = result.outcome
+    assert outcome is not None
     if not outcome.completed:
         _log.info("job %s: stopped at step %s after a committed checkpoint (%s)", job_id, outcome.step, outcome.reason)
         # progress writes are spaced out: the last one may be older than the checkpoint the job stopped with
@@ -354,6 +333,27 @@ def _ended(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl
         return "cancelled"
     _release(ctx, control, f"{outcome.reason} on {ctx.worker}")
     return "released"
+
+
+def _failure_ended(ctx: WorkerContext, job_id: str, attempt: int, control: WorkerControl, failure: Failure) -> str:
+    message = failure.message
+    if failure.ending is Ending.FENCED:
+        return _fenced(job_id, attempt, message)
+    if failure.ending is Ending.STORAGE:
+        _release(ctx, control, f"storage unavailable on {ctx.worker}: {message}", kind="storage")
+        return "released"
+    if failure.ending is Ending.NODE_RELEASED:  # another node of the gang is shutting down: as a preemption
+        _release(ctx, control, message)
+        return "released"
+    if failure.ending is Ending.RANK_LOST:  # a data-parallel rank died: infrastructure, counted as a worker loss
+        _release_lost(ctx, control, f"{message} on {ctx.worker}")
+        return "lost"
+    if failure.ending is Ending.CHECKPOINT_WRITE:  # this machine's disk or /dev/shm: another worker resumes the job
+        _release_lost(ctx, control, f"{message} on {ctx.worker}", metric_reason="checkpoint_write")
+        return "lost"
+    if failure.step is not None:  # the job's own code (or its spec) failed: record it, do not retry
+        control.step_now = failure.step  # (the last progress report may be older)
+    return _failed(ctx, control, failure.summary or message, failure.traceback or "", f"{failure.type}: {message}")
 
 
 def _fenced(job_id: str, attempt: int, why: object) -> str:

@@ -18,7 +18,7 @@ from baton.schemas.errors import FencedOut, LeaseUnconfirmed
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
 from baton.schemas.settings import BatonSettings
-from baton.storage.checkpointing.checkpointer import CheckpointStats
+from baton.storage.checkpointing.contract import CheckpointStats
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.launcher import offered_gpus
 from baton.workers.tracking import prometheus

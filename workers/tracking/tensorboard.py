@@ -32,7 +32,7 @@ from baton.schemas.metrics import val_metrics
 from baton.storage import owned_dirs
 from baton.storage.artifacts import read_metrics
 from baton.storage.stores.base import ObjectStore
-from baton.storage.checkpointing.checkpointer import CheckpointStats
+from baton.storage.checkpointing.contract import CheckpointStats
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.checkpointing.priority import lower_this_thread

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from baton.schemas.errors import NonFiniteLossError
+from baton.schemas.messages import Outcome
 from baton.schemas.metrics import MetricsRow
-from baton.storage.checkpointing.checkpointer import AsyncCheckpointer, CheckpointRequest
+from baton.storage.checkpointing.contract import Checkpointer, CheckpointRequest
 from baton.storage.memory.memory_copy import MemoryCopier
 
 from baton.workers.training import train_state
@@ -35,31 +36,27 @@ from baton.workers.training.components import Components
 from baton.workers.training.control import LoopControl, StepReport
 from baton.workers.training.data import add_note
 from baton.workers.training.evaluate import evaluate
+from baton.workers.training.layout import Layout, OneProcess
 from baton.workers.training.progress import BestTracker, Progress
 from baton.workers.training.readings import PendingReadings
 
 
 @dataclass
-class Outcome:
-    completed: bool
-    reason: Optional[str] = None  # why it stopped early
-    step: Optional[int] = None  # the optimizer step of its last checkpoint
-
-
-@dataclass
 class TrainingLoop:
     parts: Components
-    checkpointer: AsyncCheckpointer
+    checkpointer: Optional[Checkpointer]  # set before ``run`` (``assembly.assemble``)
     control: LoopControl
     cpu_threads: int
     progress: Progress = field(default_factory=Progress)
     best: Optional[BestTracker] = None
     metrics: list[dict] = field(default_factory=list)
-    group: Any = None  # a data-parallel job's RankGroup (baton.workers.parallel.distributed); None for one process
+    layout: Optional[Layout] = None  # how the ranks share the work (None: one process)
     memory: Optional[MemoryCopier] = None  # the last step in host memory, for a crash (storage/memory/memory_copy.py)
 
     def __post_init__(self) -> None:
         spec = self.parts.spec
+        if self.layout is None:
+            self.layout = OneProcess(self.parts.device)
         if self.best is None:
             self.best = BestTracker(spec.checkpoint.monitor, spec.monitor_mode)
         self._group_nonfinite = False
@@ -95,9 +92,9 @@ class TrainingLoop:
                 if self._validated_at != p.global_step:
                     return self._stop(reason)
                 self.checkpointer.wait()  # the validation's checkpoint is the stop checkpoint
-                return Outcome(False, reason, p.global_step)
+                return Outcome(completed=False, reason=reason, step=p.global_step)
         self._absorb_readings()
-        return Outcome(True, step=p.global_step)
+        return Outcome(completed=True, step=p.global_step)
 
     def finished(self) -> bool:
         loop, p = self.parts.spec.loop, self.progress
@@ -200,7 +197,7 @@ class TrainingLoop:
         self._absorb_readings()
         self._validating = True
         loader = parts.data.val_loader()
-        forwards = self.group.max_over_ranks(len(loader)) if self.group is not None and self.group.sharded else None
+        forwards = self.layout.validation_forwards(loader)
         values = evaluate(parts.model, loader, parts.device, parts.precision, parts.task, forwards)
         self._validating = False
         lr = self._lr()
@@ -283,7 +280,7 @@ class TrainingLoop:
     def _stop(self, reason: str) -> Outcome:
         self._checkpoint("stop", mandatory=True)
         self.checkpointer.wait()
-        return Outcome(False, reason, self.progress.global_step)
+        return Outcome(completed=False, reason=reason, step=self.progress.global_step)
 
     def _checkpoint(self, kind: str, mandatory: bool, best=None, with_metrics: bool = False) -> None:
         p = self.progress
@@ -293,7 +290,7 @@ class TrainingLoop:
             metrics_rows=list(self.metrics) if with_metrics else None,
         )
         stable = train_state.stable_storages(self.parts) if self.parts.device.type == "cuda" else None
-        weights = getattr(self.checkpointer, "captures_weights", True)  # False: it takes them as shards
+        weights = self.checkpointer.captures_weights  # False: it takes them as shards
         self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads,
                                                            weights), request, mandatory=mandatory, stable=stable)
 
@@ -319,9 +316,7 @@ class TrainingLoop:
     # --- small readings --------------------------------------------------------------------
     def _train_loss(self) -> float:
         """The training loss per sample since the last validation (over every rank's samples)."""
-        loss_sum, samples = self.progress.epoch_loss_sum, self.progress.epoch_samples
-        if self.group is not None:
-            loss_sum, samples = self.group.sum_over_ranks(loss_sum, samples)
+        loss_sum, samples = self.layout.sum_over_ranks(self.progress.epoch_loss_sum, self.progress.epoch_samples)
         return loss_sum / samples if samples else math.nan
 
     def _lr(self) -> float:

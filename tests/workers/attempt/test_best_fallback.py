@@ -20,7 +20,7 @@ from baton.storage.checkpoint_io import load_bytes
 from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.workers.attempt.local import register_spec
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.training.control import LoopControl, StepReport
 
 from tests.helpers import make_spec, read_manifest, run_baton, start_baton, write_spec
@@ -51,7 +51,7 @@ class StopAt(LoopControl):
 
 
 def _attempt(store: FileStore, job: str, attempt: int, control: LoopControl):
-    return run_attempt(JobSpec.parse(SPEC), job, store, attempt, control, allowed_prefixes=("tests",))
+    return run_attempt(Attempt(JobSpec.parse(SPEC), job, attempt, store, allowed_prefixes=("tests",)), AttemptOptions(control))
 
 
 def _stopped_with_an_older_best(store: FileStore, job: str) -> CheckpointManifest:
@@ -135,8 +135,7 @@ def test_with_no_checkpoint_that_verifies_the_job_finishes_without_best_weights(
                 _overwrite(Path(store.root) / entry.key)
                 overwritten.append(entry.key)
 
-    result = run_attempt(JobSpec.parse(SPEC), "none-verify", store, 2, StopAt(10**9), on_commit=overwrite_new,
-                         allowed_prefixes=("tests",))
+    result = run_attempt(Attempt(JobSpec.parse(SPEC), "none-verify", 2, store, allowed_prefixes=("tests",)), AttemptOptions(StopAt(10**9), on_commit=overwrite_new))
 
     assert result.outcome.completed and len(overwritten) == 3  # epochs 2, 3 and 4 ended with a checkpoint
     manifest, report = _finished(store, "none-verify")

@@ -12,7 +12,7 @@ from baton.storage.memory import memory_slots
 from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.workers.attempt.local import register_spec
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.training.control import LoopControl
 from tests.helpers import assert_same_training, make_spec, read_manifest, run_reference
 
@@ -51,8 +51,7 @@ def dirs(tmp_path):
 
 
 def _attempt(store, attempt, control, dirs):
-    return run_attempt(JobSpec.parse(SPEC), "cut", store, attempt, control, allowed_prefixes=("tests",),
-                       memory=[str(d) for d in dirs])
+    return run_attempt(Attempt(JobSpec.parse(SPEC), "cut", attempt, store, allowed_prefixes=("tests",)), AttemptOptions(control, memory=tuple([str(d) for d in dirs])))
 
 
 def test_copies_taken_while_training_resume_bit_exact(tmp_path, dirs):

@@ -14,7 +14,7 @@ from baton.schemas.spec import JobSpec
 from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.workers.attempt.local import register_spec
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.parallel.distributed import check_same_processes
 from baton.workers.training.control import LoopControl
 from baton.workers.training.data import EpochBatches
@@ -106,7 +106,7 @@ def test_two_ranks_sigkilled_twice_mid_epoch_resume_bit_exact(tmp_path, ddp_refe
     assert not alive(rank1)
 
     attempt = read_manifest(store, "cut")["attempt"] + 1  # the last resume in this process, as `baton run` would
-    assert run_attempt(JobSpec.parse(SPEC2), "cut", store, attempt, LoopControl(), allowed_prefixes=("tests",)).outcome.completed
+    assert run_attempt(Attempt(JobSpec.parse(SPEC2), "cut", attempt, store, allowed_prefixes=("tests",)), AttemptOptions(LoopControl())).outcome.completed
     assert_same_training(ddp_reference, "reference", store, "cut")
     ours, theirs = final_state(store, "cut"), final_state(ddp_reference, "reference")
     assert len(ours["ranks"]) == 2 and ours["config"]["processes"] == 2
@@ -166,17 +166,30 @@ def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_
     """Rank 0 joins the group only once every rank has reached it: a rank whose spec (or the job's
     code) fails before then is RankFailed at once (the job fails), one that does not come in time
     RankLost (a worker loss); neither waits for the watchdog, which would end the worker process."""
-    from baton.workers.parallel.launcher import RankFailed, RankLost, Ranks
+    from baton.schemas.messages import GroupOrder
+    from baton.storage import owned_dirs
+    from baton.workers.parallel import rendezvous
+    from baton.workers.parallel.launcher import RANKS_PREFIX, Meeting, RankFailed, RankLost, Ranks
+
+    # a spec the ranks cannot take (as a node whose baton reads it otherwise would): a SpecError on rank 1
+    broken = GroupOrder.model_construct(spec={"name": "broken"}, job_id="broken", attempt=1, storage_url="file:///dev/null",
+                                        world_size=2, cpu_threads=1, device_type="cpu", allowed_prefixes=(),
+                                        resume_key=None, resume_sha256=None, resume_dir=None, resume_entry=None)
+
+    def ranks() -> Ranks:
+        directory, secret = owned_dirs.make(RANKS_PREFIX), rendezvous.new_secret()
+        meeting = Meeting(secret, rendezvous.open_store(directory, 2, 60, secret))
+        return Ranks(broken, range(1, 2), meeting, lines.append, directory, on_hang=hung.append)
 
     hung, lines = [], []
-    failing = Ranks(2, {"spec": {"name": "broken"}}, lines.append, on_hang=hung.append)  # rank 1: a SpecError
+    failing = ranks()
     try:
         with pytest.raises(RankFailed, match="rank 1 of 2: SpecError: invalid job spec") as failed:
             failing.wait_until_ready(timeout_s=120)
         assert failed.value.origin == "on rank 1 of 2" and "SpecError" in failed.value.traceback
     finally:
         failing.kill()
-    lagging = Ranks(2, {"spec": {"name": "broken"}}, lines.append, on_hang=hung.append)
+    lagging = ranks()
     try:  # no rank starts Python and imports torch within 10 ms
         with pytest.raises(RankLost, match=r"rank\(s\) 1 did not reach the group within 0s"):
             lagging.wait_until_ready(timeout_s=0.01)

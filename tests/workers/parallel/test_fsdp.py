@@ -19,7 +19,7 @@ from baton.schemas.manifest import CheckpointEntry
 from baton.schemas.spec import JobSpec
 from baton.storage.artifacts import download_checkpoint
 from baton.storage.stores.file_store import FileStore
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.parallel.fsdp import shard_units
 from baton.workers.parallel.sharded_state import read_own
 from baton.workers.training.control import LoopControl
@@ -170,7 +170,7 @@ def test_sigkilled_twice_and_a_corrupt_shard_resume_bit_exact(tmp_path, fsdp_ref
             lines.append(message)
 
     attempt = manifest["attempt"] + 1
-    result = run_attempt(JobSpec.parse(FSDP), "cut", store, attempt, Logged(), allowed_prefixes=("tests",))
+    result = run_attempt(Attempt(JobSpec.parse(FSDP), "cut", attempt, store, allowed_prefixes=("tests",)), AttemptOptions(Logged()))
     assert result.outcome.completed and result.resumed_from_step == before["step"]
     assert any("__1_0.distcp: sha256 does not match the manifest" in line for line in lines), lines
     assert_same_sharded_training(fsdp_reference, "reference", store, "cut", tmp_path)
@@ -236,8 +236,7 @@ def stop_and_resume(tmp_path: Path, spec: dict, job_id: str) -> FileStore:
     directory = download_checkpoint(store, CheckpointEntry(**latest), tmp_path / "stop")
     assert [read_own(directory, rank)["progress"]["global_step"] for rank in (0, 1)] == [latest["step"]] * 2
 
-    result = run_attempt(JobSpec.parse(spec), job_id, store, read_manifest(store, job_id)["attempt"] + 1,
-                         LoopControl(), allowed_prefixes=("tests",))
+    result = run_attempt(Attempt(JobSpec.parse(spec), job_id, read_manifest(store, job_id)["attempt"] + 1, store, allowed_prefixes=("tests",)), AttemptOptions(LoopControl()))
     assert result.outcome.completed and result.resumed_from_step == latest["step"]
     return store
 

@@ -19,7 +19,7 @@ from baton.schemas.manifest import CheckpointEntry
 from baton.schemas.spec import JobSpec
 from baton.storage.artifacts import download_checkpoint
 from baton.storage.stores.file_store import FileStore
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.parallel.reshard import progress_for, restore_resharded
 from baton.workers.training import train_state
 from baton.workers.training.components import build_components
@@ -237,9 +237,7 @@ def test_two_ranks_stopped_mid_epoch_resume_resharded_on_one(tmp_path):
                         "--storage", store.url)
     assert refused.returncode == 2 and "set resources.reshard: true" in refused.stderr + refused.stdout, refused
     with pytest.raises(PermanentError, match="written by 2 rank\\(s\\) and the spec asks for 1.*resources.reshard: true"):
-        run_attempt(JobSpec.parse(sharded(1, tmp_path / "served")), "re", store, read_manifest(store, "re")["attempt"] + 1,
-                    LoopControl(),
-                    allowed_prefixes=("tests",))
+        run_attempt(Attempt(JobSpec.parse(sharded(1, tmp_path / "served")), "re", read_manifest(store, "re")["attempt"] + 1, store, allowed_prefixes=("tests",)), AttemptOptions(LoopControl()))
 
     directory = download_checkpoint(store, CheckpointEntry(**stop), tmp_path / "stop")
     loaded_path = tmp_path / "loaded.pt"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from baton.cli import app
 from baton.schemas.spec import JobSpec
 from baton.storage.stores.file_store import FileStore
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.tracking.mlflow_tracking import flatten, row_metrics
 from baton.workers.training.control import LoopControl
 
@@ -78,7 +78,7 @@ def test_mlflow_down_mid_run_the_job_finishes_and_the_gap_is_logged(mlflow_serve
     spec = make_spec(loop={"epochs": 3}, checkpoint={"every_steps": 5})
     spec_json = JobSpec.parse(spec).model_dump(mode="json")
     started = time.monotonic()
-    result = run_attempt(JobSpec.parse(spec), "outage", store, 1, control, allowed_prefixes=("tests",), job_log=True)
+    result = run_attempt(Attempt(JobSpec.parse(spec), "outage", 1, store, allowed_prefixes=("tests",)), AttemptOptions(control, job_log=True))
     took_s = time.monotonic() - started
     proxy.set("pass")  # MLflow is back (the job's run id was stored with the proxy's address)
 

@@ -8,7 +8,7 @@ import torch
 from baton.schemas.spec import JobSpec
 from baton.storage.stores.file_store import FileStore
 from baton.storage.checkpointing.snapshot import HostSnapshot
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.training import rng
 from baton.workers.training.control import LoopControl
 
@@ -64,9 +64,9 @@ def test_resume_on_cuda_is_bit_exact(tmp_path, precision):
     spec = JobSpec.parse(make_spec(loop={"epochs": 2, "precision": precision},
                                    resources={"device": "cuda", "cpu_threads": 1}))
     store = FileStore(tmp_path)
-    assert run_attempt(spec, "reference", store, 1, StopAt(-1)).outcome.completed
-    stopped = run_attempt(spec, "cut", store, 1, StopAt(7))
+    assert run_attempt(Attempt(spec, "reference", 1, store), AttemptOptions(StopAt(-1))).outcome.completed
+    stopped = run_attempt(Attempt(spec, "cut", 1, store), AttemptOptions(StopAt(7)))
     assert not stopped.outcome.completed and stopped.outcome.step == 7
-    resumed = run_attempt(spec, "cut", store, 2, StopAt(-1))
+    resumed = run_attempt(Attempt(spec, "cut", 2, store), AttemptOptions(StopAt(-1)))
     assert resumed.outcome.completed and resumed.resumed_from_step == 7
     assert_same_training(store, "reference", store, "cut")

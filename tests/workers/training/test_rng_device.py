@@ -9,7 +9,7 @@ from baton.storage.checkpoint_io import load_bytes, save_to_file
 from baton.storage.stores.file_store import FileStore
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from baton.workers.attempt.session import run_attempt
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 from baton.workers.training.control import LoopControl
 
 from tests.helpers import assert_same_training, make_spec
@@ -46,9 +46,9 @@ def _as_if_written_on_a_gpu_node(store: FileStore, job_id: str, tmp_path) -> Non
 
 def test_a_cpu_job_ignores_cuda_rng_states_on_resume(tmp_path):
     store = FileStore(tmp_path / "store")
-    assert run_attempt(SPEC, "reference", store, 1, StopAt(-1)).outcome.completed
-    assert not run_attempt(SPEC, "moved", store, 1, StopAt(7)).outcome.completed
+    assert run_attempt(Attempt(SPEC, "reference", 1, store), AttemptOptions(StopAt(-1))).outcome.completed
+    assert not run_attempt(Attempt(SPEC, "moved", 1, store), AttemptOptions(StopAt(7))).outcome.completed
     _as_if_written_on_a_gpu_node(store, "moved", tmp_path)
-    resumed = run_attempt(SPEC, "moved", store, 2, StopAt(-1))
+    resumed = run_attempt(Attempt(SPEC, "moved", 2, store), AttemptOptions(StopAt(-1)))
     assert resumed.outcome.completed and resumed.resumed_from_step == 7
     assert_same_training(store, "reference", store, "moved")
