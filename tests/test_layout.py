@@ -4,114 +4,26 @@ every package."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from collections import defaultdict
-from pathlib import Path
 
 from tests.helpers import REPO
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10: pytest brings tomli
-    import tomli as tomllib
-
-PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-"""``{"baton.jobs": "jobs", ...}``: where each top-level piece of the namespace lives in the repository."""
 MAX_MODULES = 25
-STORAGE = ("baton.storage", "baton.storage.stores", "baton.storage.checkpointing", "baton.storage.memory",
-           "baton.storage.records")
-WORKERS = ("baton.workers", "baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
-           "baton.workers.attempt", "baton.workers.queue")
+MAX_PARAMETERS = 8
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 400
 
-ROOMS = {
-    "baton.schemas": set(),
-    "baton.storage.stores": {"baton.schemas"},
-    "baton.storage": {"baton.schemas", "baton.storage.stores"},
-    "baton.storage.checkpointing": {"baton.schemas", "baton.storage", "baton.storage.stores"},
-    "baton.storage.memory": {"baton.schemas", "baton.storage", "baton.storage.checkpointing"},
-    "baton.storage.records": {"baton.schemas", "baton.storage", "baton.storage.stores"},
-    "baton.workers.training": {"baton.schemas", *STORAGE},
-    "baton.workers.parallel": {"baton.workers.training", "baton.schemas", *STORAGE},
-    "baton.workers.tracking": {"baton.workers.training", "baton.schemas", *STORAGE},
-    "baton.workers.attempt": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
-                              "baton.schemas", *STORAGE},
-    "baton.workers.queue": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
-                            "baton.workers.attempt", "baton.schemas", *STORAGE},
-    "baton.jobs": {"baton.schemas", *STORAGE},
-    "baton": {"baton.jobs", "baton.schemas", *STORAGE, *WORKERS},
-}
-"""What each room may import (itself always), module level or inside a function: the user's side
-(``baton.jobs``) and the workers meet only in the rooms below both, and the command line (``baton``)
-sees everything."""
-
-
-def modules() -> dict[str, Path]:
-    """Every module of the installed namespace, by its dotted name, from the package-dir mapping."""
-    found = {}
-    for package, folder in PACKAGE_DIRS.items():
-        for path in sorted((REPO / folder).rglob("*.py")):
-            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join([package, *parts])] = path
-    return found
-
-
-def imports(name: str, path: Path, known: set[str]) -> tuple[set[str], set[str]]:
-    """(module-level imports, imports inside functions) of baton's own modules."""
-    is_package = path.name == "__init__.py"
-    top, lazy = set(), set()
-
-    def resolve(node: ast.ImportFrom) -> list[str]:
-        if node.level:
-            base = name.split(".") if is_package else name.split(".")[:-1]
-            base = base[:len(base) - (node.level - 1)]
-            module = ".".join(base + ([node.module] if node.module else []))
-        else:
-            module = node.module or ""
-        return [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
-
-    def visit(nodes: list, at_top: bool) -> None:
-        for node in nodes:
-            if isinstance(node, ast.ImportFrom):
-                targets = resolve(node)
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                targets = []
-            for target in targets:
-                while target not in known and "." in target:
-                    target = target.rsplit(".", 1)[0]
-                if target in known and target != name:
-                    (top if at_top else lazy).add(target)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                continue  # for type checkers only: never imported at run time
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(node.body, False)
-            else:
-                for field in ("body", "orelse", "finalbody", "handlers"):
-                    if isinstance(getattr(node, field, None), list):
-                        visit(getattr(node, field), at_top)
-
-    visit(ast.parse(path.read_text()).body, True)
-    return top, lazy
-
-
-def room_of(name: str) -> str:
-    return max((room for room in ROOMS if name == room or name.startswith(room + ".")), key=len)
-
-
-def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    found = modules()
-    known = set(found)
-    top, lazy = {}, {}
-    for name, path in found.items():
-        top[name], lazy[name] = imports(name, path, known)
-    return top, lazy
+_spec = importlib.util.spec_from_file_location("import_graph", REPO / "docs" / "hooks" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
+PACKAGE_DIRS, ROOMS, modules, graph, room_of = (import_graph.PACKAGE_DIRS, import_graph.ROOMS, import_graph.modules,
+                                                import_graph.graph, import_graph.room_of)
 
 
 def test_every_package_is_installed_and_every_installed_package_exists():
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(import_graph.tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {name for name, path in modules().items() if path.name == "__init__.py"}
     assert listed == on_disk, f"pyproject.toml's packages differ from the tree: missing {on_disk - listed}, " \
                               f"stale {listed - on_disk}"
@@ -169,12 +81,7 @@ def test_dependencies_point_one_way_between_rooms():
 
 
 def test_no_cycle_between_rooms_counting_imports_inside_functions():
-    top, lazy = graph()
-    edges: dict[str, set[str]] = defaultdict(set)
-    for name in top:
-        for target in top[name] | lazy[name]:
-            if room_of(target) != room_of(name):
-                edges[room_of(name)].add(room_of(target))
+    edges = import_graph.room_graph()
     state: dict[str, int] = {}
 
     def visit(room: str, path: list[str]) -> None:
@@ -210,3 +117,42 @@ def test_nothing_imports_batons_folders_by_their_bare_names():
                 if BARE.search(line) and path not in USERS_OWN:
                     offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not offenders, "bare imports of baton's folders (use baton.<folder>):\n" + "\n".join(offenders)
+
+
+def _functions() -> list[tuple[str, ast.FunctionDef]]:
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((f"{path.relative_to(REPO)}:{node.lineno} {node.name}", node))
+    return found
+
+
+def test_no_function_takes_more_than_8_parameters_or_runs_over_60_lines():
+    """Values that travel together have a name (an attempt, its options, a rank's plan): a long parameter
+    list is a group nobody named; a long function, steps nobody named."""
+    crowded, long = [], []
+    for where, node in _functions():
+        args = node.args
+        named = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+        count = len(named) + (args.vararg is not None) + (args.kwarg is not None)
+        if count > MAX_PARAMETERS:
+            crowded.append(f"{where}: {count} parameters")
+        if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+            long.append(f"{where}: {node.end_lineno - node.lineno + 1} lines")
+    assert not crowded + long, "\n".join(crowded + long)
+
+
+def test_no_module_is_over_400_lines():
+    over = [f"{path.relative_to(REPO)}: {len(path.read_text().splitlines())} lines" for path in modules().values()
+            if len(path.read_text().splitlines()) > MAX_MODULE_LINES]
+    assert not over, "split these by what they hold:\n" + "\n".join(over)
+
+
+def test_a_single_node_attempt_holds_no_multi_node_branch():
+    """One attempt's code is the same on one node or many: a multi-node leader reaches its other nodes
+    through the peers its worker gives it (``baton.workers.parallel.nodes``), never a branch here."""
+    mentions = [f"{path.relative_to(REPO)}:{number}" for name, path in modules().items()
+                if name.startswith("baton.workers.attempt")
+                for number, line in enumerate(path.read_text().splitlines(), 1) if "gang" in line.lower()]
+    assert not mentions, "workers/attempt mentions gangs:\n" + "\n".join(mentions)

@@ -9,6 +9,8 @@ generated Markdown sits between them, committed, so the pages read whole on GitH
     <!-- metrics-row-reference --> the fields of a metrics row (MetricsRow)
     <!-- manifest-reference -->   the fields of manifest.json (CheckpointManifest)
     <!-- cli-reference -->        every `baton` command, its arguments and options (the Typer app)
+    <!-- rooms-reference -->      the rooms of the code, what each may import and what it does import
+                                  (``import_graph.py``, which ``tests/test_layout.py`` checks)
 
 each closed by the same comment with a slash (``<!-- /spec-reference -->``). Refresh the pages
 after changing the code with ``python docs/hooks/reference.py``. As an MkDocs hook the file
@@ -356,6 +358,28 @@ def cli_reference() -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def rooms_reference() -> str:
+    """The rooms, bottom floor first: what each may import (the rule) and imports (read from the code)."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location("import_graph", pathlib.Path(__file__).with_name("import_graph.py"))
+    graph = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph)
+    edges, sizes = graph.room_graph(), graph.room_sizes()
+    order = sorted(graph.ROOMS, key=lambda room: (len(graph.ROOMS[room]), room))
+
+    storage = {room for room in graph.ROOMS if room == "baton.storage" or room.startswith("baton.storage.")}
+
+    def names(rooms: set) -> str:
+        shown = sorted(rooms - storage) + (["baton.storage.*"] if storage <= rooms else sorted(rooms & storage))
+        return ", ".join(f"`{room}`" for room in sorted(shown)) or "nothing of baton's"
+
+    rows = [(room, f"{sizes.get(room, (0, 0))[0]} modules, {sizes.get(room, (0, 0))[1]} lines",
+             names(graph.ROOMS[room]), names(edges.get(room, set()))) for room in order]
+    return _table(rows, ("room", "size", "may import", "imports"))
+
+
 MARKERS: dict[str, Callable[[], str]] = {
     "<!-- spec-reference -->": spec_reference,
     "<!-- builtins-reference -->": builtins_reference,
@@ -363,6 +387,7 @@ MARKERS: dict[str, Callable[[], str]] = {
     "<!-- metrics-row-reference -->": metrics_row_reference,
     "<!-- manifest-reference -->": manifest_reference,
     "<!-- cli-reference -->": cli_reference,
+    "<!-- rooms-reference -->": rooms_reference,
 }
 
 

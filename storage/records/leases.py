@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Optional
 
 import redis
 
@@ -34,7 +33,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'leased'} end
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4])
 redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback')
-return {'ok', redis.call('HGET', KEYS[1], 'spec'), redis.call('HGET', KEYS[1], 'storage_url')}
+return {'ok'}
 """
 
 # KEYS: job, lease. ARGV: token, attempt, new attempt, new token, ttl ms, now. 1 when caught up.
@@ -65,8 +64,6 @@ return {1, cancel, redis.call('EXISTS', KEYS[3])}
 class Claim:
     ok: bool
     reason: str = ""
-    spec: Optional[str] = None
-    storage_url: Optional[str] = None
     nonce: str = ""
     token: str = ""
 
@@ -83,7 +80,7 @@ def claim(client: redis.Redis, job_id: str, attempt: int, worker: str, ttl_s: fl
     result = script(keys=[keys.job(job_id), keys.lease(job_id)],
                     args=[attempt, worker, int(ttl_s * 1000), now(), held])
     if result[0] == "ok":
-        return Claim(True, spec=result[1], storage_url=result[2], nonce=nonce, token=held)
+        return Claim(True, nonce=nonce, token=held)
     return Claim(False, reason=" ".join(map(str, result)))
 
 

@@ -21,7 +21,7 @@ whose ``run_id`` changed since the last pass (a restart, a failover or a restore
 a lease restored from a backup lapses after it, with no failed call to see). For a lease TTL
 plus a period after it reached Redis again, a reaper requeues expired leases without counting
 them (by then every holder that lived through the outage has renewed, or has given its job back
-itself: ``job_runner``'s release-if-still-mine), and it sets ``keys.REDIS_OUTAGE`` for as long,
+itself: the delivery's release-if-still-mine, ``baton.workers.queue.claims``), and it sets ``keys.REDIS_OUTAGE`` for as long,
 so that a reaper that saw nothing (a worker started meanwhile) does the same. Why the reaper's
 own view and not, say, a gap in Redis's activity: a gap also appears when every worker is gone
 (the crash loop ``retry.max_attempts`` exists to end), while a reaper can only witness an outage

@@ -25,7 +25,7 @@ from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.retry import retry_transient
 from baton.storage.rotation import collect_garbage
 from baton.workers.tracking.curves import plot_curves
-from baton.workers.tracking.report import build_report
+from baton.workers.tracking.report import Provenance, build_report
 
 from baton.workers.attempt.best_weights import choose_best_weights, read_model
 
@@ -67,10 +67,10 @@ def finalize(target: CheckpointTarget, spec: dict, model: Optional[nn.Module], r
     if current.attempt > attempt:  # the commit below would be refused: write nothing at all
         raise FencedOut(f"job {paths.job_id}: attempt {current.attempt} owns it; attempt {attempt} writes no final artifacts")
     chosen = choose_best_weights(store, current, rows, best["mode"], log)  # never fails the finished job
-    report = build_report(paths.job_id, spec, rows, best, resumed_attempts=attempt,
-                          best_key=current.best.key if current.best is not None else None,
-                          weights_key=chosen.entry.key if chosen.entry is not None else None, weights_note=chosen.note,
-                          reshards=[r.describe() for r in current.reshards])
+    report = build_report(paths.job_id, spec, rows, best, Provenance(
+        attempts=attempt, best_key=current.best.key if current.best is not None else None,
+        weights_key=chosen.entry.key if chosen.entry is not None else None, weights_note=chosen.note,
+        reshards=tuple(r.describe() for r in current.reshards)))
     fence()
     best_weights = None
     if model is not None:

@@ -268,7 +268,7 @@ def offered_gpus() -> int:
 
 def check_devices(device_type: str, processes: int) -> None:
     """A CUDA job of N ranks needs N GPUs visible to this worker (``--gpus-per-job``). Workers pass
-    such a job on before claiming it (``job_runner``); this refuses what reaches a claim anyway."""
+    such a job on before claiming it (``baton.workers.queue.delivery``); this refuses what reaches a claim anyway."""
     if device_type != "cuda":
         return
     missing = devices_missing("cuda", processes, offered_gpus())

@@ -13,7 +13,7 @@
   still its own. Otherwise a reaper has re-queued it (uncounted too when it saw the outage,
   ``reaper.py``) or another attempt owns it.
 
-Used by ``job_runner.run_job``.
+Used by ``delivery.Held``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Celery task: a thin door into ``job_runner.run_job``. Loaded by workers only."""
+"""The Celery tasks: thin doors into ``delivery.run_job`` and ``delivery.join_gang``. Loaded by workers only."""
 from __future__ import annotations
 
 from celery.exceptions import Reject
@@ -6,7 +6,7 @@ from celery.exceptions import Reject
 from baton.workers.queue.bootstrap import worker_context
 from baton.storage.records.messages import JOIN_GANG_TASK, RUN_JOB_TASK
 from baton.workers.queue.celery_app import app
-from baton.workers.queue.job_runner import join_gang, run_job
+from baton.workers.queue.delivery import join_gang, run_job
 from baton.workers.queue.preemption import PREEMPTION
 
 

@@ -19,7 +19,7 @@ from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
 from baton.schemas.settings import BatonSettings
 from baton.storage.checkpointing.contract import CheckpointStats
-from baton.workers.attempt.process import Death, TrainingProcess
+from baton.workers.attempt.process import Death
 from baton.workers.parallel.launcher import offered_gpus
 from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport
@@ -28,7 +28,6 @@ from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.job_store import StoreChecks
 from baton.workers.queue.preemption import Preemption
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
-from baton.workers.queue.stall import StallWatchdog
 
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")
@@ -59,15 +58,16 @@ class WorkerContext:
 class WorkerControl(LoopControl):
     """The loop's view of the lease, the cancel flag and the worker's shutdown."""
 
-    def __init__(self, ctx: WorkerContext, job_id: str, heartbeat: Heartbeat):
+    def __init__(self, ctx: WorkerContext, job_id: str, heartbeat: Heartbeat, comeback: Optional[Death] = None,
+                 on_progress: Optional[Callable[[], None]] = None):
+        """``comeback``: the death of this job's previous training process here (its resume says so);
+        ``on_progress``: told of every step's progress (the stall watchdog)."""
         self.ctx, self.job_id, self.heartbeat = ctx, job_id, heartbeat
+        self.comeback, self._on_progress = comeback, on_progress
         self._last_progress = 0.0
-        self._last_step = None
+        self._last_step: Optional[int] = None
         self.step_now: Optional[int] = None  # the last optimizer step completed (progress records are spaced out)
         self._progress_failing = False
-        self.stall: Optional[StallWatchdog] = None
-        self.process: Optional[TrainingProcess] = None  # the attempt's training process, once started
-        self.comeback: Optional[Death] = None  # the death of this job's previous training process here
 
     @property
     def token(self) -> str:
@@ -91,7 +91,8 @@ class WorkerControl(LoopControl):
             self.heartbeat.fenced.set()
             raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
 
-    def _record(self, fields: dict, what: str) -> None:
+    def record(self, fields: dict, what: str) -> None:
+        """Write ``fields`` to the job's record, fenced by the lease (through a Redis outage while it may be valid)."""
         if not self.leased(lambda: self.ctx.records.fenced_set(self.job_id, self.token,
                                                                {**fields, "updated_at": time.time()}), what):
             self.heartbeat.fenced.set()
@@ -134,8 +135,8 @@ class WorkerControl(LoopControl):
         """A step's progress; ``steps``: how many were made since the last report (the training
         process reports at most every ``channel.STEP_REPORT_EVERY_S``)."""
         self.step_now = report.step
-        if self.stall is not None:
-            self.stall.progress()
+        if self._on_progress is not None:
+            self._on_progress()
         prometheus.STEPS.inc(steps)
         elapsed = time.monotonic() - self._last_progress
         if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
@@ -151,7 +152,7 @@ class WorkerControl(LoopControl):
     def on_epoch(self, row: dict) -> None:
         """A validation's metrics, for the job's record (the training process logs its line)."""
         metrics = val_metrics(row)
-        self._record({**{k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "metrics": json.dumps(metrics)},
+        self.record({**{k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "metrics": json.dumps(metrics)},
                      "the epoch's metrics")
 
     def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
@@ -161,7 +162,7 @@ class WorkerControl(LoopControl):
         fields = {"latest_checkpoint": manifest.latest.key}
         if manifest.best is not None:
             fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
-        self._record(fields, "the committed checkpoint's record")
+        self.record(fields, "the committed checkpoint's record")
 
     def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
         fields: dict = {"resumed_from": step}
@@ -170,7 +171,7 @@ class WorkerControl(LoopControl):
             fields["last_event"] = (f"resumed {where} at step {step} after {self.comeback.signal_name} of pid "
                                     f"{self.comeback.pid}, {time.monotonic() - self.comeback.at:.1f} s")
             self.log(fields["last_event"])
-        self._record(fields, "the resume point")  # (the training process logs the resume's line)
+        self.record(fields, "the resume point")  # (the training process logs the resume's line)
 
     def log(self, message: str) -> None:
         _log.info("job %s: %s", self.job_id, message)

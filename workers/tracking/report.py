@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from baton.schemas.metrics import val_metrics
@@ -83,31 +84,31 @@ def _curves(rows: list[dict]) -> str:
     return "curves: " + ", ".join(parts)
 
 
-def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_attempts: int,
-                 best_key: Optional[str] = None, weights_key: Optional[str] = None,
-                 weights_note: Optional[str] = None, reshards: Optional[list[str]] = None) -> dict[str, Any]:
-    """``best_key``: the object key of the best checkpoint (the manifest's ``best.key``).
-    ``weights_key``: the checkpoint whose weights best.safetensors holds (None: there is none);
-    ``weights_note``: why that is not the best checkpoint, when it is not. ``reshards``: where the
-    state was loaded onto another number of ranks (the run is then not bit-exact with one that was not)."""
+@dataclass(frozen=True)
+class Provenance:
+    """Where a report's numbers come from, besides the rows: the ``attempts`` the job took, the object
+    key of its best checkpoint (``best_key``, the manifest's ``best.key``), the checkpoint whose weights
+    best.safetensors holds (``weights_key``; None: there is none) and why that is not the best one when
+    it is not (``weights_note``), and where the state was loaded onto another number of ranks
+    (``reshards``: the run is then not bit-exact with one that was not)."""
+
+    attempts: int
+    best_key: Optional[str] = None
+    weights_key: Optional[str] = None
+    weights_note: Optional[str] = None
+    reshards: tuple[str, ...] = ()
+
+
+def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, sources: Provenance) -> dict[str, Any]:
+    """The report of a finished job: what was trained, the best checkpoint and why, the last validation,
+    how stable the run was, what checkpointing cost, and a note for people."""
     if not rows:
         raise ValueError("no validation rows: nothing to report")
     by_step = (spec.get("loop") or {}).get("max_steps") is not None
     last = rows[-1]
     best_row = next((r for r in rows if r["step"] == best["step"]), last)
     patterns = _patterns(rows, by_step)
-    metric = best["metric"]
-    if best["value"] is None:
-        why = f"none: {metric} was never finite, so no checkpoint was kept as best"
-    else:
-        place = _where(best_row, by_step) + ("" if by_step else f" (step {best_row['step']})")
-        why = (f"{place} has the "
-               f"{'lowest' if best['mode'] == 'min' else 'highest'} {metric} = {best['value']:.6g}"
-               f"{' on the validation set' if metric.startswith('val_') else ''}")
-    if best["value"] is not None and best_row["step"] != last["step"]:
-        why += f"; the last validation ({_where(last, by_step)}) reached {last[metric]:.6g}, so best and last differ"
-    elif best["value"] is not None:
-        why += "; it is also the last validation"
+    why = _why_best(best, best_row, last, by_step)
     stable = not patterns or all("overfitting" in p for _, p in patterns)
     note = [
         f"best checkpoint: {why}",
@@ -115,38 +116,61 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, resumed_
         "stable enough to trust" if stable else "not stable: see failure patterns",
         f"first failure pattern: {patterns[0][1]}" if patterns else "no failure pattern seen",
     ]
-    if weights_note is not None:
-        note.append(f"best weights: {weights_note}")
-    note.extend(reshards or [])
-    overfit = _overfitting_from(rows)
+    if sources.weights_note is not None:
+        note.append(f"best weights: {sources.weights_note}")
+    note.extend(sources.reshards)
+    kept = best["value"] is not None
     return {
         "job_id": job_id,
         "name": spec.get("name"),
         "epochs": last["epoch"],
         "validations": len(rows),
         "steps": last["step"],
-        "monitor": metric,
-        "best": {**best, "step": best_row["step"] if best["value"] is not None else None,
+        "monitor": best["metric"],
+        "best": {**best, "step": best_row["step"] if kept else None,
                  **val_metrics(best_row), "train_loss": best_row["train_loss"],
-                 "checkpoint": best_key if best["value"] is not None else None, "why": why,
-                 "weights": weights_key, "weights_note": weights_note},
+                 "checkpoint": sources.best_key if kept else None, "why": why,
+                 "weights": sources.weights_key, "weights_note": sources.weights_note},
         "last": {"epoch": last["epoch"], "step": last["step"], "train_loss": last["train_loss"], **val_metrics(last)},
-        "stability": {
-            "stable": stable,
-            "nonfinite_steps": last["nonfinite_steps"],
-            "grad_norm_spikes": _grad_spikes(rows),
-            "overfitting_from_epoch": overfit["epoch"] if overfit else None,
-            "overfitting_from_step": overfit["step"] if overfit else None,
-        },
+        "stability": _stability(rows, stable),
         "failure_patterns": [p for _, p in patterns],
         "first_failure_pattern": patterns[0][1] if patterns else None,
-        "checkpoints": {
-            "committed": sum(r.get("ckpt_count", 0) for r in rows),
-            "skipped_in_flight": max((r.get("ckpt_skipped", 0) for r in rows), default=0),
-            "stall_s": sum(r.get("ckpt_stall_s", 0.0) for r in rows),
-            "write_s": sum(r.get("ckpt_write_s", 0.0) for r in rows),
-        },
-        "attempts": resumed_attempts,
-        "resharded": list(reshards or []),
+        "checkpoints": _checkpoint_totals(rows),
+        "attempts": sources.attempts,
+        "resharded": list(sources.reshards),
         "note": note,
+    }
+
+
+def _why_best(best: dict, best_row: dict, last: dict, by_step: bool) -> str:
+    """Why the best checkpoint is the one it is, and how the last validation compares."""
+    metric = best["metric"]
+    if best["value"] is None:
+        return f"none: {metric} was never finite, so no checkpoint was kept as best"
+    place = _where(best_row, by_step) + ("" if by_step else f" (step {best_row['step']})")
+    why = (f"{place} has the "
+           f"{'lowest' if best['mode'] == 'min' else 'highest'} {metric} = {best['value']:.6g}"
+           f"{' on the validation set' if metric.startswith('val_') else ''}")
+    if best_row["step"] != last["step"]:
+        return why + f"; the last validation ({_where(last, by_step)}) reached {last[metric]:.6g}, so best and last differ"
+    return why + "; it is also the last validation"
+
+
+def _stability(rows: list[dict], stable: bool) -> dict[str, Any]:
+    overfit = _overfitting_from(rows)
+    return {
+        "stable": stable,
+        "nonfinite_steps": rows[-1]["nonfinite_steps"],
+        "grad_norm_spikes": _grad_spikes(rows),
+        "overfitting_from_epoch": overfit["epoch"] if overfit else None,
+        "overfitting_from_step": overfit["step"] if overfit else None,
+    }
+
+
+def _checkpoint_totals(rows: list[dict]) -> dict[str, Any]:
+    return {
+        "committed": sum(r.get("ckpt_count", 0) for r in rows),
+        "skipped_in_flight": max((r.get("ckpt_skipped", 0) for r in rows), default=0),
+        "stall_s": sum(r.get("ckpt_stall_s", 0.0) for r in rows),
+        "write_s": sum(r.get("ckpt_write_s", 0.0) for r in rows),
     }

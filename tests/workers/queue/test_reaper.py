@@ -229,8 +229,8 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     hands the message back to its queue, uses no attempt, counts nothing, and says why."""
     from baton.schemas.spec import JobSpec
     from baton.workers.parallel.launcher import devices_missing
-    from baton.workers.queue import job_runner
-    from baton.workers.queue.job_runner import run_job
+    from baton.workers.queue import reception
+    from baton.workers.queue.delivery import run_job
     from baton.workers.queue.worker_control import WorkerContext
     from baton.workers.queue.preemption import PREEMPTION
 
@@ -241,7 +241,7 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     records.create("big", {"name": "big", "spec": json.dumps(spec.model_dump(mode="json")), "queue": "gpu4",
                            "max_attempts": "2"})
     records.published("big", records.pending_mark("big"))
-    monkeypatch.setattr(job_runner, "PASS_ON_WAIT_S", 1.5)
+    monkeypatch.setattr(reception, "PASS_ON_WAIT_S", 1.5)
     ctx = WorkerContext(BatonSettings(), client, records, publish, PREEMPTION, "one-gpu@test", offered_gpus=lambda: 1)
     during: list = []  # a reaper pass while the worker holds the message: it must not publish a copy
     reaping = threading.Timer(0.8, lambda: during.extend(reaper.reap_once(client, publish, records,
@@ -256,7 +256,7 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     assert "offers 1" in status.last_event and client.get(keys.lease("big")) is None
     assert queued_messages(client, "gpu4") == [["big", 1]]  # back on its own queue, the same attempt
     assert reaper.reap_once(client, publish, records) == []  # its wait for a claim starts again
-    monkeypatch.setattr(job_runner, "PASS_ON_WAIT_S", 0.0)
+    monkeypatch.setattr(reception, "PASS_ON_WAIT_S", 0.0)
     assert run_job(ctx, "big", 3) == "dropped"  # a stale message is not passed on
     assert queued_messages(client, "gpu4") == [["big", 1]]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from baton.workers.tracking.curves import plot_curves
-from baton.workers.tracking.report import build_report
+from baton.workers.tracking.report import Provenance, build_report
 
 
 def _rows(train, val, acc=None, grad=None, grad_max=None, nonfinite=None):
@@ -21,14 +21,14 @@ def _best(rows, metric="val_loss", mode="min"):
 
 def test_a_healthy_run_is_stable_with_no_pattern():
     rows = _rows([1.0, 0.6, 0.4, 0.3], [1.1, 0.7, 0.5, 0.4])
-    report = build_report("j", {"name": "n"}, rows, _best(rows), 1)
+    report = build_report("j", {"name": "n"}, rows, _best(rows), Provenance(1))
     assert report["stability"]["stable"] and report["first_failure_pattern"] is None
     assert report["best"]["epoch"] == 3 and "best and last differ" not in report["best"]["why"]
 
 
 def test_overfitting_is_named_and_best_differs_from_last():
     rows = _rows([1.0, 0.6, 0.4, 0.3, 0.2], [1.0, 0.7, 0.8, 0.9, 1.0])
-    report = build_report("j", {"name": "n"}, rows, _best(rows), 1)
+    report = build_report("j", {"name": "n"}, rows, _best(rows), Provenance(1))
     assert report["stability"]["overfitting_from_epoch"] == 2
     assert report["first_failure_pattern"].startswith("overfitting from epoch 2")
     assert report["best"]["epoch"] == 1 and "best and last differ" in report["best"]["why"]
@@ -37,7 +37,7 @@ def test_overfitting_is_named_and_best_differs_from_last():
 def test_nonfinite_steps_and_spikes_make_a_run_unstable_and_the_first_one_is_named_first():
     rows = _rows([1.0, 0.8, 0.7, 0.6], [1.0, 0.8, 0.7, 0.6],
                  grad=[1.0, 1.0, 1.0, 1.0], grad_max=[2.0, 50.0, 2.0, 2.0], nonfinite=[0, 0, 3, 3])
-    report = build_report("j", {"name": "n"}, rows, _best(rows), 1)
+    report = build_report("j", {"name": "n"}, rows, _best(rows), Provenance(1))
     assert not report["stability"]["stable"]
     assert report["stability"]["nonfinite_steps"] == 3
     assert [s["epoch"] for s in report["stability"]["grad_norm_spikes"]] == [1]
@@ -48,13 +48,13 @@ def test_nonfinite_steps_and_spikes_make_a_run_unstable_and_the_first_one_is_nam
 def test_a_converging_run_is_not_called_spiky():
     # norms shrink as a run converges: early large norms are not spikes
     rows = _rows([1.0, 0.5, 0.2, 0.1], [1.0, 0.5, 0.3, 0.2], grad=[4.0, 1.0, 0.3, 0.1], grad_max=[12.0, 3.0, 1.2, 0.5])
-    assert build_report("j", {"name": "n"}, rows, _best(rows), 1)["stability"]["grad_norm_spikes"] == []
+    assert build_report("j", {"name": "n"}, rows, _best(rows), Provenance(1))["stability"]["grad_norm_spikes"] == []
 
 
 def test_no_finite_monitored_value_means_no_best():
     rows = _rows([1.0, 0.9], [float("nan"), float("nan")])
     best = {"metric": "val_loss", "mode": "min", "value": None, "step": None, "epoch": None}
-    report = build_report("j", {"name": "n"}, rows, best, 1)
+    report = build_report("j", {"name": "n"}, rows, best, Provenance(1))
     assert report["best"]["checkpoint"] is None and report["best"]["why"].startswith("none")
 
 

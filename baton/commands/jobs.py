@@ -1,0 +1,192 @@
+"""The commands on queued jobs: ``submit``, ``sweep``, ``status``, ``list``, ``watch``, ``cancel``, ``resume``,
+``recover``, ``fetch``, ``logs``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from baton.schemas.errors import SpecError
+
+
+from baton.commands.common import (EXIT_BAD_SPEC, SET_HELP, _bad_spec, _client, _follow, _id_or_exit, _job, _load_or_exit,
+                                   _settings, app)
+
+@app.command()
+def submit(
+    spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
+    job_id: Optional[str] = typer.Option(None, "--id", help="Job id (default: NAME-TIME-XXXX)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends (exit 1 unless it succeeds)."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
+    """Validate a spec and queue it (exit 2 naming each wrong field; nothing is queued then)."""
+    _id_or_exit(job_id)
+    _load_or_exit(spec, _settings(), sets)
+    try:
+        job = _client().submit(spec, job_id, overrides=sets)
+    except SpecError as exc:
+        raise _bad_spec(exc)
+    typer.echo(job.id)
+    if wait:
+        raise typer.Exit(_follow(job))
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
+    grid: List[str] = typer.Option(..., "--grid", help="An axis: dotted.path=V1,V2,... (YAML values); repeatable, "
+                                   "every combination is queued."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
+    sweep_id: Optional[str] = typer.Option(None, "--id", help="Sweep id (default: NAME-sweep-TIME-XXXX); jobs are ID-N."),
+) -> None:
+    """Queue one job per grid point, sharing a sweep id; all are validated first (exit 2 and nothing
+    queued if any is invalid). Compare them with `baton list --sweep ID`."""
+    _id_or_exit(sweep_id)
+    try:
+        queued = _client().sweep(spec, grid, overrides=sets, sweep_id=sweep_id)
+    except SpecError as exc:
+        raise _bad_spec(exc)
+    typer.echo(f"sweep {queued.id}: {len(queued.jobs)} jobs queued")
+    for job in queued.jobs:
+        typer.echo(job.id)
+
+
+@app.command()
+def status(job_id: Optional[str] = typer.Argument(None, help="A job id; all recent jobs when left out.")) -> None:
+    """A job's state, attempt, worker, progress, checkpoints and error; or a table of recent jobs."""
+    from baton.jobs.display import details, table
+
+    if job_id:
+        typer.echo(details(_job(job_id).status()))
+    else:
+        typer.echo(table(_client().list()))
+
+
+@app.command("list")
+def list_jobs(
+    limit: int = typer.Option(50, help="How many, newest first."),
+    sweep_id: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's jobs, best monitored value first."),
+) -> None:
+    """Recent jobs as a table; with --sweep, a sweep's jobs compared by their best monitored value."""
+    from baton.schemas.errors import JobNotFound
+
+    from baton.jobs.display import sweep_table, table
+
+    if sweep_id is None:
+        typer.echo(table(_client().list(limit)))
+        return
+    try:
+        typer.echo(sweep_table(_client().sweep_results(sweep_id)))
+    except JobNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def watch(job_id: str) -> None:
+    """Follow a job with a live progress bar until it ends."""
+    raise typer.Exit(_follow(_job(job_id)))
+
+
+@app.command()
+def cancel(job_id: str) -> None:
+    """Cancel: at once if the job is waiting, else at its next step after a checkpoint."""
+    result = _job(job_id).cancel()
+    typer.echo({"cancelled": f"{job_id}: cancelled", "requested": f"{job_id}: cancel requested; it stops at its next "
+                "step after a checkpoint"}.get(result, f"{job_id}: already {result}"))
+
+
+@app.command()
+def resume(job_id: str) -> None:
+    """Queue a cancelled or failed job again, from its latest checkpoint."""
+    try:
+        attempt = _job(job_id).resume()
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{job_id}: queued as attempt {attempt}")
+
+
+@app.command()
+def recover(
+    job_id: Optional[str] = typer.Argument(None, help="The job whose record to rebuild."),
+    all_jobs: bool = typer.Option(False, "--all", help="Every job the store (BATON_STORAGE_URL) holds."),
+) -> None:
+    """Rebuild job records that Redis lost, from object storage (spec.json + manifest.json): a finished
+    job becomes succeeded, any other is queued again as a new attempt from its latest checkpoint."""
+    from baton.schemas.errors import JobNotFound
+
+    if (job_id is None) == (not all_jobs):
+        typer.echo("give a JOB or --all (not both)", err=True)
+        raise typer.Exit(EXIT_BAD_SPEC)
+    try:
+        recovered = _client().recover(job_id)
+    except JobNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    for item in recovered:
+        typer.echo(item.describe())
+    if not recovered:
+        typer.echo("no jobs in the store")
+
+
+@app.command()
+def fetch(
+    job_id: str,
+    which: str = typer.Option("best", "--which", help="best | latest | final | tensorboard (every attempt's event "
+                              "files, for tensorboard --logdir)"),
+    out: Path = typer.Option(Path("."), "-o", "--out", help="Directory to write into (a folder per job)."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Read from this store without Redis (a "
+                                          "`baton run` job; default: the job's record, else BATON_STORAGE_URL)."),
+) -> None:
+    """Download a job's best or latest checkpoint (sha256-verified), its final artifacts, or its
+    TensorBoard event files."""
+    from baton.schemas.errors import JobNotFound
+    from baton.storage.stores.open import open_client_store
+
+    from baton.jobs.client import download
+
+    try:
+        if storage is None:
+            try:
+                path = _client().job(job_id).download(out, which=which)
+            except JobNotFound:  # no record: a `baton run` job, in the configured store
+                path = download(open_client_store(_settings().storage_url), job_id, out, which)
+        else:
+            path = download(open_client_store(storage), job_id, out, which)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    typer.echo(str(path))
+
+
+@app.command()
+def logs(
+    job_id: str,
+    attempt: Optional[int] = typer.Option(None, "--attempt", help="Only this attempt's lines."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep showing new lines until the job ends."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Read from this store without Redis (a "
+                                          "`baton run` job; default: the job's record, else BATON_STORAGE_URL)."),
+) -> None:
+    """A job's own output, every attempt in order: baton's lines and the job's stdout, stderr and
+    logging, secrets redacted. Stored every few seconds while it runs; -f follows it live."""
+    from baton.jobs.logs import open_job_log
+
+    try:
+        source = open_job_log(job_id, storage, _settings())
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    if follow:
+        source.follow(attempt, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        if source.stopped:
+            typer.echo(source.stopped, err=True)
+    else:
+        text = source.read(attempt)
+        if not text:
+            typer.echo(f"job {job_id} has no log lines yet", err=True)
+        sys.stdout.write(text)
+
+

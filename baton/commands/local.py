@@ -1,0 +1,95 @@
+"""``baton validate`` and ``baton run``: a spec checked, a job trained in this process (no Redis)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from baton.schemas.errors import CheckpointWriteFailed, FencedOut, RunningElsewhere, SpecError
+from baton.schemas.settings import BatonSettings
+
+from baton.jobs.infra import EXIT_INFRASTRUCTURE
+from baton.jobs.specfile import check_user_targets
+
+from baton.commands.common import (EXIT_BAD_SPEC, EXIT_FAILED, EXIT_RUNNING_ELSEWHERE, SET_HELP, _id_or_exit,
+                                   _infrastructure_line, _load_or_exit, _settings, app)
+
+@app.command()
+def validate(
+    spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
+    """Check a job spec without running it (exit 2 naming each wrong field)."""
+    parsed = _load_or_exit(spec, _settings(), sets)
+    for note, _ in check_user_targets(parsed):
+        typer.echo(f"  {note}")
+    typer.echo(f"{spec}: valid job spec {parsed.name!r}")
+
+
+@app.command()
+def run(
+    spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
+    job_id: Optional[str] = typer.Option(None, "--id", help="Job id; the same id resumes that job."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="file:///path or s3://bucket/prefix "
+                                          "(default: BATON_STORAGE_URL, else file://./baton-data)"),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
+    """Run a job in this process (no Redis); run again with the same --id to resume it.
+
+    Exit codes: 0 done, 1 failed, 2 bad spec, 3 stopped by a signal after a checkpoint (resumable),
+    4 the job is running in another `baton run` or was submitted to a queue (nothing done), 130 aborted by a second signal (the next
+    run resumes from the last committed checkpoint).
+    """
+    from baton.storage.checkpointing import writer_start
+    from baton.storage.layout import JobPaths, new_job_id
+    from baton.storage.stores.open import open_client_store, open_store
+
+    settings = _settings()
+    job_id = _id_or_exit(job_id)
+    parsed = _load_or_exit(spec, settings, sets)
+    job_id = job_id or new_job_id(parsed.name)
+    # a wrong bucket, credentials or endpoint is said now, in a few seconds, before anything is built
+    open_client_store(storage or settings.storage_url).read_versioned(JobPaths(job_id).manifest)
+    if parsed.resources.ranks == 1:  # ranks start writers of their own
+        writer_start.prestart()  # the checkpoint writer imports torch on one core while this process does on the other
+    store = open_store(storage or settings.storage_url)
+    show_bar = sys.stdout.isatty() if progress is None else progress
+    raise typer.Exit(_train_here(parsed, job_id, store, settings, show_bar))
+
+
+def _train_here(parsed, job_id: str, store, settings: BatonSettings, show_bar: bool) -> int:
+    """``baton run``'s exit code: the job's, or one line saying what stopped it, and what to do next."""
+    from baton.jobs.infra import STORE_ERRORS
+    from baton.workers.attempt.local import run_local  # (torch: seconds to import)
+
+    try:
+        return run_local(parsed, job_id, store, settings.allowed_prefixes, show_bar)
+    except SpecError as exc:
+        typer.echo(str(exc), err=True)
+        return EXIT_BAD_SPEC
+    except RunningElsewhere as exc:
+        typer.echo(str(exc), err=True)
+        return EXIT_RUNNING_ELSEWHERE
+    except FencedOut as exc:  # another run took the job over (this one was thought gone): it committed nothing more
+        typer.echo(f"stopped: {exc}", err=True)
+        return EXIT_FAILED
+    except CheckpointWriteFailed as exc:  # this machine's fault: nothing committed is lost
+        typer.echo(f"error: {exc}\nthe job did not fail: free some space and run again with --id {job_id} to resume "
+                   "from its last committed checkpoint", err=True)
+        return EXIT_FAILED
+    except STORE_ERRORS as exc:  # the store went away or refused us mid-run: what it holds is whole
+        typer.echo(f"{_infrastructure_line(exc)}\nthe job did not fail: run again with --id {job_id} when the store is "
+                   "back, to resume from its last committed checkpoint", err=True)
+        return EXIT_INFRASTRUCTURE
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the job's failure (an asyncio.CancelledError is a BaseException):
+        from baton.storage.redaction import Redactor
+        from baton.workers.training.failures import failure  # the cause and the user's own frames
+
+        where = f"baton logs {job_id}" + ("" if store.url == settings.storage_url else f" --storage {store.url}")
+        typer.echo(Redactor()(failure(exc, settings.allowed_prefixes, where)), err=True)  # the whole traceback: the log
+        return EXIT_FAILED

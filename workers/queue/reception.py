@@ -1,0 +1,103 @@
+"""What a worker does with a message before it claims the attempt: read the job's record, once
+(``read_job``), decide whether it can host the job (``cannot_host``), else hand the message back for
+another worker (``pass_on``); and the outbox's publish of a job's next attempt (``publish``)."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import redis
+from kombu.exceptions import KombuError
+
+from baton.schemas.errors import SpecError
+from baton.schemas.spec import JobSpec
+from baton.storage.records import keys
+from baton.workers.parallel.launcher import devices_missing
+from baton.workers.queue.worker_control import WorkerContext
+from baton.workers.training.targets import unavailable
+
+_log = logging.getLogger("baton.worker")
+
+PASS_ON_WAIT_S = 10.0
+"""How long a worker that cannot host a job holds its message before handing it back to the queue
+(so that the queue's other workers, not this one at once, take it next)."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a delivery reads of the job's record, once, before its claim: the spec (validated here; a
+    spec that does not validate fails the job at its claim), the store, the queue."""
+
+    spec: Optional[JobSpec]
+    spec_error: Optional[SpecError]
+    storage_url: Optional[str]
+    queue: str
+
+    @property
+    def nodes(self) -> int:
+        return self.spec.resources.nodes if self.spec is not None else 1
+
+
+def read_job(ctx: WorkerContext, job_id: str) -> Optional[JobView]:
+    """The job's record as a delivery needs it; None when Redis cannot be read (claiming then could run
+    a multi-node job on one node). A missing job reads as no spec: its claim drops the message."""
+    try:
+        raw, storage_url, queue = ctx.redis.hmget(keys.job(job_id), ["spec", "storage_url", "queue"])
+    except redis.RedisError:
+        return None
+    spec, error = None, None
+    if raw:
+        try:
+            spec = JobSpec.parse(json.loads(raw))
+        except ValueError:
+            error = SpecError([f"spec: the job's record holds no readable spec (on worker {ctx.worker})"])
+        except SpecError as exc:
+            error = exc
+    return JobView(spec, error, storage_url, queue or "default")
+
+
+def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
+    """Why this worker cannot give the job what it needs (GPUs for each of its ranks; its code: modules
+    this worker's BATON_ALLOWED_MODULES allows, from packages installed here; a store it has probed,
+    holding the job's spec: job_store.py); None if it can, or if the record cannot tell (the claim
+    then decides, as for any job)."""
+    if view.spec is None:
+        return None  # no spec, or one that does not validate: the claim drops it, or fails it naming what is wrong
+    resources = view.spec.resources
+    missing = devices_missing(resources.device, resources.processes, ctx.offered_gpus())
+    if missing is not None:
+        return missing
+    why = unavailable(view.spec.user_targets(), ctx.settings.allowed_prefixes)
+    if why is None and view.storage_url:
+        why = ctx.stores.refusal(job_id, view.storage_url)
+    return None if why is None else f"{why} on {ctx.worker}"
+
+
+def pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Optional[str] = None) -> str:
+    """Hand the message back unclaimed (no attempt used, nothing counted), the record saying why."""
+    event = event or f"waiting for a worker that can host it: {ctx.worker} passed it on: {why}"
+    _log.warning("job %s attempt %d: not claimed: %s; passed on in %.0fs", job_id, attempt, why, PASS_ON_WAIT_S)
+    try:  # the record first: the reaper then waits for this publish instead of adding a copy meanwhile
+        if not ctx.records.pass_on(job_id, attempt, event, PASS_ON_WAIT_S):
+            return "dropped"
+        queue = ctx.redis.hget(keys.job(job_id), "queue") or "default"
+        time.sleep(PASS_ON_WAIT_S)
+        ctx.publish(job_id, attempt, queue)
+    except (redis.RedisError, KombuError, OSError) as exc:  # not published: the reaper publishes it again later
+        _log.warning("job %s attempt %d: not passed on yet (%s: %s); a reaper will publish it", job_id, attempt,
+                     type(exc).__name__, exc)
+    return "passed on"
+
+
+def publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:
+    """The outbox's publish; if the broker is away the mark stays and the reaper publishes it later."""
+    try:
+        ctx.records.publish_marked(job_id, attempt, ctx.publish)
+    except (redis.RedisError, KombuError, OSError) as exc:
+        _log.warning("job %s: attempt %d not published yet (%s: %s); a reaper will publish it", job_id, attempt,
+                     type(exc).__name__, exc)
+
+
