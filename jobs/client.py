@@ -204,7 +204,7 @@ def _warn_if_local(store: ObjectStore) -> None:
 class JobClient:
     def __init__(self, redis_url: Optional[str] = None, storage_url: Optional[str] = None):
         overrides = {k: v for k, v in (("redis_url", redis_url), ("storage_url", storage_url)) if v}
-        self.settings = BatonSettings(**overrides)
+        self.settings = BatonSettings.model_validate(overrides)
         self.records = JobRecords(connect(self.settings))
         self._celery = None
 
@@ -239,8 +239,8 @@ class JobClient:
         ``["optimizer.lr=1e-3,3e-3", "seed=1,2"]``), each the spec with that point's overrides. Every
         point is validated first: one invalid point raises SpecError and nothing is queued."""
         raw = read_raw(spec)
-        name = raw.get("name") if isinstance(raw, dict) and isinstance(raw.get("name"), str) else ""
-        name = name if re.match(NAME_PATTERN, name) else "job"  # an invalid name is reported by plan()
+        given = raw.get("name") if isinstance(raw, dict) else None
+        name = given if isinstance(given, str) and re.match(NAME_PATTERN, given) else "job"  # an invalid one: plan() says so
         try:
             sweep_id = check_job_id(sweep_id or new_job_id(f"{name}-sweep"))
         except ValueError as exc:

@@ -114,10 +114,10 @@ def run_demo(spec: Path, out: Path, redis_url: Optional[str], storage_url: Optio
         client = JobClient(redis_url=redis_url, storage_url=storage_url)
         job = client.submit(spec)
         say(f"submitted {spec} as job {job.id}")
-        status = _wait(job, lambda s: s.total_steps and (s.step or 0) >= s.total_steps // 2, say)
+        status = _wait(job, lambda s: bool(s.total_steps) and (s.step or 0) >= (s.total_steps or 0) // 2, say)
         holder = next(w for w in workers if w.name == status.worker)
         holder.signal(signal.SIGKILL)
-        say(f"SIGKILL to {holder.name} (pid {holder.proc.pid}) at step {status.step}/{status.total_steps}: "
+        say(f"SIGKILL to {holder.name} (pid {holder.pid}) at step {status.step}/{status.total_steps}: "
             "its lease will expire and the other worker takes the job over")
         final = _wait(job, lambda s: False, say)
         say(f"job {final.state.value}: attempt {final.attempt} on {final.worker}, resumed from step {final.resumed_from}")
@@ -132,10 +132,12 @@ def run_demo(spec: Path, out: Path, redis_url: Optional[str], storage_url: Optio
             say(f"  report: {line}")
 
         store = open_store(storage_url)
+        assert final.latest_checkpoint is not None  # (a job that succeeded committed its last checkpoint)
         distributed = load_bytes(store.get_bytes(final.latest_checkpoint))
         reference_store = _reference(spec, out, distributed["config"]["cpu_threads"])
         reference_files = open_store(f"file://{reference_store}")
         latest = ManifestStore(reference_files, JobPaths("reference")).read().latest
+        assert latest is not None  # (the reference run finished)
         reference = load_bytes(reference_files.get_bytes(latest.key), latest.sha256)
         parts = {k: (distributed[k], reference[k]) for k in ("model", "optimizer", "scheduler", "rng")}
         difference = next((d for k, (a, b) in parts.items() if (d := first_difference(a, b, k))), None)

@@ -171,8 +171,18 @@ class WorkerProcess:
         with open(self.log_path, "rb") as fh:
             return fh.read().decode(errors="replace")
 
+    @property
+    def started(self) -> subprocess.Popen:
+        """Its process (``start`` first)."""
+        assert self.proc is not None, f"worker {self.name} was not started"
+        return self.proc
+
+    @property
+    def pid(self) -> int:
+        return self.started.pid
+
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> "WorkerProcess":
-        _wait(lambda: f"baton worker {self.name} ready" in self.log(), f"worker {self.name}", self.proc, timeout_s)
+        _wait(lambda: f"baton worker {self.name} ready" in self.log(), f"worker {self.name}", self.started, timeout_s)
         return self
 
     def signal(self, signum: int, group: bool = True) -> None:

@@ -98,7 +98,8 @@ def _raw_target_problems(raw: Any, allowed_prefixes: tuple[str, ...], known: lis
             parse_target(part["target"])
         except ValueError:
             continue
-        targets[field] = (part["target"], part.get("kwargs") if isinstance(part.get("kwargs"), dict) else {})
+        kwargs = part.get("kwargs")
+        targets[field] = (part["target"], kwargs if isinstance(kwargs, dict) else {})
     problems = disallowed_targets({field: text for field, (text, _) in targets.items()}, allowed_prefixes)
     if problems:
         return problems
@@ -116,7 +117,7 @@ def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
 def _check_targets(targets: dict[str, tuple[str, dict]]) -> list[tuple[str, "str | None"]]:
     """Each target checked from its module's source where it can be (``source_lookup``: nothing of the
     job's code runs), else by importing its module."""
-    results = []
+    results: list[tuple[str, "str | None"]] = []
     for field, (text, kwargs) in targets.items():
         target = parse_target(text)
         if target.is_builtin:

@@ -101,7 +101,7 @@ def problems_from(error: ValidationError, prefix: str = "", model: Optional[type
                 field, sep, msg = line.partition(": ")
                 lines.append(f"{_join(where, field)}: {msg}" if sep else f"{where or 'spec'}: {line}")
         else:
-            lines.append(f"{where or 'spec'}: {_message(err)}")
+            lines.append(f"{where or 'spec'}: {_message(dict(err))}")
     return lines
 
 

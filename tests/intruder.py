@@ -92,9 +92,9 @@ def pose_on_port(port: int, args: dict, marker: str) -> str:
         rng.seed_all(spec.seed)  # then rank 1's loop, as rank_main runs it, to keep step with rank 0
         layout = DataParallel(group)
         parts = layout.adopt(build_components(spec, group.device, ("tests",), 1, 2))
-        loop = TrainingLoop(parts, None, layout.control(LoopControl()), 1, layout=layout)
         target = CheckpointTarget(None, JobPaths(args["job_id"]), 1, 1)  # rank 1 writes nothing: no store
-        loop.checkpointer = layout.checkpointer(parts, target, lambda: loop.progress)
+        checkpointer = layout.checkpointer(parts, target, lambda: loop.progress)
+        loop = TrainingLoop(parts, checkpointer, layout.control(LoopControl()), 1, layout=layout)
         loop.run()
     except Exception as exc:
         return f"joined, then {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

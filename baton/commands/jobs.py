@@ -180,7 +180,11 @@ def logs(
         typer.echo(str(exc), err=True)
         raise typer.Exit(1)
     if follow:
-        source.follow(attempt, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        def write(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        source.follow(attempt, write)
         if source.stopped:
             typer.echo(source.stopped, err=True)
     else:

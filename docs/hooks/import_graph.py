@@ -118,20 +118,3 @@ def room_graph() -> dict[str, set[str]]:
             if room_of(target) != room_of(name):
                 edges[room_of(name)].add(room_of(target))
     return edges
-
-
-def room_sizes() -> dict[str, tuple[int, int]]:
-    """(modules, lines) of each room."""
-    sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for name, path in modules().items():
-        size = sizes[room_of(name)]
-        size[0] += 1
-        size[1] += len(path.read_text().splitlines())
-    return {room: (count, lines) for room, (count, lines) in sizes.items()}
-
-
-def holds(room: str) -> str:
-    """The first sentence of the room's ``__init__`` docstring: what it holds."""
-    path = modules().get(room)
-    doc = ast.get_docstring(ast.parse(path.read_text())) if path is not None else None
-    return (doc or "").split(". ")[0].replace("\n", " ").rstrip(".")

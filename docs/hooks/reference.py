@@ -366,7 +366,7 @@ def rooms_reference() -> str:
     spec = importlib.util.spec_from_file_location("import_graph", pathlib.Path(__file__).with_name("import_graph.py"))
     graph = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(graph)
-    edges, sizes = graph.room_graph(), graph.room_sizes()
+    edges = graph.room_graph()
     order = sorted(graph.ROOMS, key=lambda room: (len(graph.ROOMS[room]), room))
 
     storage = {room for room in graph.ROOMS if room == "baton.storage" or room.startswith("baton.storage.")}
@@ -375,9 +375,8 @@ def rooms_reference() -> str:
         shown = sorted(rooms - storage) + (["baton.storage.*"] if storage <= rooms else sorted(rooms & storage))
         return ", ".join(f"`{room}`" for room in sorted(shown)) or "nothing of baton's"
 
-    rows = [(room, f"{sizes.get(room, (0, 0))[0]} modules, {sizes.get(room, (0, 0))[1]} lines",
-             names(graph.ROOMS[room]), names(edges.get(room, set()))) for room in order]
-    return _table(rows, ("room", "size", "may import", "imports"))
+    rows = [(room, names(graph.ROOMS[room]), names(edges.get(room, set()))) for room in order]
+    return _table(rows, ("room", "may import", "imports"))
 
 
 MARKERS: dict[str, Callable[[], str]] = {

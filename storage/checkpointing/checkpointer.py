@@ -127,7 +127,7 @@ class AsyncCheckpointer:
         stats = CheckpointStats(self.paths.checkpoint(request.step), request.kind, time.perf_counter() - started)
         self.totals.taken += 1
         finish = lambda committed: self._finish(committed, stats)  # noqa: E731
-        if self._process is not None and self._process.ready.is_set():
+        if self._process is not None and self._shared is not None and self._process.ready.is_set():
             future = self._process.submit(self._shared.to_slots(snapshot), request, stats.key, finish)
         else:  # the thread writer (also while the writer process is still starting)
             future = self._pool.submit(self._write_in_thread, snapshot, self._snapshot.copies, request, stats.key, finish)
@@ -177,6 +177,7 @@ class AsyncCheckpointer:
             self._pool.shutdown(wait=True)
             if self._process is not None:
                 self._process.shutdown()
+            if self._shared is not None:
                 self._shared.close()
             shutil.rmtree(self._spool, ignore_errors=True)
 
@@ -200,6 +201,7 @@ class AsyncCheckpointer:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._process is not None:
             self._process.cancel()  # the writer exits by itself, removing nothing a reader can reach
+        if self._shared is not None:
             self._shared.close()
         if inflight is None or inflight.future.done():
             shutil.rmtree(self._spool, ignore_errors=True)

@@ -41,7 +41,7 @@ class CommitWork:
     """``target``'s commits (its fence is ``gate``'s to run); ``spool`` holds a checkpoint's file while it
     uploads; ``cancelled()`` says when the attempt is over."""
 
-    def __init__(self, target: CheckpointTarget, spool: Path, gate: Callable[[Callable[[], T]], T],
+    def __init__(self, target: CheckpointTarget, spool: Path, gate: Callable[[Callable[[], Any]], Any],
                  cancelled: Callable[[], bool]):
         self.store = target.store
         self.paths = target.attempt_paths
@@ -104,7 +104,7 @@ class CommitWork:
     def _write_metrics(self, request: CheckpointRequest) -> MetricsRef:
         """The rows as of this checkpoint, under this attempt's key (referenced by its commit)."""
         key = self.paths.metrics(request.step)
-        body = self._lines.encode(request.metrics_rows).encode()  # each row was encoded once, for its checkpoint
+        body = self._lines.encode(request.metrics_rows or []).encode()  # each row was encoded once, for its checkpoint
         self._retry(lambda: self.store.put_bytes(key, body), f"write {key}")
         return MetricsRef(key=key, size=len(body), sha256=sha256_of(body), step=request.step, attempt=self.attempt)
 
@@ -123,7 +123,8 @@ class CommitWork:
                 manifest.metrics = metrics
             dropped[:] = rotate(manifest, self.keep_last)
 
-        manifest = self.gate(lambda: self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest"))
+        manifest: CheckpointManifest = self.gate(
+            lambda: self._retry(lambda: self.manifests.update(self.attempt, commit), "commit manifest"))
         return manifest, dropped
 
     def _upload_verified(self, key: str, path: Path, size: int) -> None:

@@ -138,7 +138,7 @@ class HostSnapshot:
         self._buffers: dict[str, torch.Tensor] = {}
         self._copied_from_cuda = False
         self._stable: Collection[int] = ()
-        self._side_stream = None  # created on first use (CUDA only)
+        self._side_stream: Optional[Any] = None  # created on first use (CUDA only)
         self._side_used = False
         self._side_pending: Optional[Any] = None  # the event the loop has not waited for yet
         self.copies = Copies()  # those of the last take
@@ -152,14 +152,15 @@ class HostSnapshot:
         """
         self.wait_for_side_copies()  # a previous snapshot's side copies, before their buffers are reused
         overlap = stable is not None and self.pin_memory
-        self._stable = stable if overlap else ()
+        self._stable = stable if stable is not None and overlap else ()
         self._copied_from_cuda = False
         self._side_used = False
         if overlap:
             current = torch.cuda.current_stream()
             if self._side_stream is None:
                 self._side_stream = torch.cuda.Stream()
-            self._side_stream.wait_stream(current)  # copy the values after everything queued so far
+            side = self._side_stream
+            side.wait_stream(current)  # copy the values after everything queued so far
         self._cpu_stable = stable if stable is not None and self.overlap_on_cpu else ()
         self._deferred = []
         with _intra_op_threads(copy_threads()):

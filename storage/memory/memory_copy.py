@@ -86,6 +86,18 @@ class _Slot:
     snapshot: Optional[HostSnapshot] = None
     allocated: bool = False  # whether a copy into it allocated its buffers (not counted in the cost)
 
+    @property
+    def host(self) -> HostSnapshot:
+        """Its snapshot (made when the slot is cleared, before any copy into it)."""
+        assert self.snapshot is not None
+        return self.snapshot
+
+    @property
+    def files(self) -> SharedBuffers:
+        """Its buffers (made with its snapshot)."""
+        assert self.buffers is not None
+        return self.buffers
+
     def clear(self) -> None:
         """Unpublish, then empty: the next copy into it starts from nothing (another process wrote it)."""
         self.meta.unlink(missing_ok=True)
@@ -161,12 +173,12 @@ class MemoryCopier:
                     self._give_up(why)
                     return
             if failpoints.armed("memory-copy-torn", step):  # a test's crash halfway through this copy
-                slot.snapshot.take({k: state[k] for k in list(state)[: len(state) // 2]})
+                slot.host.take({k: state[k] for k in list(state)[: len(state) // 2]})
                 failpoints.die()
             if self._staging is not None:  # CUDA: the device-to-host copy overlaps the next step
                 snapshot, copies = self._staging.take(state, stable), self._staging.copies
             else:
-                snapshot, copies = slot.snapshot.take(state), Copies()
+                snapshot, copies = slot.host.take(state), Copies()
         except Exception as exc:  # noqa: BLE001 - a copy must never fail the job
             self._give_up(exc)
             return
@@ -204,8 +216,8 @@ class MemoryCopier:
         try:
             copies.wait_all()
             if self._staging is not None:  # pinned staging -> the slot's files (the loop has moved on)
-                snapshot = slot.snapshot.copy_host(snapshot)
-            skeleton = slot.buffers.to_slots(snapshot)
+                snapshot = slot.host.copy_host(snapshot)
+            skeleton = slot.files.to_slots(snapshot)
             digests = {s.path: crc(t) for s, t in slots_and_tensors(skeleton, snapshot)}
             meta = slot.meta
             partial = meta.with_suffix(".partial")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ssl
+from typing import Any, Optional
 
 import redis
 
@@ -13,7 +14,7 @@ def ssl_options(url: str, ca_certs: str = "") -> dict:
     would otherwise accept any certificate when none are given)."""
     if not url.startswith("rediss://"):
         return {}
-    options = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    options: dict[str, object] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     if ca_certs:
         options["ssl_ca_certs"] = ca_certs
     return options
@@ -24,3 +25,18 @@ def connect(settings: BatonSettings) -> redis.Redis:
                ssl_options(settings.redis_url, settings.redis_ca_certs).items()}
     return redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30,
                                 socket_connect_timeout=5, socket_timeout=10, **options)
+
+
+def text(value: Any) -> str:
+    """A Redis answer as the ``str`` it is (the connection decodes responses; redis-py's types say bytes or str)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def maybe_text(value: Any) -> Optional[str]:
+    """``text``, where Redis may answer nothing."""
+    return None if value is None else text(value)
+
+
+def texts(mapping: Any) -> dict[str, str]:
+    """A hash's fields and values, as ``str``."""
+    return {text(key): text(value) for key, value in mapping.items()}

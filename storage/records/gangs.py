@@ -43,6 +43,7 @@ from typing import Optional
 import redis
 
 from baton.storage.records import keys
+from baton.storage.records.connection import maybe_text, texts
 from baton.storage.records.job_records import now
 
 # The scripts' shared parts. waiting: whether the job still waits for a worker (a cancelled one does not);
@@ -307,7 +308,7 @@ class Gangs:
 
     def busy_with(self, queue: str) -> Optional[str]:
         """The job whose gang is forming on ``queue``, if any."""
-        holder = self.client.get(keys.queue_forming(queue))
+        holder = maybe_text(self.client.get(keys.queue_forming(queue)))
         return holder.rsplit(":", 1)[0] if holder else None
 
     def renew(self, led: "Led", ttl_s: float) -> bool:
@@ -372,7 +373,7 @@ class Gangs:
 
     # --- anyone --------------------------------------------------------------------------------
     def read(self, job_id: str) -> Optional[Gang]:
-        raw = self.client.hgetall(keys.gang(job_id))
+        raw = texts(self.client.hgetall(keys.gang(job_id)))
         if not raw:
             return None
         nodes = int(raw["nodes"])

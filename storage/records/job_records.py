@@ -24,6 +24,7 @@ from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState, JobStatus
 
 from baton.storage.records import keys
+from baton.storage.records.connection import maybe_text, text, texts
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -213,15 +214,15 @@ class JobRecords:
         self._clear_pending(keys=[keys.job(job_id)], args=[mark, now()])
 
     def pending_mark(self, job_id: str) -> Optional[str]:
-        return self.redis.hget(keys.job(job_id), "publish_pending")
+        return maybe_text(self.redis.hget(keys.job(job_id), "publish_pending"))
 
     def publish_marked(self, job_id: str, attempt: int, send: Callable[[str, int, str], None]) -> None:
         """The outbox's second half: send ``(job id, attempt, queue)``, then clear the mark the state
         change left. A crash before the clear leaves the mark for the reaper to publish again."""
         mark, queue = self.redis.hmget(keys.job(job_id), ["publish_pending", "queue"])
-        send(job_id, attempt, queue or "default")
+        send(job_id, attempt, maybe_text(queue) or "default")
         if mark:
-            self.published(job_id, mark)
+            self.published(job_id, text(mark))
 
     def exists(self, job_id: str) -> bool:
         return bool(self.redis.exists(keys.job(job_id)))
@@ -230,7 +231,7 @@ class JobRecords:
         record = self.redis.hgetall(keys.job(job_id))
         if not record:
             raise JobNotFound(f"no job {job_id!r}")
-        return record
+        return texts(record)
 
     def status(self, job_id: str) -> JobStatus:
         status = JobStatus.model_validate(self.raw(job_id))
@@ -252,7 +253,7 @@ class JobRecords:
 
     def list_ids(self, limit: int = 100) -> list[str]:
         """Newest first."""
-        return list(self.redis.zrevrange(keys.JOBS_INDEX, 0, limit - 1))
+        return [text(job_id) for job_id in self.redis.zrevrange(keys.JOBS_INDEX, 0, limit - 1)]
 
     def add_to_sweep(self, sweep_id: str, job_ids: list[str]) -> None:
         """Index a sweep's jobs (before their records exist: a listing skips ids without one)."""
@@ -260,7 +261,7 @@ class JobRecords:
 
     def sweep_ids(self, sweep_id: str) -> list[str]:
         """A sweep's job ids in grid order; empty for an unknown sweep."""
-        return list(self.redis.zrange(keys.sweep(sweep_id), 0, -1))
+        return [text(job_id) for job_id in self.redis.zrange(keys.sweep(sweep_id), 0, -1)]
 
     def cancel(self, job_id: str) -> str:
         """'cancelled' (it was waiting), 'requested' (its worker stops at the next step), 'missing',

@@ -36,6 +36,7 @@ from typing import Callable
 import redis
 
 from baton.storage.records import keys
+from baton.storage.records.connection import text
 from baton.storage.records.job_records import JobRecords, now
 
 
@@ -110,7 +111,7 @@ def reap_once(client: redis.Redis, publish: Publish, records: JobRecords,
     they while ``keys.REDIS_OUTAGE`` is set)."""
     script = client.register_script(_REAP)
     acted = []
-    for job_id in client.smembers(keys.ACTIVE):
+    for job_id in map(text, client.smembers(keys.ACTIVE)):
         result = script(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE, keys.REDIS_OUTAGE],
                         args=[job_id, now(), REPUBLISH_AFTER_S, unclaimed_after_s, UNCLAIMED_REPUBLISH_MAX_S,
                               "1" if outage else "0"])

@@ -60,6 +60,7 @@ def choose_best_weights(store: ObjectStore, manifest: CheckpointManifest, rows: 
     ranked = candidates(manifest, rows, mode)
     if not ranked:
         return BestWeights(None, None)
+    metric = manifest.best.metric if manifest.best is not None else "the monitored metric"
     failed: list[str] = []
     for entry, value in ranked:
         try:
@@ -73,10 +74,10 @@ def choose_best_weights(store: ObjectStore, manifest: CheckpointManifest, rows: 
         if not failed:
             return BestWeights(model, entry)
         note = (f"best checkpoint {'; '.join(failed)}; best.safetensors holds {entry.key} (step {entry.step}, "
-                f"{manifest.best.metric} = {value:.6g}), the best checkpoint that verifies")
+                f"{metric} = {value:.6g}), the best checkpoint that verifies")
         log(note)
         return BestWeights(model, entry, note)
-    note = (f"best checkpoint {'; '.join(failed)}; no committed checkpoint with a known {manifest.best.metric} "
+    note = (f"best checkpoint {'; '.join(failed)}; no committed checkpoint with a known {metric} "
             "verifies, so there is no best.safetensors")
     log(note)
     return BestWeights(None, None, note)

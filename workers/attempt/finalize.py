@@ -80,11 +80,13 @@ def finalize(target: CheckpointTarget, spec: dict, model: Optional[nn.Module], r
             best_weights = put(own.best_model, export_weights(model))
     else:  # one whole model in memory at a time (and its bytes): the best, then the last unless the same
         best_bytes = export_state(chosen.model) if chosen.model is not None else None
-        same = chosen.entry is not None and chosen.entry.key == current.latest.key
+        latest = current.latest
+        assert latest is not None  # a finished run has committed its last checkpoint
+        same = chosen.entry is not None and chosen.entry.key == latest.key
         chosen.model = None
         if best_bytes is not None:
             best_weights = put(own.best_model, best_bytes)
-        last_weights = best_bytes if same else export_state(read_model(store, current.latest, log))
+        last_weights = best_bytes if same and best_bytes is not None else export_state(read_model(store, latest, log))
         del best_bytes
     final = FinalArtifacts(
         attempt=attempt,

@@ -139,7 +139,9 @@ class Ranks:
         dead one from a slow one."""
         keys = [ready_key(rank) for rank in range(1, self.world_size)]
         deadline = time.monotonic() + timeout_s
-        while not self.store.check(keys):
+        store = self.store
+        assert store is not None  # rank 0's node opened it
+        while not store.check(keys):
             reported = self._remote()  # another node could not start its ranks, or was lost
             if reported is not None:
                 raise reported
@@ -150,7 +152,7 @@ class Ranks:
                 if code is not None:
                     raise RankLost(f"{describe_exit(rank, code)} before it joined the group")
             if time.monotonic() >= deadline:  # this node's ranks; another node's report for itself (``remote``)
-                missing = [rank for rank in self.ranks if not self.store.check([ready_key(rank)])]
+                missing = [rank for rank in self.ranks if not store.check([ready_key(rank)])]
                 if missing:
                     raise RankLost(f"rank(s) {', '.join(map(str, missing))} did not reach the group within "
                                    f"{timeout_s:.0f}s (BATON_RENDEZVOUS_TIMEOUT_S)")

@@ -186,9 +186,10 @@ class GroupCheckpointer:
                 "progress": self.progress_of().state_dict()}
         ranks = self.group.gather_to_first(mine)
         self.gather_s.append(time.perf_counter() - started)
-        if self.inner is None:
+        if self.inner is None or ranks is None:  # (rank 0, and only rank 0, has both)
             return False
-        return self.inner.save(lambda: with_ranks(capture(), ranks), request, mandatory, stable)
+        gathered = ranks
+        return self.inner.save(lambda: with_ranks(capture(), gathered), request, mandatory, stable)
 
     def checkpoint_key(self, step: int) -> str:
         return self.paths.checkpoint(step)

@@ -31,8 +31,10 @@ from baton.schemas.errors import PermanentError
 from baton.schemas.manifest import CheckpointEntry, Reshard
 from baton.workers.training import rng
 from baton.workers.training.components import Components
-from baton.workers.training.data import derive_seed, pass_batches
+from baton.workers.training.data import DataPlan, derive_seed, pass_batches
 from baton.workers.training.progress import Progress
+from baton.workers.training.sharding import ShardedPlan
+from baton.workers.training.streams import StreamPlan
 
 from baton.workers.parallel.distributed import written_by
 
@@ -74,11 +76,19 @@ def restore_rng(owns: list[dict[str, Any]], parts: Components, rank: int, step: 
         rng.seed_all(derive_seed(parts.spec.seed, "reshard", step, rank))
 
 
+def _map_style(parts: Components) -> "DataPlan | ShardedPlan":
+    """The components' data, which a resharded resume needs map-style (a stream cannot be sharded over ranks)."""
+    if isinstance(parts.data, StreamPlan):
+        raise PermanentError("a resharded resume needs a map-style data set")
+    return parts.data
+
+
 def steps_left(parts: Components, progress: Progress) -> int:
     """Optimizer steps left in an epoch-based run from ``progress``, at this rank count."""
-    spec, accum = parts.spec, parts.spec.loop.grad_accum_steps
-    return (-(-parts.data.pass_batches(progress.epoch_sample_offset) // accum)
-            + (spec.loop.epochs - progress.epoch - 1) * -(-parts.data.batches_per_pass // accum))
+    spec, accum, data = parts.spec, parts.spec.loop.grad_accum_steps, _map_style(parts)
+    epochs = spec.loop.epochs or 0  # (an epoch-based run's)
+    return (-(-data.pass_batches(progress.epoch_sample_offset) // accum)
+            + (epochs - progress.epoch - 1) * -(-data.pass_batches() // accum))
 
 
 def refit_schedule(parts: Components, progress: Progress, old_world: int) -> None:
@@ -92,7 +102,8 @@ def refit_schedule(parts: Components, progress: Progress, old_world: int) -> Non
     at = parts.scheduler.last_epoch
     length = parts.schedule_steps  # None: written before schedules were refit, at the old count's length
     if length is None:
-        length = spec.loop.epochs * -(-pass_batches(parts.data.train_samples, spec.data.batch_size * old_world) // accum)
+        length = (spec.loop.epochs or 0) * -(-pass_batches(_map_style(parts).train_samples,
+                                                            spec.data.batch_size * old_world) // accum)
     warmup = spec.scheduler.warmup_steps if spec.scheduler.name in ("warmup_cosine", "constant_warmup") else None
     warmup = warmup or 0  # a warmup given as a fraction of the run scales with it
     if left == 0 or at >= length:
@@ -115,7 +126,7 @@ def restore_resharded(parts: Components, rank: int, owns: list[dict[str, Any]]) 
     are loaded already."""
     if parts.data.state_dict() is not None:  # (a stream cannot be sharded over ranks at all)
         raise PermanentError("a resharded resume needs a map-style data set")
-    progress = progress_for(owns, rank, parts.data.train_samples, parts.spec.data.batch_size)
+    progress = progress_for(owns, rank, _map_style(parts).train_samples, parts.spec.data.batch_size)
     if parts.spec.loop.max_steps is None:  # the run's length in steps changes with the global batch
         parts.run_steps = progress.global_step + steps_left(parts, progress)
     refit_schedule(parts, progress, len(owns))

@@ -225,23 +225,26 @@ class ShardedCheckpointer:
             errors = [f"rank {rank}: {r['error']}" for rank, r in enumerate(reports) if "error" in r]
             if errors:
                 failure = CheckpointWriteFailed(f"sharded checkpoint at step {request.step}: {'; '.join(errors)}")
+        work = self._work
+        assert work is not None  # (rank 0's)
         if failure is None:
             try:
                 files = [ObjectRef(**ref) for r in reports for ref in r["files"]]
                 entry = CheckpointEntry(
                     key=self.paths.checkpoint_dir(request.step), files=files, size=sum(f.size for f in files),
                     sha256=sharded_digest(files), step=request.step, epoch=request.epoch,
-                    batch_in_epoch=request.batch_in_epoch, kind=request.kind, attempt=self._work.attempt,
+                    batch_in_epoch=request.batch_in_epoch, kind=request.kind, attempt=work.attempt,
                     created_at=time.time())
-                manifest = self._work.publish(entry, request)
+                manifest = work.publish(entry, request)
             except BaseException as exc:
                 failure = exc
         outcome = torch.tensor([0 if failure is not None else 1], dtype=torch.int32)
         try:
             dist.broadcast(outcome, src=0, group=self.group.checkpoint_group)
         finally:
-            if failure is not None:
-                future.set_exception(failure)
+            if failure is not None or manifest is None:
+                future.set_exception(failure or CheckpointWriteFailed(f"sharded checkpoint at step {request.step}: "
+                                                                      "not committed"))
             else:
                 stats.write_s = time.perf_counter() - started
                 stats.bytes = sum(int(ref["size"]) for r in reports for ref in r["files"])
@@ -253,6 +256,7 @@ class ShardedCheckpointer:
                     future.set_result(None)
 
     def _gate(self, swap: Callable[[], Any]) -> Any:
+        assert self._work is not None  # (rank 0's)
         with self._commit_lock:
             self._work.check_cancelled()
             self.fence()
@@ -261,7 +265,7 @@ class ShardedCheckpointer:
     def _stable_keys(self, state: dict) -> set[int]:
         """Storage keys of the shards of the parameters and the optimizer state (only the optimizer's
         step modifies them): their device-to-host copy may overlap the next forward and backward."""
-        keys = set()
+        keys: set[int] = set()
         for part in ("model", "optimizer"):
             keys.update(storage_key(tensor) for tensor in tensors(state[part]))
         buffers = {storage_key(b) for b in self.parts.model.buffers()}  # a forward may write these

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import redis
 
@@ -155,7 +155,7 @@ class Held:
         self.heartbeat.start()
         prometheus.JOBS_STARTED.inc()
         prometheus.JOBS_RUNNING.inc()
-        ctx.preemption.register(job_id, lambda why: self.end(Ending.STOPPED, why))
+        ctx.preemption.register(job_id, self._stop_for_shutdown)
         if self.stall is not None:
             self.stall.start()
         _log.info("job %s: attempt %d started on %s", job_id, self.attempt, ctx.worker)
@@ -180,6 +180,10 @@ class Held:
                 self.stall.stop()
             self.heartbeat.stop()
             ctx.preemption.unregister(job_id)
+
+    def _stop_for_shutdown(self, why: str) -> None:
+        """This worker is shutting down past its grace (``preemption``): the job goes back, uncounted."""
+        self.end(Ending.STOPPED, why)
 
     def _prepare_and_train(self) -> "str | Comeback":
         """Check the spec and the store, catch up with the manifest, then train in a training process."""
@@ -225,8 +229,9 @@ class Held:
         control, leadership = self.control, self.leadership
         control.record({"pid": process.pid}, "the training process's pid")
         _log.info("job %s: attempt %d trains in process %d", self.job_id, self.attempt, process.pid)
-        handlers = {"on_epoch": control.on_epoch, "on_resume": control.on_resume, "on_step": control.on_step,
-                    "on_commit": control.on_commit, "fence": control.fence}
+        handlers: dict[str, Callable[..., Any]] = {
+            "on_epoch": control.on_epoch, "on_resume": control.on_resume, "on_step": control.on_step,
+            "on_commit": control.on_commit, "fence": control.fence}
         if leadership is not None:  # a multi-node leader's peers (baton.workers.parallel.nodes.LeaderPeers)
             # through a Redis outage while the lease may be valid (LeaseUnconfirmed after: a loss, not the job's)
             handlers[ANNOUNCE] = lambda *args: control.leased(lambda: leadership.announce(*args), "the gang's start")
@@ -273,8 +278,9 @@ class Held:
             prometheus.FENCING_EVENTS.inc()
             _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, self.attempt, reason)
         elif action.kind == "finish":
-            control.leased(lambda: ctx.records.finish(job_id, control.token, action.state),
-                           f"recording the job {action.state.value}")
+            state = action.state
+            assert state is not None
+            control.leased(lambda: ctx.records.finish(job_id, control.token, state), f"recording the job {state.value}")
             _log.info("job %s: %s", job_id, action.word)
         elif action.kind == "fail":
             self._fail(failure, reason)

@@ -101,6 +101,9 @@ def _wait_for_start(ctx, gangs: Gangs, job_id: str, membership: Membership, keep
 
 
 def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, keeper: Renewer) -> str:
+    if gang.args is None or gang.endpoint is None or gang.secret is None:  # (a running gang has all three)
+        return _report(gangs, job_id, gang, "lost", f"node {membership.node} ({ctx.worker}): the gang started "
+                       "without its rendezvous")
     # what this worker allows its ranks to import, whatever the leader's worker allows
     order = GroupOrder.model_validate_json(gang.args).model_copy(
         update={"allowed_prefixes": ctx.settings.allowed_prefixes})

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Protocol
 
 import redis
 
-from baton.storage.records.gangs import Gang, Gangs
+from baton.storage.records.gangs import Gang, Gangs, Led
 from baton.workers.parallel.errors import NodeReleased, RankFailed, RankLost
 from baton.workers.queue.gang_node import POLL_S, Renewer, node_address, node_host, quietly
 
@@ -34,7 +34,7 @@ follower reports within WATCH_S + SETTLE_S of its rank's end) before it counts t
 Waiting for a dead follower's lease to lapse instead would add up to a lease TTL to every recovery."""
 
 
-class Led(Protocol):
+class LedDelivery(Protocol):
     """A delivery a gang is led for (``baton.workers.queue.delivery.Delivery``)."""
 
     job_id: str
@@ -88,7 +88,7 @@ class Leadership:
         return None
 
 
-def lead(ctx, delivery: "Led") -> str:
+def lead(ctx, delivery: "LedDelivery") -> str:
     """The leader's part for ``delivery`` (``baton.workers.queue.delivery``): its gang formed and admitted,
     then its attempt claimed and trained with a ``Leadership``; or its message passed on unclaimed."""
     settings = ctx.settings

@@ -15,6 +15,7 @@ from kombu.exceptions import KombuError
 from baton.schemas.errors import SpecError
 from baton.schemas.spec import JobSpec
 from baton.storage.records import keys
+from baton.storage.records.connection import maybe_text
 from baton.workers.parallel.launcher import devices_missing
 from baton.workers.queue.worker_control import WorkerContext
 from baton.workers.training.targets import unavailable
@@ -56,7 +57,7 @@ def read_job(ctx: WorkerContext, job_id: str) -> Optional[JobView]:
             error = SpecError([f"spec: the job's record holds no readable spec (on worker {ctx.worker})"])
         except SpecError as exc:
             error = exc
-    return JobView(spec, error, storage_url, queue or "default")
+    return JobView(spec, error, maybe_text(storage_url), maybe_text(queue) or "default")
 
 
 def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
@@ -83,7 +84,7 @@ def pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Opti
     try:  # the record first: the reaper then waits for this publish instead of adding a copy meanwhile
         if not ctx.records.pass_on(job_id, attempt, event, PASS_ON_WAIT_S):
             return "dropped"
-        queue = ctx.redis.hget(keys.job(job_id), "queue") or "default"
+        queue = maybe_text(ctx.redis.hget(keys.job(job_id), "queue")) or "default"
         time.sleep(PASS_ON_WAIT_S)
         ctx.publish(job_id, attempt, queue)
     except (redis.RedisError, KombuError, OSError) as exc:  # not published: the reaper publishes it again later

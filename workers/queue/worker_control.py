@@ -159,7 +159,9 @@ class WorkerControl(LoopControl):
         prometheus.CHECKPOINT_STALL.observe(stats.stall_s)
         prometheus.CHECKPOINT_WRITE.observe(stats.write_s)
         prometheus.CHECKPOINT_BYTES.inc(stats.bytes)
-        fields = {"latest_checkpoint": manifest.latest.key}
+        if manifest.latest is None:  # (a commit always lists its checkpoint)
+            return
+        fields: dict[str, object] = {"latest_checkpoint": manifest.latest.key}
         if manifest.best is not None:
             fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
         self.record(fields, "the committed checkpoint's record")

@@ -102,7 +102,7 @@ def supervise(name: str, queues: str, loglevel: str, children_env: Sequence[dict
                       f"{RESTARTS_MAX} times in {RESTART_WINDOW_S:.0f}s; not restarting it", file=sys.stderr, flush=True)
             codes[index] = proc.returncode
         time.sleep(POLL_S)
-    return max(codes, default=0)
+    return max((code or 0 for code in codes), default=0)
 
 
 def _may_restart(history: deque) -> bool:

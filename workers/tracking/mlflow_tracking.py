@@ -295,7 +295,9 @@ class MlflowTracker:
             self.store.put_if(self.paths.mlflow_run, json.dumps(record).encode(), None)
         except PreconditionFailed:  # another attempt created the job's run first: use that one
             client.delete_run(run_id)
-            return self._stored_run_id()
+            stored = self._stored_run_id()
+            assert stored is not None  # (what refused this one's record)
+            return stored
         return run_id
 
     def _log_missing_params(self, client, run_id: str) -> None:

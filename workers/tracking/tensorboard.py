@@ -25,7 +25,7 @@ import queue
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
@@ -185,16 +185,18 @@ class _WriterState:
         """Write the rows a commit at ``step`` covers (their steps are <= it) that no event file holds."""
         if self.written is None:
             self._reconcile(store)
+        written = self.written
+        assert written is not None  # (reconciled)
         ready = [row for row in self.pending if row["step"] <= step]
         self.pending = [row for row in self.pending if row["step"] > step]
         for row in ready:
-            if row["step"] in self.written:
+            if row["step"] in written:
                 continue
             writer = self._open()
             for tag, value in row_scalars(row).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     writer.add_scalar(tag, value, global_step=row["step"])
-            self.written.add(row["step"])
+            written.add(row["step"])
             self.dirty = True
 
     def upload(self, store: ObjectStore) -> None:
@@ -215,10 +217,20 @@ class _WriterState:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
+class Tracker(Protocol):
+    """What a control feeds a tracker (TensorBoard's, MLflow's): the resume, every row, every commit."""
+
+    def resumed_from(self, step: int) -> None: ...
+
+    def row(self, row: dict) -> None: ...
+
+    def committed(self, step: int) -> None: ...
+
+
 class TrackedControl(LoopControl):
     """``inner`` (the worker's or ``baton run``'s control), plus the tracker fed by its callbacks."""
 
-    def __init__(self, inner: LoopControl, tracker: TensorBoardTracker):
+    def __init__(self, inner: LoopControl, tracker: Tracker):
         self.inner, self.tracker = inner, tracker
 
     def stop_reason(self) -> Optional[str]:

@@ -21,7 +21,7 @@ def steps_written_before(store: ObjectStore, paths: JobPaths, scratch: Path) -> 
     """Every step of a scalar in the event files of the attempts before ``paths.attempt``; the files
     are downloaded into ``scratch`` (a directory of this attempt's own) and removed after."""
     steps: set[int] = set()
-    for attempt in range(1, paths.attempt):
+    for attempt in range(1, paths.attempt or 1):
         prefix = paths.for_attempt(attempt).tensorboard + "/"
         keys = [key for key in store.list(prefix) if key[len(prefix):].startswith(EVENT_FILE_PREFIX)]
         if not keys:

@@ -37,15 +37,14 @@ def assemble(plan: RankPlan, layout: Layout, control: LoopControl,
     parts = build_components(spec, layout.device, plan.allowed_prefixes, layout.rank, layout.world_size,
                              prepare_model=layout.prepare_model)
     parts = layout.adopt(parts)
-    loop = TrainingLoop(parts, None, layout.control(control), plan.threads, layout=layout, memory=memory)
+    loop: TrainingLoop  # the checkpointer reads the loop's progress at each save
+    checkpointer = layout.checkpointer(parts, plan.target, lambda: loop.progress)
     try:
-        loop.checkpointer = layout.checkpointer(parts, plan.target, lambda: loop.progress)
-        if plan.state is not None:
-            loop.progress, loop.best, loop.metrics = layout.restore(parts, plan.state)
+        restored = layout.restore(parts, plan.state) if plan.state is not None else None
     except BaseException:
-        if loop.checkpointer is not None:
-            loop.checkpointer.abandon()
+        checkpointer.abandon()
         raise
+    loop = TrainingLoop(parts, checkpointer, layout.control(control), plan.threads, layout, memory, restored)
     return loop
 
 

@@ -17,7 +17,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
         return batch.to(device, non_blocking=True)
     if isinstance(batch, Mapping):
         moved = {k: to_device(v, device) for k, v in batch.items()}
-        return moved if type(batch) is dict else type(batch)(moved)
+        return moved if type(batch) is dict else type(batch)(moved)  # type: ignore[call-arg]  # a Mapping subclass's own constructor
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (list, tuple)):

@@ -69,6 +69,17 @@ def build_scheduler(
     """``total`` is the run's optimizer steps (None when unknown: a stream without max_steps)."""
     if spec.per_step and total is None:
         raise PermanentError(f"scheduler.name: {spec.name} needs the run's length in steps; set loop.max_steps")
+    if spec.per_step:
+        assert total is not None
+        return _per_step_scheduler(optimizer, spec, lr, total)
+    if spec.name == "cosine":
+        return CosineAnnealingLR(optimizer, T_max=epochs or 1, eta_min=lr * spec.min_lr_ratio)
+    if spec.name == "step":
+        return StepLR(optimizer, step_size=spec.step_epochs, gamma=spec.gamma)
+    return None
+
+
+def _per_step_scheduler(optimizer: torch.optim.Optimizer, spec: SchedulerSpec, lr: float, total: int) -> Optional[LRScheduler]:
     if spec.name == "onecycle":
         if spec.warmup_fraction * total < 2 or (1 - spec.warmup_fraction) * total < 2:
             raise PermanentError(
@@ -79,10 +90,6 @@ def build_scheduler(
                           cycle_momentum=spec.cycle_momentum)
     if spec.name in ("warmup_cosine", "constant_warmup"):
         return LambdaLR(optimizer, warmup_factor(spec, total))
-    if spec.name == "cosine":
-        return CosineAnnealingLR(optimizer, T_max=epochs, eta_min=lr * spec.min_lr_ratio)
-    if spec.name == "step":
-        return StepLR(optimizer, step_size=spec.step_epochs, gamma=spec.gamma)
     return None
 
 
@@ -122,11 +129,11 @@ class Components:
         self.schedule_steps = total
 
 
-def run_length(spec: JobSpec, data: Union[DataPlan, StreamPlan]) -> Optional[int]:
+def run_length(spec: JobSpec, data: Union[DataPlan, StreamPlan, ShardedPlan]) -> Optional[int]:
     """The run's optimizer steps: max_steps, or epochs x steps per pass (None for a stream by epochs)."""
     if spec.loop.max_steps is not None:
         return spec.loop.max_steps
-    if data.batches_per_pass is None:
+    if data.batches_per_pass is None or spec.loop.epochs is None:
         return None
     return spec.loop.epochs * -(-data.batches_per_pass // spec.loop.grad_accum_steps)
 

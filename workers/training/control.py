@@ -17,7 +17,7 @@ class StepReport:  # made after every step: a frozen dataclass's __init__ costs 
     epoch: int
     epochs: Optional[int]  # None for a step-based run
     step: int
-    total_steps: int
+    total_steps: Optional[int]  # None: a stream's epochs, of unknown length
     loss: float  # the last micro-batch's training loss
     lr: float
     samples_per_s: float

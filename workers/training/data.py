@@ -266,7 +266,7 @@ class DataPlan:
     def build(cls, base: Dataset, loading: Loading, val_base: Optional[Dataset] = None) -> "DataPlan":
         if val_base is not None:
             return cls(base, loading, list(range(len(base))), val_base, None)
-        train, val = split_indices(len(base), loading.spec.holdout_fraction, loading.seed)
+        train, val = split_indices(len(base), loading.spec.holdout_fraction or 0.0, loading.seed)
         return cls(base, loading, train, base, val)
 
     @property

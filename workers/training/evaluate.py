@@ -34,7 +34,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, precisi
                 batches += 1
             for _ in range((forwards or 0) - batches):
                 with precision.autocast():
-                    task.score(model, batch, spare)  # into metrics that are never computed
+                    task.score(model, batch, spare or {})  # into metrics that are never computed
     finally:
         model.train(was_training)
     if batches == 0:

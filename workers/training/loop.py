@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from baton.schemas.errors import NonFiniteLossError
@@ -36,29 +35,26 @@ from baton.workers.training.components import Components
 from baton.workers.training.control import LoopControl, StepReport
 from baton.workers.training.data import add_note
 from baton.workers.training.evaluate import evaluate
-from baton.workers.training.layout import Layout, OneProcess
+from baton.workers.training.layout import Layout, OneProcess, Restored
 from baton.workers.training.progress import BestTracker, Progress
 from baton.workers.training.readings import PendingReadings
+from baton.workers.training.streams import StreamPlan
 
 
-@dataclass
 class TrainingLoop:
-    parts: Components
-    checkpointer: Optional[Checkpointer]  # set before ``run`` (``assembly.assemble``)
-    control: LoopControl
-    cpu_threads: int
-    progress: Progress = field(default_factory=Progress)
-    best: Optional[BestTracker] = None
-    metrics: list[dict] = field(default_factory=list)
-    layout: Optional[Layout] = None  # how the ranks share the work (None: one process)
-    memory: Optional[MemoryCopier] = None  # the last step in host memory, for a crash (storage/memory/memory_copy.py)
+    """One rank's loop: ``parts`` trained under ``control``, checkpointed by ``checkpointer``, its work
+    shared with the other ranks as ``layout`` says (None: one process), its last step copied to
+    ``memory`` where it has one, resumed from ``restored`` (its progress, best tracker and rows)."""
 
-    def __post_init__(self) -> None:
-        spec = self.parts.spec
-        if self.layout is None:
-            self.layout = OneProcess(self.parts.device)
-        if self.best is None:
-            self.best = BestTracker(spec.checkpoint.monitor, spec.monitor_mode)
+    def __init__(self, parts: Components, checkpointer: Checkpointer, control: LoopControl, cpu_threads: int,
+                 layout: Optional[Layout] = None, memory: Optional[MemoryCopier] = None,
+                 restored: Optional[Restored] = None):
+        spec = parts.spec
+        self.parts, self.checkpointer, self.control, self.cpu_threads = parts, checkpointer, control, cpu_threads
+        self.layout: Layout = layout if layout is not None else OneProcess(parts.device)
+        self.memory = memory  # the last step in host memory, for a crash (storage/memory/memory_copy.py)
+        self.progress, self.best, self.metrics = restored if restored is not None else (
+            Progress(), BestTracker(spec.checkpoint.monitor, spec.monitor_mode), [])
         self._group_nonfinite = False
         self._validated_at: Optional[int] = None  # the step of the last validation (and its checkpoint)
         self._exhausted = False  # whether the current pass's iterator ran out (streams' only way to know)
@@ -98,7 +94,9 @@ class TrainingLoop:
 
     def finished(self) -> bool:
         loop, p = self.parts.spec.loop, self.progress
-        return p.global_step >= loop.max_steps if loop.max_steps is not None else p.epoch >= loop.epochs
+        if loop.max_steps is not None:
+            return p.global_step >= loop.max_steps
+        return loop.epochs is not None and p.epoch >= loop.epochs
 
     def train_pass(self) -> Optional[str]:
         """Train to the end of the pass (epoch), the end of the run, or a stop (returns its reason)."""
@@ -237,8 +235,10 @@ class TrainingLoop:
     def _pass_length(self) -> Optional[int]:
         """Batches in the current pass (None: a stream's, unknown); fewer in a resharded resume's first
         pass, whose first samples were consumed in batches of another size."""
-        offset = self.progress.epoch_sample_offset
-        return self.parts.data.pass_batches(offset) if offset else self.parts.data.batches_per_pass
+        offset, data = self.progress.epoch_sample_offset, self.parts.data
+        if offset and not isinstance(data, StreamPlan):  # (a stream is never resumed resharded)
+            return data.pass_batches(offset)
+        return data.batches_per_pass
 
     def _pass_complete(self) -> bool:
         n = self._pass_length()

@@ -24,10 +24,10 @@ def _cuda_index(device: torch.device) -> int:
 
 def capture(device: torch.device) -> dict[str, Any]:
     """Every generator a step of a job on ``device`` can draw from."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # (a tuple: MT19937's state)
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+        "numpy": {"name": name, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
         "cuda": [torch.cuda.get_rng_state(_cuda_index(device))] if device.type == "cuda" else [],

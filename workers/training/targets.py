@@ -5,20 +5,20 @@ import functools
 import importlib
 import importlib.util
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from baton.schemas.errors import PermanentError
-from baton.schemas.spec import ModelSpec, TargetSpec, TaskSpec
+from baton.schemas.spec import DataSpec, ModelSpec, TargetSpec, TaskSpec
 from baton.schemas.targets import disallowed_message, module_allowed, parse_target
 
 from baton.workers.training import builtins, rng
 from baton.workers.training.task_api import BoundTask
 
 
-def resolve(target: str, builtin_registry: dict[str, Callable], allowed_prefixes: tuple[str, ...]) -> Callable:
+def resolve(target: str, builtin_registry: Mapping[str, Callable], allowed_prefixes: tuple[str, ...]) -> Callable:
     parsed = parse_target(target)
     if parsed.is_builtin:
         return builtin_registry[parsed.attr]
@@ -75,7 +75,7 @@ def build_model(spec: ModelSpec, allowed_prefixes: tuple[str, ...]) -> nn.Module
     return model
 
 
-def build_dataset(spec: "TargetSpec", seed: int, allowed_prefixes: tuple[str, ...]) -> Dataset:
+def build_dataset(spec: "TargetSpec | DataSpec", seed: int, allowed_prefixes: tuple[str, ...]) -> Dataset:
     """A map-style Dataset or an IterableDataset (``spec`` is data or data.val: target and kwargs)."""
     fn = resolve(spec.target, builtins.DATA, allowed_prefixes)
     kwargs: dict[str, Any] = dict(spec.kwargs)

@@ -27,7 +27,7 @@ class TensorPairs(TensorDataset):
         super().__init__(inputs, labels)
         self.jitter = jitter
         if not jitter:  # nothing to augment: no per-sample generator is seeded for it (~10 us a sample)
-            self.augment = None
+            self.augment = None  # type: ignore[method-assign,assignment]  # the loader's cue: nothing to augment
 
     @property
     def inputs(self) -> torch.Tensor:
