@@ -42,11 +42,13 @@ def test_a_reused_pid_is_not_its_owner_and_other_names_are_left_alone(tmp_path):
 
 def test_a_forked_child_does_not_keep_a_dead_owners_held_directory(tmp_path):
     """A DataLoader worker forked from the owner must not hold its lock once the owner is gone."""
+    # the child says it runs (past os.fork's hooks) before the owner answers: a child not yet scheduled
+    # still shares the lock's open file, and the owner's death alone would not free it
     code = ("import os, sys, time; from baton.storage import owned_dirs; "
             "d = owned_dirs.make(sys.argv[1], sys.argv[2], held=True); "
-            "pid = os.fork()\n"
-            "if pid == 0:\n    time.sleep(60); os._exit(0)\n"
-            "print(d, pid, flush=True); sys.stdin.read()")
+            "r, w = os.pipe(); pid = os.fork()\n"
+            "if pid == 0:\n    os.write(w, b'1'); time.sleep(60); os._exit(0)\n"
+            "os.read(r, 1); print(d, pid, flush=True); sys.stdin.read()")
     owner = subprocess.Popen([sys.executable, "-c", code, PREFIX, str(tmp_path)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     made, child = owner.stdout.readline().split()
