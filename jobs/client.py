@@ -39,6 +39,7 @@ from baton.storage.records.job_records import JobRecords, spec_fields
 from baton.storage.records.connection import connect
 from baton.jobs.specfile import SpecSource, load_spec, read_raw
 from baton.jobs.sweeps import SweepEntry, plan, rank
+from baton.jobs.pool import QueueView, check_quota, queue_views
 
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
@@ -142,6 +143,7 @@ def download(store: ObjectStore, job_id: str, directory: str | Path = ".", which
         raise ValueError(f"which must be one of {WHICH} (got {which!r})")
     paths = JobPaths(job_id)
     if not store.exists(paths.manifest):
+        store.list(paths.root)  # (a missing bucket, or an endpoint that is not S3, says so here: not "no job")
         raise FileNotFoundError(f"no job {job_id!r} under {store.url}/{paths.root}")
     manifest = ManifestStore(store, paths).read()
     out = Path(directory) / job_id
@@ -305,12 +307,32 @@ class JobClient:
         self.records.raw(job_id)  # JobNotFound if it does not exist
         return Job(self, job_id)
 
+    def queue(self, name: Optional[str] = None) -> "list[QueueView]":
+        """Queue ``name`` (every queue when None): its waiting jobs in the order they will start, with why
+        each waits; its running jobs; each team's use of its worker slots and its quota."""
+        return queue_views(self.records, name)
+
+    def set_quota(self, team: str, queue: str, slots: int) -> None:
+        """Guarantee ``team`` ``slots`` worker slots of ``queue`` (it may borrow idle ones beyond)."""
+        check_quota(queue, team, slots)
+        self.records.pool.set_quota(queue, team, slots)
+
+    def remove_quota(self, team: str, queue: str) -> bool:
+        """Remove ``team``'s quota on ``queue``; False when it had none."""
+        check_quota(queue, team)
+        return self.records.pool.remove_quota(queue, team)
+
+    def quotas(self) -> dict[str, dict[str, int]]:
+        """Every quota: queue -> team -> slots."""
+        return self.records.pool.quotas()
+
     def list(self, limit: int = 100) -> list[JobStatus]:
         """The newest jobs first."""
-        statuses = []
+        statuses: list[JobStatus] = []
+        queues: dict = {}  # each queue's start order, read once for the listing
         for job_id in self.records.list_ids(limit):
             try:
-                statuses.append(self.records.status(job_id))
+                statuses.append(self.records.status(job_id, queues))
             except JobNotFound:
                 continue
         return statuses

@@ -48,6 +48,7 @@ def _training_process(s: JobStatus) -> str:
 def details(s: JobStatus) -> str:
     rows = [
         ("id", s.id), ("name", s.name), ("state", s.state.value), ("queue", s.queue),
+        ("team", s.team), ("priority", str(s.priority)),
         ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"), ("worker", s.worker or "-"),
         ("training process", _training_process(s)),
         ("epoch", _epoch(s)),
@@ -59,8 +60,12 @@ def details(s: JobStatus) -> str:
         ("resumed from step", "-" if s.resumed_from is None else str(s.resumed_from)),
         ("storage", s.storage_url or "-"), ("created", _when(s.created_at)), ("updated", _when(s.updated_at)),
     ]
+    if s.position is not None:
+        rows.append(("position", f"{s.position} in queue {s.queue}"))
     if s.waiting:
         rows.append(("waiting", s.waiting))
+    if s.starts_in_s is not None:
+        rows.append(("estimated start", f"in {_duration(s.starts_in_s)}"))
     if s.last_event and not s.state.terminal:
         rows.append(("last event", s.last_event))
     if s.error:
@@ -78,6 +83,44 @@ def table(statuses: list[JobStatus]) -> str:
     for s in statuses:
         steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
         lines.append(f"{s.id:<40} {s.state.value:<10} {s.attempt:>3} {steps:>13} {_num(s.val_loss):>9} {s.worker or '-':<24}")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def queue_table(view) -> str:
+    """One queue (``baton.jobs.pool.QueueView``): its waiting jobs in start order, its running jobs, and
+    its teams' slots against their quotas."""
+    state = view.state
+    lines = [f"queue {view.queue}: {len(state.waiting)} waiting, {len(view.running)} running, "
+             f"{len(view.workers)} live worker(s)"]
+    if state.waiting:
+        lines += ["", "waiting, in the order they will start:"]
+        lines += _columns([["POS", "JOB", "TEAM", "PRIORITY", "WHY IT WAITS"]] + [
+            [str(w.position), w.job_id, w.team, str(w.priority), view.reasons.get(w.job_id, "")] for w in state.waiting])
+    if view.running:
+        lines += ["", "running:"]
+        lines += _columns([["JOB", "WORKER", "TEAM", "PRIORITY", "STEP"]] + [
+            [s.id, s.worker or "-", s.team, str(s.priority), f"{s.step}/{s.total_steps}" if s.total_steps else "-"]
+            for s in view.running])
+    teams = sorted(set(state.quotas) | set(state.usage))
+    if state.quotas and teams:
+        lines += ["", "teams:"]
+        lines += _columns([["TEAM", "SLOTS IN USE", "QUOTA"]] + [
+            [team, str(state.usage.get(team, 0)), str(state.quotas[team]) if team in state.quotas else "-"]
+            for team in teams])
     return "\n".join(lines)
 
 

@@ -7,24 +7,22 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from baton.schemas.builtins import BUILTIN_DATA, BUILTIN_MODELS, BUILTIN_TASKS, builtin_task_metrics
 from baton.schemas.errors import SpecError
 from baton.schemas.problems import Problems, problems_from
+from baton.schemas.resources import PRIORITY_LIMIT, ResourcesSpec, RetrySpec
+from baton.schemas.section import NAME_PATTERN, Section as _Spec
 from baton.schemas.targets import parse_target
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+__all__ = ["JobSpec", "NAME_PATTERN", "PRIORITY_LIMIT", "ResourcesSpec", "RetrySpec"]
+
 MONITOR_PATTERN = r"^(train_loss|val_[a-z][a-z0-9_]{0,47})$"
 DEFAULT_VAL_FRACTION = 0.2
 
 
-class _Spec(BaseModel):
-    # strict: "0.1" (a string) is not silently taken for a number
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-def _check_target(problems: Problems, target: str, kwargs: dict, registry: dict) -> None:
+def check_target(problems: Problems, target: str, kwargs: dict, registry: dict) -> None:
     try:
         parsed = parse_target(target)
     except ValueError as exc:
@@ -52,7 +50,7 @@ class TargetSpec(_Spec):
     @model_validator(mode="after")
     def _target(self) -> "TargetSpec":
         problems = Problems()
-        _check_target(problems, self.target, self.kwargs, self.BUILTINS)
+        check_target(problems, self.target, self.kwargs, self.BUILTINS)
         problems.raise_if_any()
         return self
 
@@ -88,7 +86,7 @@ class DataSpec(_Spec):
     @model_validator(mode="after")
     def _target(self) -> "DataSpec":
         problems = Problems()
-        _check_target(problems, self.target, self.kwargs, BUILTIN_DATA)
+        check_target(problems, self.target, self.kwargs, BUILTIN_DATA)
         if self.collate is not None and parse_target(self.collate.target).is_builtin:
             problems.add("collate.target", "there are no built-in collate functions; name 'package.module:callable'")
         if self.val is not None and self.val_fraction is not None:
@@ -241,62 +239,6 @@ class CheckpointSpec(_Spec):
             problems.add("keep_last", "must be >= 2 (the newest checkpoint may still be uploading when an older one is needed)")
         problems.raise_if_any()
         return self
-
-
-class ResourcesSpec(_Spec):
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the worker has one, else cpu.")
-    queue: str = Field("default", pattern=NAME_PATTERN, description="Celery queue the job is routed to.")
-    cpu_threads: Optional[int] = Field(
-        None, gt=0, le=1024,
-        description="torch intra-op threads per process; null: the count torch chooses in a fresh process on the "
-                    "machine of the first attempt (its cores, or OMP_NUM_THREADS), divided among the ranks of a "
-                    "data-parallel job on the CPU; the same in `baton run` and on a worker, recorded in every "
-                    "checkpoint and re-applied on every resume.",
-    )
-    processes: int = Field(
-        1, ge=1, le=64,
-        description="Data-parallel ranks on one node (torch.distributed: gloo on cpu, NCCL on cuda, one GPU per rank); "
-                    "data.batch_size is per rank, so a step's global batch is processes x batch_size. Part of the "
-                    "reproducible configuration: a job resumes only with the same count, unless resources.reshard.",
-    )
-    nodes: int = Field(
-        1, ge=1, le=64,
-        description="Workers (nodes) the job runs on at once, each with resources.processes ranks: a gang admitted "
-                    "all or nothing from the job's queue, its ranks joined through torch.distributed's TCP store on "
-                    "the first worker (the leader). Part of the reproducible configuration, as processes.",
-    )
-    strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp",
-        description="How the ranks share the work. ddp: every rank holds the whole model and optimizer state "
-                    "(DistributedDataParallel). fsdp: parameters, gradients and optimizer state are sharded over the "
-                    "ranks (FSDP2's fully_shard, one unit per block: the model's shard_units() if it has one, else "
-                    "its children with parameters), bf16 through FSDP's mixed-precision policy, and checkpoints are "
-                    "sharded in torch.distributed.checkpoint's format, each rank writing its own shard.",
-    )
-    reshard: bool = Field(
-        False,
-        description="fsdp only: resume from a checkpoint written by another number of ranks (resources.processes "
-                    "changed) instead of refusing. The model and optimizer state are resharded exactly, and the data "
-                    "position continues by global samples consumed: no sample of the interrupted epoch is skipped "
-                    "or served twice. The run is not bit-exact with one that kept its rank count, and says so "
-                    "(the log, the manifest and the report).",
-    )
-
-
-    @property
-    def ranks(self) -> int:
-        """The job's world size: nodes x processes."""
-        return self.nodes * self.processes
-
-    @property
-    def single_process(self) -> bool:
-        """Whether one process holds the job's whole state (a sharded job of one rank is a group of one:
-        its checkpoints are sharded ones)."""
-        return self.ranks == 1 and self.strategy == "ddp"
-
-
-class RetrySpec(_Spec):
-    max_attempts: int = Field(3, gt=0, le=100, description="Attempts in all, counting the first; only infrastructure loss is retried.")
 
 
 def monitor_problems(task: TaskSpec, monitor: str, mode: Optional[str]) -> list[str]:

@@ -27,6 +27,13 @@ class JobStatus(BaseModel):
     name: str
     state: JobState
     queue: str = "default"
+    team: str = Field("default", description="The team whose worker slots it uses (resources.team).")
+    priority: int = Field(0, description="Higher starts first (resources.priority).")
+    position: Optional[int] = Field(None, description="1-based place among the waiting jobs of its queue, in the "
+                                    "order they will start; None when not waiting. Worked out when the status is read.")
+    starts_in_s: Optional[float] = Field(
+        None, description="Estimated seconds until it starts, where the step rates of the jobs running on its queue "
+        "allow an estimate (a place a running job will free); None otherwise.")
     attempt: int = Field(0, description="Attempts started (every claim by a worker starts one).")
     lost: int = Field(0, description="Attempts lost with their worker (SIGKILL, node gone); preemptions do not count.")
     max_attempts: int = 1
@@ -39,6 +46,7 @@ class JobStatus(BaseModel):
     loss: Optional[float] = None
     lr: Optional[float] = None
     samples_per_s: Optional[float] = None
+    steps_per_s: Optional[float] = None
     val_loss: Optional[float] = None
     val_accuracy: Optional[float] = None
     metrics: Optional[Json[dict[str, float]]] = Field(
@@ -53,8 +61,9 @@ class JobStatus(BaseModel):
     overrides: Optional[Json[dict[str, Any]]] = Field(
         None, description="The --set overrides (or grid point) applied to its spec file, {dotted.path: value}.")
     last_event: Optional[str] = Field(None, description="Why the job last went back to the queue.")
-    waiting: Optional[str] = Field(None, description="Why a waiting job is not running, where baton can tell: no "
-                                   "live worker serves its queue. Worked out when the status is read.")
+    waiting: Optional[str] = Field(None, description="Why a waiting job is not running, in one line (jobs of higher "
+                                   "priority ahead, its team at its quota, no live worker serving its queue). Worked "
+                                   "out when the status is read.")
     stall_stacks: Optional[str] = Field(None, description="Every thread's stack when an attempt was last stopped "
                                         "for making no optimizer step in BATON_STALL_TIMEOUT_S.")
     error: Optional[str] = None

@@ -338,11 +338,19 @@ def cli_reference() -> str:
     group = typer.main.get_command(app)
     root_ctx = _click_context(group, "baton")
     parts = []
+    commands = []  # (name, command, its parent's context): a group's commands (`baton quota set`) in its place
     for name, command in group.commands.items():
+        subcommands = getattr(command, "commands", None)
+        if subcommands:
+            group_ctx = _click_context(command, name, root_ctx)
+            commands += [(f"{name} {sub}", subcommand, group_ctx) for sub, subcommand in subcommands.items()]
+        else:
+            commands.append((name, command, root_ctx))
+    for name, command, parent_ctx in commands:
         if getattr(command, "hidden", False):
             continue
-        ctx = _click_context(command, name, root_ctx)
-        usage = ["baton", name]
+        ctx = _click_context(command, name.split()[-1], parent_ctx)
+        usage = ["baton", *name.split()]
         if any(p.param_type_name == "option" for p in command.params):
             usage.append("[OPTIONS]")
         for param in command.params:

@@ -25,21 +25,26 @@ from baton.schemas.status import JobState, JobStatus
 
 from baton.storage.records import keys
 from baton.storage.records.connection import maybe_text, text, texts
+from baton.storage.records.pool import LUA, Pool, QueueState, starts_in, why_waiting
 
-_CREATE = """
+_CREATE = LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+pool_wait(KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
 
 # KEYS: job, index, active. ARGV: job id, score, unfinished (1/0), field/value pairs...
-_RESTORE = """
+_RESTORE = LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-if ARGV[3] == '1' then redis.call('SADD', KEYS[3], ARGV[1]) end
+if ARGV[3] == '1' then
+  redis.call('SADD', KEYS[3], ARGV[1])
+  pool_wait(KEYS[1], ARGV[1])
+end
 return 1
 """
 
@@ -73,9 +78,10 @@ return 1
 """
 
 # KEYS: job, lease, active. ARGV: lease token, job id, state, now, field/value pairs...
-_FINISH = """
+_FINISH = LUA + """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
+pool_left(KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'updated_at', ARGV[4], 'finished_at', ARGV[4])
 if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
 redis.call('HDEL', KEYS[1], 'cancel_requested')
@@ -83,18 +89,20 @@ redis.call('SREM', KEYS[3], ARGV[2])
 return 1
 """
 
-# KEYS: job, lease. ARGV: lease token, now, reason. Returns the next attempt, or -1 if fenced out.
-_RELEASE = """
+# KEYS: job, lease. ARGV: lease token, now, reason, job id. Returns the next attempt, or -1 if fenced out.
+_RELEASE = LUA + """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2], 'last_event', ARGV[3])
+pool_left(KEYS[1], ARGV[4])
+pool_wait(KEYS[1], ARGV[4])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
-# KEYS: job, lease. ARGV: lease token, attempt, worker, now, reason. Returns the next attempt, or -1.
+# KEYS: job, lease. ARGV: lease token, attempt, worker, now, reason, job id. Returns the next attempt, or -1.
 # The lease is still this token's, or it lapsed and nobody has touched the job since (still running
 # as this worker's attempt): either way the job is still this attempt's to give back, uncounted.
-_RELEASE_IF_STILL_MINE = """
+_RELEASE_IF_STILL_MINE = LUA + """
 local lease = redis.call('GET', KEYS[2])
 if lease ~= ARGV[1] then
   if lease then return -1 end
@@ -104,14 +112,17 @@ if lease ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[4], 'publish_pending', ARGV[4], 'last_event', ARGV[5])
+pool_left(KEYS[1], ARGV[6])
+pool_wait(KEYS[1], ARGV[6])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
 # KEYS: job, lease, active. ARGV: lease token, now, reason, job id, stacks. Returns the next attempt,
 # 0 when this loss was the last retry.max_attempts allows (the job failed), -1 if fenced out.
-_RELEASE_LOST = """
+_RELEASE_LOST = LUA + """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[2])
+pool_left(KEYS[1], ARGV[4])
 local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[2], 'last_event', ARGV[3], 'stall_stacks', ARGV[5])
 if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
@@ -121,14 +132,16 @@ if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'publish_pending', ARGV[2])
+pool_wait(KEYS[1], ARGV[4])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
 # KEYS: job, active. ARGV: job id, now
-_CANCEL = """
+_CANCEL = LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
 if state == 'queued' or state == 'retrying' then
+  pool_unwait(KEYS[1], ARGV[1])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2])
   redis.call('HDEL', KEYS[1], 'publish_pending')
   redis.call('SREM', KEYS[2], ARGV[1])
@@ -142,13 +155,14 @@ return state
 """
 
 # KEYS: job, active. ARGV: job id, now. Returns the next attempt, or -1 when not resumable.
-_RESUME = """
+_RESUME = LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'cancelled' and state ~= 'failed' then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'lost', '0', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
            'last_event', 'resumed by the user')
 redis.call('HDEL', KEYS[1], 'error', 'traceback', 'cancel_requested', 'finished_at')
 redis.call('SADD', KEYS[2], ARGV[1])
+pool_wait(KEYS[1], ARGV[1])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
@@ -159,7 +173,9 @@ def now() -> str:
 
 def spec_fields(spec: JobSpec, storage_url: str) -> dict[str, str]:
     """The record fields a job's spec decides (at submit, and again when a lost record is recovered)."""
-    return {"name": spec.name, "spec": spec.model_dump_json(), "queue": spec.resources.queue,
+    resources = spec.resources
+    return {"name": spec.name, "spec": spec.model_dump_json(), "queue": resources.queue, "team": resources.team,
+            "priority": str(resources.priority), "slots": str(resources.nodes),
             "max_attempts": str(spec.retry.max_attempts), "storage_url": storage_url, "monitor": spec.checkpoint.monitor,
             **({"epochs": str(spec.loop.epochs)} if spec.loop.epochs is not None else {})}
 
@@ -184,6 +200,7 @@ class JobRecords:
         self._release_if_still_mine = client.register_script(_RELEASE_IF_STILL_MINE)
         self._cancel = client.register_script(_CANCEL)
         self._resume = client.register_script(_RESUME)
+        self.pool = Pool(client)
 
     # --- client side -----------------------------------------------------------------------
     def create(self, job_id: str, fields: dict[str, str]) -> bool:
@@ -233,23 +250,32 @@ class JobRecords:
             raise JobNotFound(f"no job {job_id!r}")
         return texts(record)
 
-    def status(self, job_id: str) -> JobStatus:
+    def status(self, job_id: str, queues: Optional[dict[str, QueueState]] = None) -> JobStatus:
+        """The job's status; a waiting one's place in its queue's start order worked out now (``queues``:
+        the queues' states read so far, kept for the next status of a listing)."""
         status = JobStatus.model_validate(self.raw(job_id))
         if status.state in (JobState.queued, JobState.retrying):
-            status.waiting = self._why_waiting(status)
+            queues = {} if queues is None else queues
+            if status.queue not in queues:
+                queues[status.queue] = self.pool.state(status.queue)
+            self._place(status, queues[status.queue])
         return status
 
-    def _why_waiting(self, status: JobStatus) -> Optional[str]:
-        """What baton can tell about a job that waits: that no live worker serves its queue (once it
-        has waited ``UNSERVED_AFTER_S``: a worker may be starting)."""
+    def _place(self, status: JobStatus, state: QueueState) -> None:
+        """A waiting job's position, why it waits and when it may start. A queue that no live worker serves
+        says so once the job has waited ``UNSERVED_AFTER_S`` (a worker may be starting), nothing before."""
         seconds, micros = self.redis.time()
         now = seconds + micros / 1e6
-        if status.updated_at is not None and now - status.updated_at < UNSERVED_AFTER_S:
-            return None
-        if self.redis.zcount(keys.queue_workers(status.queue), now, "+inf"):
-            return None
-        return (f"no live worker serves queue {status.queue!r}: start one with `baton worker --queues {status.queue}` "
-                "(with the same BATON_REDIS_URL)")
+        waiting = state.find(status.id)
+        status.position = waiting.position if waiting is not None else None
+        if not self.redis.zcount(keys.queue_workers(status.queue), now, "+inf"):
+            if status.updated_at is None or now - status.updated_at >= UNSERVED_AFTER_S:
+                status.waiting = (f"no live worker serves queue {status.queue!r}: start one with `baton worker "
+                                  f"--queues {status.queue}` (with the same BATON_REDIS_URL)")
+            return
+        if waiting is not None:
+            status.waiting = why_waiting(state, waiting)
+            status.starts_in_s = starts_in(state, waiting, self.pool.remaining_s(state))
 
     def list_ids(self, limit: int = 100) -> list[str]:
         """Newest first."""
@@ -292,14 +318,14 @@ class JobRecords:
 
     def release(self, job_id: str, token: str, reason: str) -> int:
         """Give the job back for another worker at once (preemption); returns the next attempt, -1 if fenced."""
-        return int(self._release(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, now(), reason]))
+        return int(self._release(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, now(), reason, job_id]))
 
     def release_if_still_mine(self, job_id: str, token: str, attempt: int, worker: str, reason: str) -> int:
         """After Redis was unreachable: give the job back, not counted as a loss, if ``token`` still
         holds its lease or the lease lapsed with the job untouched since (still ``attempt``, running on
         ``worker``). Returns the next attempt, -1 when another attempt or a reaper has moved it on."""
         return int(self._release_if_still_mine(keys=[keys.job(job_id), keys.lease(job_id)],
-                                               args=[token, attempt, worker, now(), reason]))
+                                               args=[token, attempt, worker, now(), reason, job_id]))
 
     def release_lost(self, job_id: str, token: str, reason: str, stacks: str) -> int:
         """Give the job back as a worker loss (a hung attempt): counted against retry.max_attempts.

@@ -56,3 +56,34 @@ def gang_member(job_id: str, node: int) -> str:
 def queue_forming(queue: str) -> str:
     """String ``<job>:<attempt>`` with a TTL: the one gang forming on ``queue`` (none may wait beside it)."""
     return f"{PREFIX}:queue:{queue}:forming"
+
+
+def queue_waiting(queue: str, team: str) -> str:
+    """Sorted set of ``team``'s jobs waiting on ``queue``, each ``<submit ms>:<job id>`` scored by minus its
+    priority: the team's line, in the order its jobs start (``storage/records/pool.py``)."""
+    return f"{PREFIX}:queue:{queue}:waiting:{team}"
+
+
+def queue_teams(queue: str) -> str:
+    """Set of the teams that may have jobs waiting on ``queue``."""
+    return f"{PREFIX}:queue:{queue}:teams"
+
+
+def queue_running(queue: str) -> str:
+    """Hash: job id -> ``<team> <slots>`` for each job holding workers of ``queue``."""
+    return f"{PREFIX}:queue:{queue}:running"
+
+
+def queue_usage(queue: str) -> str:
+    """Hash: team -> the worker slots its running jobs hold on ``queue``."""
+    return f"{PREFIX}:queue:{queue}:usage"
+
+
+def quota(queue: str) -> str:
+    """Hash: team -> the worker slots of ``queue`` guaranteed to it (``baton quota``)."""
+    return f"{PREFIX}:queue:{queue}:quota"
+
+
+QUEUES = f"{PREFIX}:queues"
+"""Set of every queue a job has waited on or a worker has served: what ``baton queue`` and ``baton quota
+list`` go through."""

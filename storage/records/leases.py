@@ -20,10 +20,11 @@ import redis
 
 from baton.storage.records import keys
 from baton.storage.records.job_records import now
+from baton.storage.records.pool import LUA
 
 
 
-_CLAIM = """
+_CLAIM = LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'missing'} end
 if state ~= 'queued' and state ~= 'retrying' then return {'state', state} end
@@ -33,6 +34,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'leased'} end
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4])
 redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback')
+pool_run(KEYS[1], ARGV[6])
 return {'ok'}
 """
 
@@ -78,7 +80,7 @@ def claim(client: redis.Redis, job_id: str, attempt: int, worker: str, ttl_s: fl
     held = token(attempt, worker, nonce)
     script = client.register_script(_CLAIM)
     result = script(keys=[keys.job(job_id), keys.lease(job_id)],
-                    args=[attempt, worker, int(ttl_s * 1000), now(), held])
+                    args=[attempt, worker, int(ttl_s * 1000), now(), held, job_id])
     if result[0] == "ok":
         return Claim(True, nonce=nonce, token=held)
     return Claim(False, reason=" ".join(map(str, result)))

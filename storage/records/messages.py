@@ -24,8 +24,11 @@ def make_app(settings: BatonSettings, include: Sequence[str] = ()) -> Celery:
 
 
 def publish_run(celery: Celery, job_id: str, attempt: int, queue: str) -> None:
-    """Queue attempt ``attempt`` of ``job_id`` (JSON: two plain values)."""
-    celery.send_task(RUN_JOB_TASK, args=[job_id, attempt], queue=queue)
+    """Wake a worker of ``queue`` for attempt ``attempt`` of ``job_id``: the worker that takes it starts the
+    first waiting job of the queue's start order that it can host (``baton.storage.records.pool``), which is
+    this one unless another comes first. Every waiting job has one such message out (or more: duplicates
+    find nothing waiting and are dropped)."""
+    celery.send_task(RUN_JOB_TASK, args=[job_id, attempt], kwargs={"queue": queue}, queue=queue)
 
 
 def publish_join(celery: Celery, job_id: str, attempt: int, nodes: int, queue: str) -> None:

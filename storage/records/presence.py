@@ -25,6 +25,8 @@ def announce(client: redis.Redis, worker: str, queues: list[str], period_s: floa
         pipe.zadd(key, {worker: lapses_at})
         pipe.zremrangebyscore(key, "-inf", now)
         pipe.expire(key, int(lapses_at - now) + 60)
+    if queues:
+        pipe.sadd(keys.QUEUES, *queues)
     pipe.execute()
 
 

@@ -38,6 +38,7 @@ import redis
 from baton.storage.records import keys
 from baton.storage.records.connection import text
 from baton.storage.records.job_records import JobRecords, now
+from baton.storage.records.pool import LUA
 
 
 _log = logging.getLogger("baton.reaper")
@@ -53,7 +54,7 @@ a busy queue comes back within this."""
 
 # KEYS: job, lease, active, outage mark. ARGV: job id, now, republish_after_s, unclaimed_after_s,
 # unclaimed_republish_max_s, outage ('1': this reaper witnessed a Redis outage within the grace)
-_REAP = """
+_REAP = LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then redis.call('SREM', KEYS[3], ARGV[1]) return {'gone'} end
 if state == 'running' then
@@ -62,6 +63,8 @@ if state == 'running' then
   if ARGV[6] == '1' or redis.call('EXISTS', KEYS[4]) == 1 then
     redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
                'last_event', 'lease of ' .. worker .. ' lapsed while Redis was unreachable (not counted as a loss)')
+    pool_left(KEYS[1], ARGV[1])
+    pool_wait(KEYS[1], ARGV[1])
     return {'outage', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
   end
   local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
@@ -69,10 +72,13 @@ if state == 'running' then
     redis.call('HSET', KEYS[1], 'state', 'failed', 'updated_at', ARGV[2], 'finished_at', ARGV[2],
                'error', 'lost its worker ' .. lost .. ' time(s) (the last: ' .. worker .. '); retry.max_attempts reached')
     redis.call('SREM', KEYS[3], ARGV[1])
+    pool_left(KEYS[1], ARGV[1])
     return {'failed'}
   end
   redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
              'last_event', 'lease of ' .. worker .. ' expired')
+  pool_left(KEYS[1], ARGV[1])
+  pool_wait(KEYS[1], ARGV[1])
   return {'requeue', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
 end
 if state == 'queued' or state == 'retrying' then
@@ -90,9 +96,11 @@ if state == 'queued' or state == 'retrying' then
       return {'republish', tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1}
     end
   end
+  pool_wait(KEYS[1], ARGV[1])  -- (a record written before lines existed, or restored by hand, joins its line)
   return {'waiting'}
 end
 redis.call('SREM', KEYS[3], ARGV[1])
+pool_left(KEYS[1], ARGV[1])
 return {'done'}
 """
 

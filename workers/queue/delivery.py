@@ -58,19 +58,28 @@ from baton.workers.training.failures import summary
 _log = logging.getLogger("baton.worker")
 
 
-def run_job(ctx: WorkerContext, job_id: str, attempt: int) -> str:
-    """Run one delivered attempt; returns a word saying how it ended (for logs and tests). A job on
-    several nodes is led from here: its gang forms first, then the attempt is claimed (``gang_leader``)."""
-    view = read_job(ctx, job_id)
-    if view is None:
+def run_job(ctx: WorkerContext, job_id: str, attempt: int, queue: Optional[str] = None) -> str:
+    """Take a message of ``job_id``'s attempt: start the first waiting job of ``queue``'s start order that
+    this worker can host (``reception.choices``), or pass the message on if it can host none and not the
+    message's own job. Returns a word saying how it ended (for logs and tests). A job on several nodes is
+    led from here: its gang forms first, then the attempt is claimed (``gang_leader``)."""
+    queue = queue or _queue_of(ctx, job_id)
+    for choice in reception.choices(ctx, queue, job_id, attempt):
+        if isinstance(choice, reception.Passed):
+            return pass_on(ctx, job_id, attempt, choice.why, choice.event)
+        delivery = Delivery(ctx, choice.job_id, choice.attempt, choice.view)
+        word = gang_leader.lead(ctx, delivery) if choice.view.nodes > 1 else delivery.run()
+        if word != "dropped":  # (dropped: another worker claimed it first, or it no longer waits)
+            return word
+    if read_job(ctx, job_id) is None:
         return pass_on(ctx, job_id, attempt, "its record could not be read")
-    cannot = cannot_host(ctx, job_id, view)
-    if cannot is not None:
-        return pass_on(ctx, job_id, attempt, cannot)
-    delivery = Delivery(ctx, job_id, attempt, view)
-    if view.nodes > 1:
-        return gang_leader.lead(ctx, delivery)
-    return delivery.run()
+    return "dropped"
+
+
+def _queue_of(ctx: WorkerContext, job_id: str) -> str:
+    """The queue of a message sent without one (before messages named it)."""
+    view = read_job(ctx, job_id)
+    return view.queue if view is not None else "default"
 
 
 def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:

@@ -1,13 +1,14 @@
-"""What a worker does with a message before it claims the attempt: read the job's record, once
-(``read_job``), decide whether it can host the job (``cannot_host``), else hand the message back for
-another worker (``pass_on``); and the outbox's publish of a job's next attempt (``publish``)."""
+"""What a worker does with a message before it claims an attempt: choose the job (``choices``: the first
+waiting jobs of the queue's start order), read its record, once (``read_job``), decide whether it can host
+it (``cannot_host``), else hand the message back for another worker (``pass_on``); and the outbox's
+publish of a job's next attempt (``publish``)."""
 from __future__ import annotations
 
 import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import redis
 from kombu.exceptions import KombuError
@@ -16,12 +17,18 @@ from baton.schemas.errors import SpecError
 from baton.schemas.spec import JobSpec
 from baton.storage.records import keys
 from baton.storage.records.connection import maybe_text
+from baton.storage.records.gangs import Gangs
+from baton.storage.records.pool import Pool
 from baton.workers.parallel.launcher import devices_missing
 from baton.workers.queue.worker_control import WorkerContext
 from baton.workers.training.targets import unavailable
 
 _log = logging.getLogger("baton.worker")
 
+CHOICES = 16
+"""How many of a queue's first waiting jobs a worker considers when it takes a message: it starts the
+first it can host (a job for GPUs this worker does not offer, or modules it may not import, is left to
+its own message, which another worker takes)."""
 PASS_ON_WAIT_S = 10.0
 """How long a worker that cannot host a job holds its message before handing it back to the queue
 (so that the queue's other workers, not this one at once, take it next)."""
@@ -58,6 +65,54 @@ def read_job(ctx: WorkerContext, job_id: str) -> Optional[JobView]:
         except SpecError as exc:
             error = exc
     return JobView(spec, error, maybe_text(storage_url), maybe_text(queue) or "default")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A waiting job a worker may start: the attempt a claim would start, and its record as read."""
+
+    job_id: str
+    attempt: int
+    view: JobView
+
+
+@dataclass(frozen=True)
+class Passed:
+    """The message's own job cannot start here: why, and the event its record shows (None: the default)."""
+
+    why: str
+    event: Optional[str] = None
+
+
+def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterator["Choice | Passed"]:
+    """The jobs a message of ``job_id`` may start on this worker, best first: the queue's first waiting
+    jobs that it can host, then the message's own job if it was not among them. Instead of a job this
+    worker cannot host, or a multi-node job that must wait for another job's gang to form on the queue,
+    yields why (``Passed``) when it is the message's own job, so that its message is passed on. If the queue's
+    order cannot be read (Redis away), only the message's own job."""
+    try:
+        first = Pool(ctx.redis).state(queue, limit=CHOICES).waiting[:CHOICES]
+        forming = Gangs(ctx.redis).busy_with(queue)
+    except redis.RedisError:
+        first, forming = [], None
+    seen = False
+    for job, next_attempt in [(w.job_id, w.attempt) for w in first] + [(job_id, attempt)]:
+        if job == job_id:
+            if seen:
+                return
+            seen = True
+        view = read_job(ctx, job)
+        if view is None:
+            continue
+        why = cannot_host(ctx, job, view)
+        passed = None if why is None else Passed(why)
+        if why is None and view.nodes > 1 and forming not in (None, job):
+            event = f"waiting for nodes: the gang of {forming} is forming on queue {queue} first"
+            passed = Passed(event, event)
+        if passed is None:
+            yield Choice(job, next_attempt, view)
+        elif job == job_id:
+            yield passed
 
 
 def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:

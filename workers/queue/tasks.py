@@ -1,6 +1,8 @@
 """The Celery tasks: thin doors into ``delivery.run_job`` and ``delivery.join_gang``. Loaded by workers only."""
 from __future__ import annotations
 
+from typing import Optional
+
 from celery.exceptions import Reject
 
 from baton.workers.queue.bootstrap import worker_context
@@ -11,11 +13,11 @@ from baton.workers.queue.preemption import PREEMPTION
 
 
 @app.task(name=RUN_JOB_TASK, bind=True)
-def run_job_task(self, job_id: str, attempt: int) -> str:
+def run_job_task(self, job_id: str, attempt: int, queue: Optional[str] = None) -> str:
     if PREEMPTION.requested.is_set():
         # shutting down: a message taken now (perhaps the job this worker just released) goes back
         raise Reject("worker is shutting down", requeue=True)
-    return run_job(worker_context(self.request.hostname), job_id, attempt)
+    return run_job(worker_context(self.request.hostname), job_id, attempt, queue)
 
 
 @app.task(name=JOIN_GANG_TASK, bind=True)

@@ -140,10 +140,13 @@ class WorkerControl(LoopControl):
         prometheus.STEPS.inc(steps)
         elapsed = time.monotonic() - self._last_progress
         if elapsed >= PROGRESS_EVERY_S or report.step == report.total_steps:
+            rate: dict[str, object] = {}
             if self._last_step is not None:
-                prometheus.STEPS_PER_S.set((report.step - self._last_step) / elapsed)
+                steps_per_s = (report.step - self._last_step) / elapsed
+                prometheus.STEPS_PER_S.set(steps_per_s)
+                rate = {"steps_per_s": round(steps_per_s, 2)}
             prometheus.SAMPLES_PER_S.set(report.samples_per_s)
-            where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {})}
+            where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {}), **rate}
             if self._record_progress({**where, "step": report.step, "total_steps": report.total_steps,
                                       "loss": report.loss, "lr": report.lr,
                                       "samples_per_s": round(report.samples_per_s, 1)}):

@@ -1,0 +1,72 @@
+"""The commands on a queue's pool: ``queue`` (what waits, in which order, and why), ``quota set``,
+``quota list``, ``quota rm`` (the worker slots a team is guaranteed)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from baton.commands.common import _bad_spec, _client, app
+from baton.schemas.errors import SpecError
+
+quota_app = typer.Typer(help="The worker slots each team is guaranteed on a queue.", no_args_is_help=True)
+app.add_typer(quota_app, name="quota")
+
+
+@app.command()
+def queue(name: Optional[str] = typer.Option(None, "--queue", "-Q", help="Only this queue (default: every queue).")) -> None:
+    """The waiting jobs in the order they will start, with team, priority, position and why each waits;
+    the running jobs with their worker, team and priority; each team's slots against its quota."""
+    from baton.jobs.display import queue_table
+
+    views = _client().queue(name)
+    typer.echo("\n\n".join(queue_table(view) for view in views) if views else "no queues yet")
+
+
+@quota_app.command("set")
+def quota_set(
+    team: str = typer.Argument(..., help="The team (resources.team of its jobs)."),
+    queue_name: str = typer.Option("default", "--queue", "-Q", help="The queue."),
+    slots: int = typer.Option(..., "--slots", help="Worker slots guaranteed (a job on N nodes holds N)."),
+) -> None:
+    """Guarantee TEAM SLOTS worker slots of a queue: below it, its waiting jobs start before those of teams
+    at or above theirs. Beyond it, the team borrows slots while they are idle."""
+    try:
+        _client().set_quota(team, queue_name, slots)
+    except SpecError as exc:
+        raise _bad_spec(exc)
+    typer.echo(f"team {team}: {slots} slot(s) of queue {queue_name}")
+
+
+@quota_app.command("list")
+def quota_list() -> None:
+    """Every quota, with each team's slots in use now."""
+    client = _client()
+    rows = []
+    for queue_name, quotas in client.quotas().items():
+        usage = client.records.pool.usage(queue_name)
+        rows += [(queue_name, team, str(slots), str(usage.get(team, 0))) for team, slots in sorted(quotas.items())]
+    if not rows:
+        typer.echo("no quotas: every team shares every queue in order of priority and submit time")
+        return
+    header = ("QUEUE", "TEAM", "QUOTA", "IN USE")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+    for row in [header, *rows]:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+@quota_app.command("rm")
+def quota_rm(
+    team: str = typer.Argument(..., help="The team."),
+    queue_name: str = typer.Option("default", "--queue", "-Q", help="The queue."),
+) -> None:
+    """Remove TEAM's quota on a queue (exit 1 if it had none)."""
+    try:
+        removed = _client().remove_quota(team, queue_name)
+    except SpecError as exc:
+        raise _bad_spec(exc)
+    if not removed:
+        typer.echo(f"team {team} has no quota on queue {queue_name}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"team {team}: quota on queue {queue_name} removed")
+

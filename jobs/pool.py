@@ -1,0 +1,54 @@
+"""A user's view of a queue's pool: the waiting jobs in the order they will start and why each waits, the
+running jobs with their workers, each team's use against its quota (``baton queue``, ``baton quota``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from baton.schemas.errors import JobNotFound, SpecError
+from baton.schemas.spec import NAME_PATTERN
+from baton.schemas.status import JobStatus
+from baton.storage.records.job_records import JobRecords
+from baton.storage.records.pool import QueueState, why_waiting
+
+
+@dataclass(frozen=True)
+class QueueView:
+    state: QueueState
+    reasons: dict[str, str]  # waiting job id -> why it waits
+    running: list[JobStatus]
+    workers: list[str]  # live workers serving the queue
+
+    @property
+    def queue(self) -> str:
+        return self.state.queue
+
+
+def queue_views(records: JobRecords, queue: Optional[str] = None) -> list[QueueView]:
+    """``queue``, or every queue a job has waited on or a worker served."""
+    pool = records.pool
+    views = []
+    for name in [queue] if queue is not None else pool.queues():
+        state, workers = pool.state(name), pool.live_workers(name)
+        unserved = f"no live worker serves queue {name!r}" if not workers else None
+        reasons = {job.job_id: unserved or why_waiting(state, job) for job in state.waiting}
+        running = []
+        for job in state.running:
+            try:
+                running.append(records.status(job.job_id))
+            except JobNotFound:
+                continue
+        views.append(QueueView(state, reasons, running, workers))
+    return views
+
+
+def check_quota(queue: str, team: str, slots: Optional[int] = None) -> None:
+    """SpecError naming what is wrong with a quota's queue, team or slots."""
+    import re
+
+    problems = [f"{what}: {value!r} is not a name (letters, digits, '.', '_', '-'; at most 64)"
+                for what, value in (("--queue", queue), ("TEAM", team)) if not re.match(NAME_PATTERN, value)]
+    if slots is not None and slots < 0:
+        problems.append(f"--slots: {slots} is below 0")
+    if problems:
+        raise SpecError(problems)
