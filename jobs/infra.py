@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pydantic import ValidationError
+
 from baton.schemas.errors import AccessDenied, StorageUnavailable, StoreUnusable
 
 EXIT_INFRASTRUCTURE = 5
@@ -25,9 +27,21 @@ def _redis_errors() -> tuple[type[BaseException], ...]:
     return redis.RedisError, OperationalError
 
 
+def settings_line(exc: ValidationError) -> str:
+    """A setting that does not validate (``BatonSettings``), as one line naming each variable."""
+    said = []
+    for error in exc.errors():
+        message = str(error["msg"]).removeprefix("Value error, ")
+        names = [str(part) for part in error["loc"]]
+        said.append(f"BATON_{'_'.join(names).upper()}: {message}" if names else message)
+    return "error: " + "; ".join(said)
+
+
 def explain(exc: BaseException, redis_url: str) -> Optional[str]:
     """The one line for ``exc`` when it is an infrastructure mistake, else None. URLs may hold a
     password: the caller redacts the line."""
+    if isinstance(exc, ValidationError) and exc.title == "BatonSettings":
+        return settings_line(exc)
     if isinstance(exc, _redis_errors()):
         return (f"error: cannot use Redis at {redis_url}: {type(exc).__name__}: {exc}; check BATON_REDIS_URL "
                 "and that redis-server runs there")

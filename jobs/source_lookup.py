@@ -4,11 +4,10 @@ Validating a spec must not run the job's code: importing a model's module can ta
 (``transformers``) and do anything. The module's file is found the way ``import`` would find it on
 ``sys.path`` (``PathFinder``, which executes no package's ``__init__``), read and parsed with ``ast``;
 its top-level definitions answer whether the callable exists and, for a plain ``def`` or a class with
-its own ``__init__``, which arguments it takes.
+its own ``__init__`` defined once and unconditionally, which arguments it takes.
 
 What the source cannot settle (a module found only by an import hook, a compiled module, a name made
-by ``from x import *`` or a module ``__getattr__``, a decorated function) is left to the caller: it
-may import the module, as before.
+by ``from x import *`` or a module ``__getattr__``, a decorated function) is left to the worker.
 """
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import importlib.machinery
 import inspect
 import sys
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from typing import Optional
 
 UNKNOWN = inspect.Parameter.empty
@@ -32,12 +32,11 @@ class Found:
     names: list[str]
 
 
-def module_source(module: str) -> Optional[str]:
-    """The path of ``module``'s Python source, found as ``import`` would on ``sys.path`` without
-    executing any package; None when it is not a plain source file there (or not found)."""
+def find_module(module: str) -> tuple[Optional[ModuleSpec], int]:
+    """``module``'s spec, found as ``import`` would on ``sys.path`` without executing any package
+    (None: not found that way), and how many of its dotted parts were found (the packages above it)."""
     if module in sys.modules:
-        origin = getattr(sys.modules[module].__spec__, "origin", None)
-        return origin if isinstance(origin, str) and origin.endswith(".py") else None
+        return getattr(sys.modules[module], "__spec__", None), len(module.split("."))
     search = None
     spec = None
     parts = module.split(".")
@@ -45,12 +44,19 @@ def module_source(module: str) -> Optional[str]:
         try:
             spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), search)
         except (ImportError, ValueError):
-            return None
+            return None, i
         if spec is None:
-            return None
+            return None, i
         search = spec.submodule_search_locations
         if search is None and i < len(parts) - 1:
-            return None
+            return None, i + 1
+    return spec, len(parts)
+
+
+def module_source(module: str) -> Optional[str]:
+    """The path of ``module``'s Python source, found as ``import`` would on ``sys.path`` without
+    executing any package; None when it is not a plain source file there (or not found)."""
+    spec, _ = find_module(module)
     origin = spec.origin if spec is not None else None
     return origin if isinstance(origin, str) and origin.endswith(".py") else None
 
@@ -63,40 +69,49 @@ def lookup(path: str, name: str) -> Found:
     except (OSError, SyntaxError, ValueError):
         return Found(None, None, [])
     definitions: dict[str, ast.AST] = {}
+    uncertain: set[str] = set()  # defined twice, or under a condition: which definition holds is known at run time
     opaque = False  # a star import or a module __getattr__: any name may exist
-    for node in _top_level(tree.body):
+
+    def define(defined: str, node: ast.AST, conditional: bool) -> None:
+        if defined in definitions or conditional:
+            uncertain.add(defined)
+        definitions[defined] = node
+
+    for node, conditional in _top_level(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            definitions[node.name] = node
+            define(node.name, node, conditional)
             opaque |= node.name == "__getattr__"
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 if alias.name == "*":
                     opaque = True
                 else:
-                    definitions[alias.asname or alias.name.split(".")[0]] = node
+                    define(alias.asname or alias.name.split(".")[0], node, conditional)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for leaf in ast.walk(target):
                     if isinstance(leaf, ast.Name):
-                        definitions[leaf.id] = node
+                        define(leaf.id, node, conditional)
     names = sorted(n for n in definitions if not n.startswith("_"))
     node = definitions.get(name)
     if node is None:
         return Found(None if opaque else False, None, names)
-    return Found(True, _params(node), names)
+    return Found(True, None if name in uncertain else _params(node), names)
 
 
-def _top_level(body: list[ast.stmt]):
+def _top_level(body: list[ast.stmt], conditional: bool = False):
     """The statements of a module's top level, into ``if``/``try``/``with`` blocks (definitions made
-    under a condition, such as an optional import)."""
+    under a condition, such as an optional import), each with whether it is under one."""
     for node in body:
-        yield node
-        for block in ("body", "orelse", "finalbody"):
-            yield from _top_level(getattr(node, block, []) if isinstance(node, (ast.If, ast.Try, ast.With)) else [])
+        yield node, conditional
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            inner = conditional or not isinstance(node, ast.With)
+            for block in ("body", "orelse", "finalbody"):
+                yield from _top_level(getattr(node, block, []), inner)
         if isinstance(node, ast.Try):
             for handler in node.handlers:
-                yield from _top_level(handler.body)
+                yield from _top_level(handler.body, True)
 
 
 def _params(node: ast.AST) -> Optional[list[inspect.Parameter]]:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import inspect
 import json
 from pathlib import Path
@@ -13,10 +11,12 @@ import yaml
 
 from baton.schemas.errors import SpecError
 from baton.schemas.overrides import Overrides, apply_overrides, normalize
-from baton.schemas.spec import JobSpec
+from baton.schemas.builtins import BUILTIN_DATA, BUILTIN_MODELS, BUILTIN_TASKS
+from baton.schemas.problems import Problems
+from baton.schemas.spec import JobSpec, check_target
 from baton.schemas.targets import disallowed_targets, parse_target
 
-from baton.jobs.source_lookup import lookup, module_source
+from baton.jobs.source_lookup import find_module, lookup, module_source
 
 SpecSource = Union[str, Path, dict, JobSpec]
 
@@ -78,6 +78,9 @@ def check_spec(raw: Any, allowed_prefixes: tuple[str, ...] = ()) -> JobSpec:
 
 TARGET_FIELDS = ("model", "data", "task", "data.val", "data.collate")
 """Where a spec names targets (``JobSpec.user_targets``)."""
+BUILTIN_REGISTRIES = {"model": BUILTIN_MODELS, "data": BUILTIN_DATA, "task": BUILTIN_TASKS, "data.val": BUILTIN_DATA,
+                      "data.collate": {}}
+"""The built-ins each target field may name."""
 
 
 def _raw_target_problems(raw: Any, allowed_prefixes: tuple[str, ...], known: list[str]) -> list[str]:
@@ -86,24 +89,32 @@ def _raw_target_problems(raw: Any, allowed_prefixes: tuple[str, ...], known: lis
     if not isinstance(raw, dict):
         return []
     targets: dict[str, tuple[str, dict]] = {}
+    builtin_problems: list[str] = []
     for path in TARGET_FIELDS:
         part: Any = raw
         for name in path.split("."):
             part = part.get(name) if isinstance(part, dict) else None
         field = f"{path}.target"
         if not isinstance(part, dict) or not isinstance(part.get("target"), str) or \
-                any(problem.startswith(f"{path}.") for problem in known):
+                any(problem.startswith((field, f"{path}.kwargs")) for problem in known):
             continue
         try:
-            parse_target(part["target"])
-        except ValueError:
+            parsed = parse_target(part["target"])
+        except ValueError as exc:
+            builtin_problems += [f"{field}: {exc}"] if f"{field}: {exc}" not in known else []
             continue
         kwargs = part.get("kwargs")
-        targets[field] = (part["target"], kwargs if isinstance(kwargs, dict) else {})
+        kwargs = kwargs if isinstance(kwargs, dict) else {}
+        if parsed.is_builtin:  # (checked by its section's own rules, which a wrong field beside it stops)
+            builtin = Problems()
+            check_target(builtin, part["target"], kwargs, BUILTIN_REGISTRIES[path])
+            builtin_problems += [f"{path}.{line}" for line in builtin.lines if f"{path}.{line}" not in known]
+            continue
+        targets[field] = (part["target"], kwargs)
     problems = disallowed_targets({field: text for field, (text, _) in targets.items()}, allowed_prefixes)
     if problems:
-        return problems
-    return [problem for _, problem in _check_targets(targets) if problem is not None]
+        return builtin_problems + problems
+    return builtin_problems + [problem for _, problem in _check_targets(targets) if problem is not None]
 
 
 def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
@@ -115,8 +126,8 @@ def check_user_targets(spec: JobSpec) -> list[tuple[str, "str | None"]]:
 
 
 def _check_targets(targets: dict[str, tuple[str, dict]]) -> list[tuple[str, "str | None"]]:
-    """Each target checked from its module's source where it can be (``source_lookup``: nothing of the
-    job's code runs), else by importing its module."""
+    """Each target checked from its module's source (``source_lookup``): nothing of the job's code runs,
+    nor any package above it. What the source cannot settle is left to the worker, and said so."""
     results: list[tuple[str, "str | None"]] = []
     for field, (text, kwargs) in targets.items():
         target = parse_target(text)
@@ -126,42 +137,33 @@ def _check_targets(targets: dict[str, tuple[str, dict]]) -> list[tuple[str, "str
         found = lookup(path, target.attr) if path is not None else None
         if found is not None and found.defined is False:
             results.append((field, _no_callable(field, target.module, target.attr, found.names)))
-            continue
-        if found is not None and found.defined:
+        elif found is not None and found.defined:
             problem = None if found.params is None else params_problem(field, text, found.params, kwargs)
             results.append((field, problem) if problem else (f"{field}: {text} found", None))
-            continue
-        if not _importable(target.module):
-            package = target.module.split(".")[0]
-            if package != target.module and _importable(package):
-                results.append((field, f"{field}: module {target.module!r} does not exist (its package {package!r} "
-                                       "imports here)"))
-            else:
-                results.append((f"{field}: module {target.module!r} is not importable here; it is checked on the "
-                                "worker", None))
-            continue
-        module = importlib.import_module(target.module)
-        fn = getattr(module, target.attr, None)
-        if callable(fn):
-            problem = kwargs_problem(field, text, fn, kwargs)
-            results.append((field, problem) if problem else (f"{field}: {text} found", None))
-            continue
-        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        results.append((field, _no_callable(field, target.module, target.attr, names)))
+        elif found is not None:
+            results.append((f"{field}: module {target.module!r} may define {target.attr!r} only when it runs (a star "
+                            "import or a module __getattr__); it is checked on the worker", None))
+        else:
+            results.append(_unreadable(field, target.module))
     return results
+
+
+def _unreadable(field: str, module: str) -> tuple[str, "str | None"]:
+    """A module whose source cannot be read here: missing from a package that is here (refused), or found
+    only by an import hook, compiled, or not here at all (left to the worker)."""
+    spec, parts = find_module(module)
+    package = ".".join(module.split(".")[:parts])
+    if spec is None and parts > 0:
+        return field, f"{field}: module {module!r} does not exist (its package {package!r} imports here)"
+    if spec is not None:
+        return f"{field}: module {module!r} is not a Python source file here; it is checked on the worker", None
+    return f"{field}: module {module!r} is not importable here; it is checked on the worker", None
 
 
 def _no_callable(field: str, module: str, attr: str, names: list[str]) -> str:
     close = difflib.get_close_matches(attr, names, n=3)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return f"{field}: module {module!r} has no callable {attr!r}{hint}"
-
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _kwargs_of(spec: JobSpec, field: str) -> dict:

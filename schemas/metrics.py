@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Fields that depend only on the spec and the data (equal bit for bit after a resume), besides
 # every val_NAME metric; the rest (timings, throughput) describe the machine.
-DETERMINISTIC_FIELDS = ("epoch", "step", "train_loss", "lr", "grad_norm", "grad_norm_max", "nonfinite_steps")
+DETERMINISTIC_FIELDS = ("epoch", "step", "train_loss", "train_curve", "lr", "grad_norm", "grad_norm_max",
+                        "nonfinite_steps")
 VAL_FIELD = re.compile(r"^val_[a-z][a-z0-9_]*$")
 
 
@@ -34,6 +35,9 @@ class MetricsRow(BaseModel):
                        "everything baton shows does.")
     step: int = Field(description="Optimizer steps completed.")
     train_loss: float = Field(description="Mean training loss since the previous validation (the epoch), weighted by batch size.")
+    train_curve: list[tuple[int, float]] = Field(
+        default_factory=list, description="The training loss since the previous validation, step by step: (step, "
+        "mean loss of the steps up to it) every total steps / 1000 steps, over every rank's samples.")
     lr: float = Field(description="Learning rate of the last optimizer step before this validation.")
     grad_norm: float = Field(description="Mean pre-clip global gradient norm over the epoch's steps.")
     grad_norm_max: float = Field(description="Largest pre-clip gradient norm of the epoch.")

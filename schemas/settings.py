@@ -72,6 +72,20 @@ class BatonSettings(BaseSettings):
     metrics_port: int = Field(9100, ge=0, le=65535, description="Worker's Prometheus /metrics port; 0 turns it off. "
                               "`baton worker --gpus`/`--concurrency` gives child i the port + i.")
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        from urllib.parse import urlsplit
+
+        what = "must be redis://HOST:PORT/DB, rediss://HOST:PORT/DB or unix:///PATH"
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{what} (got {url!r})")
+        try:
+            urlsplit(url).port
+        except ValueError as exc:
+            raise ValueError(f"{what} (got {url!r}: {exc})") from None
+        return url
+
     @field_validator("storage_url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:

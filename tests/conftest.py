@@ -57,6 +57,11 @@ def mlflow_server():
     server.stop()
 
 
+WORKER_READY_S = 120.0
+"""How long a test waits for a worker to be ready: its forkserver imports torch, which a loaded machine
+(the suite's other process, a neighbour) can stretch from a few seconds to tens."""
+
+
 class Cluster:
     """Real ``baton worker`` processes against the test Redis and S3, and a client for them."""
 
@@ -72,11 +77,11 @@ class Cluster:
         env = {"BATON_METRICS_PORT": "0", **self.env, **extra_env}
         new = [WorkerProcess(f"w{len(self.workers) + i}@test", env, str(self.log_dir / f"w{len(self.workers) + i}.log"),
                              queues) for i in range(n)]
+        self.workers += new  # before they are ready: one that never gets there is stopped with the rest
         for worker in new:
             worker.start()
         for worker in new:
-            worker.wait_ready()
-        self.workers += new
+            worker.wait_ready(WORKER_READY_S)
         return new
 
     def worker(self, name: str):

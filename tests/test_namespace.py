@@ -22,6 +22,7 @@ from baton.storage.layout import JobPaths
 from baton.storage.stores.open import open_store
 
 from tests.helpers import make_spec
+from tests.conftest import WORKER_READY_S
 
 USER_PACKAGES = ("jobs", "schemas", "storage", "workers")
 BATON_COMMAND = str(Path(sys.executable).parent / "baton")
@@ -112,7 +113,7 @@ def test_a_worker_trains_the_users_own_packages(project, redis_server, s3_bucket
                    BATON_METRICS_PORT="0")
     worker = WorkerProcess("user@test", env, str(project / "worker.log"), cwd=str(project)).start()
     try:
-        worker.wait_ready()
+        worker.wait_ready(WORKER_READY_S)
         done = run_in(project, sys.executable, "client.py", "submit", env=env)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["succeeded"], done.stdout + worker.log()

@@ -33,7 +33,23 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show the whole t
 
 
 def _settings() -> BatonSettings:
-    return BatonSettings()
+    """The settings, or one line naming each that does not validate and exit 5 (a wrong BATON_REDIS_URL
+    or BATON_STORAGE_URL is an infrastructure mistake, as an unreachable one is)."""
+    from pydantic import ValidationError
+
+    from baton.jobs.infra import EXIT_INFRASTRUCTURE, settings_line
+
+    try:
+        return BatonSettings()
+    except ValidationError as exc:
+        typer.echo(_redacted(settings_line(exc)), err=True)
+        raise typer.Exit(EXIT_INFRASTRUCTURE)
+
+
+def _redacted(line: str) -> str:
+    from baton.storage.redaction import Redactor
+
+    return Redactor()(line)
 
 
 SET_HELP = "Override a spec field: dotted.path=VALUE (a YAML value: 1e-3, true, [64, 64]); repeatable."
@@ -77,6 +93,7 @@ def _client():
     from baton.jobs.client import JobClient
 
     _say_which_redis()
+    _settings()  # (one line, not a traceback, for a setting that does not validate)
     return JobClient()
 
 
@@ -105,7 +122,6 @@ def _follow(job) -> int:
 
 def _infrastructure_line(exc: BaseException) -> Optional[str]:
     from baton.jobs.infra import explain
-    from baton.storage.redaction import Redactor
 
     line = explain(exc, os.environ.get("BATON_REDIS_URL") or DEFAULT_REDIS_URL)
-    return None if line is None else Redactor()(line)
+    return None if line is None else _redacted(line)

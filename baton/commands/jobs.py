@@ -144,9 +144,12 @@ def fetch(
     """Download a job's best or latest checkpoint (sha256-verified), its final artifacts, or its
     TensorBoard event files."""
     from baton.schemas.errors import JobNotFound
+    from baton.storage.layout import JobPaths
     from baton.storage.stores.open import open_client_store
 
     from baton.jobs.client import download
+
+    import redis
 
     try:
         if storage is None:
@@ -154,6 +157,11 @@ def fetch(
                 path = _client().job(job_id).download(out, which=which)
             except JobNotFound:  # no record: a `baton run` job, in the configured store
                 path = download(open_client_store(_settings().storage_url), job_id, out, which)
+            except redis.RedisError:  # no Redis to ask (a `baton run` user's usual case): the configured store,
+                store = open_client_store(_settings().storage_url)  # if it holds the job; else Redis's line
+                if not store.exists(JobPaths(job_id).manifest):
+                    raise
+                path = download(store, job_id, out, which)
         else:
             path = download(open_client_store(storage), job_id, out, which)
     except (FileNotFoundError, ValueError) as exc:

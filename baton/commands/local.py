@@ -52,7 +52,9 @@ def run(
     parsed = _load_or_exit(spec, settings, sets)
     job_id = job_id or new_job_id(parsed.name)
     # a wrong bucket, credentials or endpoint is said now, in a few seconds, before anything is built
-    open_client_store(storage or settings.storage_url).read_versioned(JobPaths(job_id).manifest)
+    first = open_client_store(storage or settings.storage_url)
+    first.read_versioned(JobPaths(job_id).manifest)
+    first.list(JobPaths(job_id).root)  # (a GET's 404 may be a web server's: a listing says whether this is S3)
     if parsed.resources.ranks == 1:  # ranks start writers of their own
         writer_start.prestart()  # the checkpoint writer imports torch on one core while this process does on the other
     store = open_store(storage or settings.storage_url)

@@ -20,13 +20,15 @@ def worker(
                                        "process pinned to its own (overrides --concurrency)."),
     gpus_per_job: int = typer.Option(1, "--gpus-per-job", min=1, help="GPUs per worker process (with --gpus): "
                                      "serves data-parallel jobs of up to this many ranks (resources.processes)."),
-    loglevel: str = typer.Option("INFO", "--loglevel", help="Celery log level."),
+    loglevel: str = typer.Option("INFO", "--loglevel", help="Log level of Celery and of baton's own lines."),
 ) -> None:
     """Start a worker: a Celery worker with baton's settings, one job per process."""
     from baton.workers.queue.worker_main import run_worker
 
     _say_which_redis()
-    logging.getLogger("baton").setLevel(logging.INFO)
+    _settings()  # one line for a setting that does not validate
+    level = logging.getLevelName(loglevel.upper())  # a number for a known level's name
+    logging.getLogger("baton").setLevel(level if isinstance(level, int) else logging.INFO)  # (Celery refuses others)
     try:
         code = run_worker(name, queues, concurrency, loglevel, gpus, gpus_per_job)
     except ValueError as exc:
@@ -43,8 +45,9 @@ def health() -> None:
 
     from baton.storage.records.connection import connect
 
+    settings = _settings()
     try:
-        connect(_settings()).ping()
+        connect(settings).ping()
     except redis.RedisError as exc:
         typer.echo(f"unhealthy: cannot reach Redis: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1)

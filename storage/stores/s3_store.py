@@ -59,6 +59,9 @@ def _client_error(exc: ClientError, what: str) -> Exception:
         return AccessDenied(f"{what}: access denied ({code}); check the AWS credentials and the bucket policy")
     if code in _PRECONDITION:
         return PreconditionFailed(f"{what}: changed since it was read")
+    if code == "NotImplemented" or status == 501 or status >= 505:  # an HTTP server, but not an S3 endpoint
+        return StoreUnusable(f"{what}: the endpoint answered {code or status}: it does not speak S3 there; check "
+                             "AWS_ENDPOINT_URL")
     if code in _TRANSIENT or status >= 500:
         return StorageUnavailable(f"{what}: {code or status}")
     if code == "NoSuchBucket":
@@ -165,7 +168,11 @@ class S3Store(ObjectStore):
         def listing() -> list[str]:
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
             return sorted(obj["Key"][strip:] for page in pages for obj in page.get("Contents", []))
-        return self._call(prefix, listing)
+        try:
+            return self._call(prefix, listing)
+        except FileNotFoundError:  # a listing finds nothing or something, never "not found": S3 says NoSuchBucket
+            raise StoreUnusable(f"{self._where(prefix)}: the endpoint answered 404 to a listing: no such bucket, or "
+                                "not an S3 endpoint; check BATON_STORAGE_URL and AWS_ENDPOINT_URL") from None
 
     def delete(self, key: str) -> None:
         self._call(key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))

@@ -39,6 +39,19 @@ def test_a_wrong_redis_url(place):
         assert "hunter22hunter" not in said  # the URL's password is not printed
 
 
+@pytest.mark.parametrize("variable,value,said", [
+    ("BATON_REDIS_URL", "localhost:6379", "BATON_REDIS_URL: must be redis://HOST:PORT/DB"),  # no scheme
+    ("BATON_REDIS_URL", "redis://[::1", "Invalid IPv6 URL"),
+    ("BATON_STORAGE_URL", "gs://bucket/runs", "BATON_STORAGE_URL: must start with s3:// or file://"),
+])
+def test_a_setting_that_is_not_a_url_of_its_kind(place, variable, value, said):
+    spec, env = place
+    env = dict(env, **{variable: value})
+    for args in (["submit", str(spec)], ["status"], ["fetch", "j", "-o", "out"], ["cancel", "j"], ["queue"],
+                 ["health"], ["run", str(spec), "--id", "r"], ["worker"]):
+        _one_line(args, env, said)
+
+
 def test_a_bucket_that_does_not_exist(place, tmp_path):
     spec, env = place
     env = dict(env, BATON_STORAGE_URL="s3://no-such-bucket/runs")
@@ -95,3 +108,41 @@ def test_debug_shows_the_traceback(place):
     spec, env = place
     result = run_baton("--debug", "status", env=baton_env(**dict(env, BATON_REDIS_URL="redis://127.0.0.1:1/0")))
     assert result.returncode != 0 and "Traceback" in result.stderr and "ConnectionError" in result.stderr
+
+
+def test_fetch_of_a_baton_run_job_needs_no_redis_and_a_missing_bucket_is_not_no_job(place, tmp_path):
+    spec, env = place
+    store = f"file://{tmp_path / 'store'}"
+    done = run_baton("run", str(spec), "--id", "local", "--storage", store, env=baton_env(**env))
+    assert done.returncode == 0, done.stderr
+    no_redis = dict(env, BATON_REDIS_URL="redis://127.0.0.1:1/0", BATON_STORAGE_URL=store)
+    fetched = run_baton("fetch", "local", "--which", "final", "-o", str(tmp_path / "out"), env=baton_env(**no_redis))
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "out" / "local").is_dir()
+    # a job the store does not hold either: Redis's own line, not "no job"
+    _one_line(["fetch", "other", "-o", str(tmp_path / "out")], no_redis, "cannot use Redis at")
+    for args in (["fetch", "nojob", "-o", str(tmp_path / "out")],
+                 ["fetch", "nojob", "--storage", "s3://no-such-bucket/p", "-o", str(tmp_path / "out")]):
+        _one_line(args, dict(env, BATON_STORAGE_URL="s3://no-such-bucket/p"), "the bucket does not exist")
+
+
+def test_an_endpoint_that_answers_http_but_is_not_s3(place, tmp_path):
+    """A wrong port, a proxy, a web server: one line within seconds, not a traceback or 20 s of retries."""
+    import http.server
+    import threading
+    import time
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec, env = place
+        env = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{server.server_address[1]}",
+                   BATON_STORAGE_URL="s3://bucket1/p")
+        for args in (["run", str(spec), "--id", "r"], ["recover", "--all"],
+                     ["fetch", "x", "--storage", "s3://bucket1/p", "-o", str(tmp_path / "out")],
+                     ["logs", "x", "--storage", "s3://bucket1/p"]):
+            started = time.monotonic()
+            _one_line(args, env, "AWS_ENDPOINT_URL")
+            assert time.monotonic() - started < 10, args  # (generous: the machine may be loaded)
+    finally:
+        server.shutdown()

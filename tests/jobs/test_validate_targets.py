@@ -65,6 +65,15 @@ def test_one_malformed_target_does_not_hide_the_others(tmp_path):
         assert line in result.stderr, result.stderr
 
 
+def test_a_wrong_target_is_said_beside_another_wrong_field_of_its_section(tmp_path):
+    for target, said in (("builtin:spirall", "data.target: unknown built-in 'spirall'"),
+                         ("mypkg", "data.target: must be 'builtin:NAME' or 'package.module:callable' (got 'mypkg')")):
+        spec = write_spec(tmp_path, make_spec(data={"target": target, "batch_size": 0}))
+        result = run_baton("validate", str(spec))
+        assert result.returncode == 2
+        assert "data.batch_size: must be > 0" in result.stderr and said in result.stderr, result.stderr
+
+
 def test_targets_are_checked_from_their_source_without_importing_the_jobs_code(tmp_path):
     """Importing a model's module can take tens of seconds (transformers) and do anything: validate and
     submit read its source instead, and still catch a misspelling and kwargs the callable does not take."""
@@ -84,3 +93,29 @@ def test_targets_are_checked_from_their_source_without_importing_the_jobs_code(t
     assert result.returncode == 0, result.stderr
     assert "model.target: tests.imports_loudly:model found" in result.stdout
     assert not mark.exists()  # the module was never imported
+
+
+def test_no_package_of_the_job_is_imported_and_a_conditional_definition_is_not_misread(tmp_path):
+    """An optional import's fallback (`try: from x import Quick` / `except: class Quick`) is not taken for
+    the definition; a misspelled module under a package whose __init__ is expensive, and a star import,
+    are settled without running that __init__."""
+    package = tmp_path / "src" / "loudpkg"
+    package.mkdir(parents=True)
+    mark = tmp_path / "imported"
+    (package / "__init__.py").write_text(f"open({str(mark)!r}, 'w').write('imported')\n")
+    (package / "opt.py").write_text("try:\n    from torch.nn import Linear as Quick\nexcept ImportError:\n"
+                                    "    class Quick:\n        def __init__(self, a=1):\n            pass\n")
+    (package / "star.py").write_text("from torch.nn import *  # noqa\n")
+    env = baton_env(BATON_ALLOWED_MODULES="loudpkg", PYTHONPATH=f"{tmp_path / 'src'}:{baton_env()['PYTHONPATH']}")
+    spec = make_spec(model={"target": "loudpkg.opt:Quick", "kwargs": {"in_features": 2, "out_features": 3}},
+                     data={"target": "loudpkg.star:Spiral", "kwargs": {}})
+    result = run_baton("validate", str(write_spec(tmp_path, spec)), env=env)
+    assert result.returncode == 0, result.stdout + result.stderr  # Quick takes in_features in the branch that runs
+    assert ("data.target: module 'loudpkg.star' may define 'Spiral' only when it runs (a star import or a module "
+            "__getattr__); it is checked on the worker") in result.stdout, result.stdout
+    misspelled = make_spec(model={"target": "loudpkg.nomod:model", "kwargs": {}})
+    result = run_baton("validate", str(write_spec(tmp_path, misspelled, "misspelled.yaml")), env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert ("model.target: module 'loudpkg.nomod' does not exist (its package 'loudpkg' imports here)"
+            in result.stderr), result.stderr
+    assert not mark.exists()  # loudpkg's __init__ never ran

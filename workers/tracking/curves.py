@@ -1,4 +1,5 @@
-"""curves.png: training and validation loss, the task's other metrics, gradient norm and lr, by step."""
+"""curves.png: training loss step by step and at each validation, validation loss, the task's other
+metrics, gradient norm and lr, by step."""
 from __future__ import annotations
 
 import io
@@ -29,7 +30,12 @@ def figure(rows: list[dict], best_step: Optional[int], title: str) -> "plt.Figur
     others = [name for name in val_metrics(rows[-1]) if name != "val_loss"]
     fig, axes = plt.subplots(1, 2 + len(others), figsize=(4.6 * (2 + len(others)), 4), squeeze=False)
     ax_loss, *ax_others, ax_grad = axes[0]
-    ax_loss.plot(steps, [r["train_loss"] for r in rows], marker=".", label="train_loss")
+    curve = [point for r in rows for point in r.get("train_curve", [])]
+    if curve:
+        ax_loss.plot([s for s, _ in curve], [v for _, v in curve], linewidth=0.8, alpha=0.7, color="tab:blue",
+                     label="train_loss (per step)")
+    ax_loss.plot(steps, [r["train_loss"] for r in rows], marker=".", linestyle="" if curve else "-", color="tab:blue",
+                 label="train_loss (since the previous validation)")
     if "val_loss" in rows[-1]:
         ax_loss.plot(steps, [r.get("val_loss") for r in rows], marker=".", label="val_loss")
     ax_loss.set(title="loss", xlabel="step")

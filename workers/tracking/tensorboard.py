@@ -48,6 +48,8 @@ logging.getLogger("tensorboard").setLevel(logging.WARNING)
 
 TRACKER = "tensorboard"
 ROW_SCALARS = ("train_loss", "lr", "grad_norm", "samples_per_s")
+CURVE_TAG = "train_loss_per_step"
+"""The tag of a row's per-step training curve (``train_curve``)."""
 """The fixed fields of a row written as scalars, besides every val_NAME."""
 CLOSE_WAIT_S = 30.0
 """Longest an attempt waits at its end for the last event file upload (then it goes without)."""
@@ -196,6 +198,8 @@ class _WriterState:
             for tag, value in row_scalars(row).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     writer.add_scalar(tag, value, global_step=row["step"])
+            for point_step, loss in row.get("train_curve", []):  # the steps the row covers: written with it, once
+                writer.add_scalar(CURVE_TAG, loss, global_step=int(point_step))
             written.add(row["step"])
             self.dirty = True
 

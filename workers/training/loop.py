@@ -40,6 +40,10 @@ from baton.workers.training.progress import BestTracker, Progress
 from baton.workers.training.readings import PendingReadings
 from baton.workers.training.streams import StreamPlan
 
+CURVE_POINTS = 1000
+"""About how many points a run's per-step training curve has (a metrics row's ``train_curve``): each is
+the mean loss of ``total steps / CURVE_POINTS`` steps."""
+
 
 class TrainingLoop:
     """One rank's loop: ``parts`` trained under ``control``, checkpointed by ``checkpointer``, its work
@@ -55,7 +59,8 @@ class TrainingLoop:
         self.memory = memory  # the last step in host memory, for a crash (storage/memory/memory_copy.py)
         self.progress, self.best, self.metrics = restored if restored is not None else (
             Progress(), BestTracker(spec.checkpoint.monitor, spec.monitor_mode), [])
-        self._group_nonfinite = False
+        self._group_nonfinite: Optional[str] = None  # where this step's first non-finite loss was, if any
+        self._curve_every = max(1, (parts.total_steps or CURVE_POINTS) // CURVE_POINTS)
         self._validated_at: Optional[int] = None  # the step of the last validation (and its checkpoint)
         self._exhausted = False  # whether the current pass's iterator ran out (streams' only way to know)
         self._clock = time.perf_counter()
@@ -108,7 +113,7 @@ class TrainingLoop:
             position, group_size = self._group()
             if position == 0:
                 parts.optimizer.zero_grad(set_to_none=True)
-                self._group_nonfinite = False
+                self._group_nonfinite = None
             self.micro_step(batch, group_size)
             if position + 1 == group_size:
                 self.step()
@@ -147,13 +152,13 @@ class TrainingLoop:
             p.record_grad_norm(norm)
         for reading in losses:
             if not math.isfinite(reading.value):
+                where = (f"training loss is {reading.value} at epoch {reading.epoch + 1}, batch "
+                         f"{reading.batch_in_epoch + 1} (step {reading.step + 1})")
                 if self.parts.spec.loop.nonfinite == "fail":
-                    raise NonFiniteLossError(
-                        f"training loss is {reading.value} at epoch {reading.epoch + 1}, batch "
-                        f"{reading.batch_in_epoch + 1} (step {reading.step + 1}); policy loop.nonfinite: fail"
-                    )
-                self._group_nonfinite = True
+                    raise NonFiniteLossError(f"{where}; policy loop.nonfinite: fail")
+                self._group_nonfinite = self._group_nonfinite or where
                 continue
+            p.record_curve(reading.step, reading.value, reading.samples, self._curve_every)
             p.epoch_loss_sum += reading.value * reading.samples
             p.epoch_samples += reading.samples
             self._samples_timed += reading.samples
@@ -165,7 +170,7 @@ class TrainingLoop:
         if self._group_nonfinite:
             parts.optimizer.zero_grad(set_to_none=True)
             p.nonfinite_steps += 1
-            self.control.log(f"step {p.global_step}: non-finite loss, optimizer step skipped (loop.nonfinite: skip)")
+            self.control.log(f"{self._group_nonfinite}: optimizer step skipped (loop.nonfinite: skip)")
         else:
             self.checkpointer.before_optimizer_step()  # a snapshot still copying from these tensors
             if self.memory is not None:
@@ -201,17 +206,18 @@ class TrainingLoop:
         lr = self._lr()
         if kind == "epoch" and parts.scheduler is not None and not parts.spec.scheduler.per_step:
             parts.scheduler.step()
-        train_loss = self._train_loss()
+        train_loss, train_curve = self._train_loss(), self._train_curve()
         values["train_loss"] = train_loss
         is_best = self.best.update(values[self.best.metric], p.global_step, p.epoch + 1)
         row = MetricsRow(
-            epoch=p.epoch + 1, step=p.global_step, train_loss=train_loss, lr=lr,
+            epoch=p.epoch + 1, step=p.global_step, train_loss=train_loss, train_curve=train_curve, lr=lr,
             grad_norm=p.epoch_grad_norm_sum / p.epoch_steps if p.epoch_steps else math.nan,
             grad_norm_max=p.epoch_grad_norm_max, nonfinite_steps=p.nonfinite_steps,
             samples_per_s=self._throughput(), epoch_s=time.perf_counter() - self._clock, time=time.time(),
             checkpoint=self.checkpointer.checkpoint_key(p.global_step), is_best=is_best,
             **self._checkpoint_costs(), **{k: v for k, v in values.items() if k != "train_loss"},
         ).model_dump()
+        row["train_curve"] = [list(point) for point in row["train_curve"]]  # (as JSON holds it: rows compare equal)
         self.metrics.append(row)
         self.control.on_epoch(row)
         if kind == "epoch":
@@ -318,6 +324,19 @@ class TrainingLoop:
         """The training loss per sample since the last validation (over every rank's samples)."""
         loss_sum, samples = self.layout.sum_over_ranks(self.progress.epoch_loss_sum, self.progress.epoch_samples)
         return loss_sum / samples if samples else math.nan
+
+    def _train_curve(self) -> list[tuple[int, float]]:
+        """The interval's per-step training curve: (step, mean loss) per bucket of ``_curve_every`` steps
+        (over every rank's samples; one sum for all buckets), the last one ending at this validation."""
+        p, every = self.progress, self._curve_every
+        buckets = p.curve_buckets(every)
+        if not buckets:
+            return []
+        held = {bucket: (total, samples) for bucket, total, samples in p.curve}
+        sums = self.layout.sum_over_ranks(*(held.get(b, (0.0, 0))[0] for b in buckets),
+                                          *(float(held.get(b, (0.0, 0))[1]) for b in buckets))
+        totals, samples = sums[:len(buckets)], sums[len(buckets):]
+        return [(min((b + 1) * every, p.global_step), t / n) for b, t, n in zip(buckets, totals, samples) if n]
 
     def _lr(self) -> float:
         return float(self.parts.optimizer.param_groups[0]["lr"])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 
@@ -25,6 +25,22 @@ class Progress:
     epoch_grad_norm_max: float = 0.0
     epoch_steps: int = 0  # optimizer steps with a finite gradient norm, this epoch
     epoch_sample_offset: int = 0  # samples of this pass consumed before its batch 0 (a resharded resume's)
+    curve_from: int = 0  # the step the interval's per-step training curve starts after
+    curve: list = field(default_factory=list)  # [bucket, loss sum, samples] of this interval, in step order
+
+    def record_curve(self, step_index: int, value: float, samples: int, every: int) -> None:
+        """A finite micro-batch loss of optimizer step ``step_index`` (0-based), for the per-step training
+        curve: summed into its bucket of ``every`` steps."""
+        bucket = step_index // every
+        if self.curve and self.curve[-1][0] == bucket:
+            self.curve[-1][1] += value * samples
+            self.curve[-1][2] += samples
+        else:
+            self.curve.append([bucket, value * samples, samples])
+
+    def curve_buckets(self, every: int) -> list[int]:
+        """Every bucket of the interval up to now, with or without samples (the same on every rank)."""
+        return list(range(self.curve_from // every, (self.global_step - 1) // every + 1)) if self.global_step else []
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +66,7 @@ class Progress:
         self.epoch_sample_offset = 0
 
     def start_next_interval(self) -> None:
+        self.curve_from, self.curve = self.global_step, []
         self.epoch_loss_sum = 0.0
         self.epoch_samples = 0
         self.epoch_grad_norm_sum = 0.0

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from baton.jobs.services import WorkerProcess
 from tests.helpers import make_spec
+from tests.conftest import WORKER_READY_S
 
 LIMIT = 1536 << 10
 """Bytes a file written by the worker may hold: more than its largest tensor (1 MiB), less than a
@@ -45,7 +46,7 @@ def test_a_checkpoint_the_disk_cannot_hold_is_a_worker_loss_not_the_jobs_failure
     worker = LimitedWorker("full@test", {"BATON_METRICS_PORT": "0", **cluster.env},
                            str(cluster.log_dir / "full.log")).start()
     cluster.workers.append(worker)
-    worker.wait_ready()
+    worker.wait_ready(WORKER_READY_S)
     job = cluster.client.submit(BIG, "full-disk")
     final = job.wait(timeout=180, progress=False)
     # both attempts were given up as losses (one retry), each saying why: nothing blamed on the job's code

@@ -78,3 +78,16 @@ def test_each_validation_metric_has_its_own_axis_and_the_learning_rate_is_in_a_l
     assert 0.3 < low and high < 0.5  # its own scale
     legend = [text.get_text() for text in titled["gradient norm and learning rate"].get_legend().get_texts()]
     assert "lr (right axis)" in legend and "mean pre-clip norm" in legend
+
+
+def test_the_loss_panel_draws_the_training_loss_step_by_step():
+    """Six validations of a 600-step run drew six points: the rows' per-step curve is drawn whole."""
+    from baton.workers.tracking.curves import figure
+
+    rows = _rows([1.0, 0.6], [1.1, 0.7])
+    rows[0]["train_curve"] = [[step, 1.0 / step] for step in range(1, 11)]
+    rows[1]["train_curve"] = [[step, 1.0 / step] for step in range(11, 21)]
+    loss = next(ax for ax in figure(rows, 1, "t").axes if ax.get_title() == "loss")
+    lines = {line.get_label(): line for line in loss.get_lines()}
+    assert list(lines["train_loss (per step)"].get_xdata()) == list(range(1, 21))
+    assert "train_loss (since the previous validation)" in lines and "val_loss" in lines

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from baton.storage.stores.open import open_store
-from baton.workers.tracking.tensorboard import row_scalars
+from baton.workers.tracking.tensorboard import CURVE_TAG, row_scalars
 
 from tests.helpers import baton_env, kill_when, make_spec, metrics_rows, run_baton, start_baton, write_spec
 from tests.workers.conftest import SPEC as WORKER_SPEC
@@ -64,6 +64,9 @@ def test_event_files_hold_every_row_once_after_a_kill_and_resume(s3_bucket, s3_e
         for tag, value in row_scalars(row).items():
             expected.setdefault(tag, []).append((row["step"], float(np.float32(value))))
     assert {"train_loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s"} <= set(expected)
+    curve = [(int(step), float(np.float32(loss))) for row in rows for step, loss in row["train_curve"]]
+    assert [step for step, _ in curve] == list(range(1, rows[-1]["step"] + 1))  # every step once, across the kill
+    expected[CURVE_TAG] = curve
 
     # each attempt wrote its own event file: the first up to its kill, the resumed one after its resume step
     per_attempt = {}

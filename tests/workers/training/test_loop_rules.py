@@ -20,10 +20,11 @@ from baton.workers.training.components import build_components
 from baton.workers.training.data import split_indices
 from baton.workers.training.evaluate import evaluate
 from baton.workers.training.targets import build_task
+from baton.workers.attempt.session import Attempt, AttemptOptions, run_attempt
 
 from tests import probes
 from tests.helpers import final_state, make_spec
-from tests.workers.conftest import read_rows
+from tests.workers.conftest import Quiet, read_rows
 
 RECORDING = {"target": "tests.probes:recording_mlp", "kwargs": {"hidden": 16, "dropout": 0.1}}
 BLOBS = {"target": "tests.probes:blobs", "kwargs": {"n": 200}, "batch_size": 32, "val_fraction": 0.25}
@@ -210,12 +211,24 @@ def test_nonfinite_loss_fails_the_job_under_fail(run_job):
     assert not getattr(failed.value, "__notes__", []), failed.value.__notes__
 
 
-def test_nonfinite_loss_skips_the_step_under_skip(run_job):
-    _, root, job = run_job(spec(data={**BLOBS, "target": "tests.probes:with_nan", "kwargs": {}},
-                                     loop={"epochs": 2, "nonfinite": "skip"}))
-    rows = read_rows(root, job)
+def test_nonfinite_loss_skips_the_step_under_skip_and_says_where_as_fail_does(run_job, tmp_path):
+    nan_data = {**BLOBS, "target": "tests.probes:with_nan", "kwargs": {}}
+    with pytest.raises(NonFiniteLossError) as failed:
+        run_job(spec(data=nan_data, loop={"epochs": 2, "nonfinite": "fail"}))
+    said: list[str] = []
+
+    class Listening(Quiet):
+        def log(self, message: str) -> None:
+            said.append(message)
+
+    store = FileStore(tmp_path / "skip")
+    run_attempt(Attempt(JobSpec.parse(spec(data=nan_data, loop={"epochs": 2, "nonfinite": "skip"})), "skip", 1, store,
+                        allowed_prefixes=("tests",)), AttemptOptions(Listening()))
+    rows = read_rows(store.root, "skip")
     assert rows[-1]["nonfinite_steps"] > 0
-    assert all(torch.isfinite(t).all() for t in final_state(FileStore(root), job)["model"].values())
+    assert all(torch.isfinite(t).all() for t in final_state(store, "skip")["model"].values())
+    where = str(failed.value).split(";")[0]  # "training loss is nan at epoch 1, batch B (step S)"
+    assert f"{where}: optimizer step skipped (loop.nonfinite: skip)" in said, (where, said)
 
 
 @pytest.mark.parametrize("monitor,mode", [("val_loss", "min"), ("val_accuracy", "max")])
