@@ -31,7 +31,7 @@ def queue_views(records: JobRecords, queue: Optional[str] = None) -> list[QueueV
     for name in [queue] if queue is not None else pool.queues():
         state, workers = pool.state(name), pool.live_workers(name)
         unserved = f"no live worker serves queue {name!r}" if not workers else None
-        reasons = {job.job_id: unserved or why_waiting(state, job) for job in state.waiting}
+        reasons = {job.job_id: unserved or why_waiting(state, job, len(workers)) for job in state.waiting}
         running = []
         for job in state.running:
             try:

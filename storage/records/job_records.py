@@ -268,13 +268,14 @@ class JobRecords:
         now = seconds + micros / 1e6
         waiting = state.find(status.id)
         status.position = waiting.position if waiting is not None else None
-        if not self.redis.zcount(keys.queue_workers(status.queue), now, "+inf"):
+        live = self.redis.zcount(keys.queue_workers(status.queue), now, "+inf")
+        if not live:
             if status.updated_at is None or now - status.updated_at >= UNSERVED_AFTER_S:
                 status.waiting = (f"no live worker serves queue {status.queue!r}: start one with `baton worker "
                                   f"--queues {status.queue}` (with the same BATON_REDIS_URL)")
             return
         if waiting is not None:
-            status.waiting = why_waiting(state, waiting)
+            status.waiting = why_waiting(state, waiting, live)
             status.starts_in_s = starts_in(state, waiting, self.pool.remaining_s(state))
 
     def list_ids(self, limit: int = 100) -> list[str]:

@@ -54,8 +54,10 @@ def test_the_start_order_is_priority_then_submit_time_and_a_claim_leaves_it(reco
     assert records.status("x1").waiting is None  # no worker serves the queue: said once it has waited a while
     presence.announce(records.redis, "w", ["default"], 5.0)
     assert records.status("x1").waiting == "behind 1 job(s) of higher priority"
+    assert records.status("x2").waiting == "next to start: a free worker of queue default takes it within moments"
 
     claim(records, "x1")  # a worker may start any waiting job: the line closes over it
+    assert records.status("x2").waiting == "next to start: every worker serving queue default is busy"
     assert order(records) == ["x2", "x3", "low"]
     assert records.status("x1").position is None
     assert records.pool.usage("default") == {"default": 1}
