@@ -66,7 +66,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int, queue: Optional[str] 
     queue = queue or _queue_of(ctx, job_id)
     for choice in reception.choices(ctx, queue, job_id, attempt):
         if isinstance(choice, reception.Passed):
-            return pass_on(ctx, job_id, attempt, choice.why, choice.event)
+            return pass_on(ctx, choice.job_id, choice.attempt, choice.why, choice.event)
         delivery = Delivery(ctx, choice.job_id, choice.attempt, choice.view)
         word = gang_leader.lead(ctx, delivery) if choice.view.nodes > 1 else delivery.run()
         if word != "dropped":  # (dropped: another worker claimed it first, or it no longer waits)

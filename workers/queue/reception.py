@@ -78,41 +78,48 @@ class Choice:
 
 @dataclass(frozen=True)
 class Passed:
-    """The message's own job cannot start here: why, and the event its record shows (None: the default)."""
+    """No waiting job can start here: the one whose message to pass on (the message's own job if it waits,
+    else the first this worker cannot host: every waiting job keeps a message out), why, and the event its
+    record shows (None: the default)."""
 
+    job_id: str
+    attempt: int
     why: str
     event: Optional[str] = None
 
 
 def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterator["Choice | Passed"]:
     """The jobs a message of ``job_id`` may start on this worker, best first: the queue's first waiting
-    jobs that it can host, then the message's own job if it was not among them. Instead of a job this
-    worker cannot host, or a multi-node job that must wait for another job's gang to form on the queue,
-    yields why (``Passed``) when it is the message's own job, so that its message is passed on. If the queue's
-    order cannot be read (Redis away), only the message's own job."""
+    jobs that it can host, then the message's own job if it was not among them. Then, if some waiting
+    job could not start here (this worker cannot host it, or it is a multi-node job that must wait for
+    another job's gang to form on the queue), one ``Passed``: the message goes back for another worker.
+    If the queue's order cannot be read (Redis away), only the message's own job."""
     try:
         first = Pool(ctx.redis).state(queue, limit=CHOICES).waiting[:CHOICES]
         forming = Gangs(ctx.redis).busy_with(queue)
     except redis.RedisError:
         first, forming = [], None
+    passed: Optional[Passed] = None
     seen = False
     for job, next_attempt in [(w.job_id, w.attempt) for w in first] + [(job_id, attempt)]:
         if job == job_id:
             if seen:
-                return
+                break
             seen = True
         view = read_job(ctx, job)
         if view is None:
             continue
         why = cannot_host(ctx, job, view)
-        passed = None if why is None else Passed(why)
+        here = None if why is None else Passed(job, next_attempt, why)
         if why is None and view.nodes > 1 and forming not in (None, job):
             event = f"waiting for nodes: the gang of {forming} is forming on queue {queue} first"
-            passed = Passed(event, event)
-        if passed is None:
+            here = Passed(job, next_attempt, event, event)
+        if here is None:
             yield Choice(job, next_attempt, view)
-        elif job == job_id:
-            yield passed
+        elif passed is None or job == job_id:
+            passed = here
+    if passed is not None:
+        yield passed
 
 
 def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:

@@ -1,0 +1,61 @@
+"""Which waiting job a worker's message starts (real Redis, the real records): the first of the queue's
+order this worker can host; a job it cannot host never holds up the ones behind it, and is passed on
+(its message, or another's: every waiting job keeps one out) once nothing here can start."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from baton.schemas.settings import BatonSettings
+from baton.schemas.spec import JobSpec
+from baton.storage.layout import JobPaths
+from baton.storage.records import leases
+from baton.storage.stores.open import open_store
+from baton.workers.attempt.local import register_spec
+from baton.storage.records.job_records import JobRecords, spec_fields
+from baton.workers.queue.preemption import Preemption
+from baton.workers.queue.reception import Choice, Passed, choices
+from baton.workers.queue.worker_control import WorkerContext
+from tests.helpers import make_spec
+
+@pytest.fixture
+def ctx(redis_server, tmp_path):
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    (tmp_path / "store").mkdir()
+    settings = BatonSettings(redis_url=redis_server.url, storage_url=f"file://{tmp_path}/store",
+                             allowed_modules="tests.probes")
+    return WorkerContext(settings, client, JobRecords(client), lambda *a: None, Preemption(), "w@test")
+
+
+def submit(ctx: WorkerContext, job_id: str, spec: dict) -> None:
+    parsed = JobSpec.parse(spec)
+    register_spec(open_store(ctx.settings.storage_url), JobPaths(job_id), parsed)  # (as a submit writes it)
+    assert ctx.records.create(job_id, spec_fields(parsed, ctx.settings.storage_url))
+    time.sleep(0.002)
+
+
+HOSTED = make_spec(model={"target": "tests.probes:linear", "kwargs": {}})
+ELSEWHERE = make_spec(task={"target": "tests.tasks:dict_task", "kwargs": {}})  # tests.tasks: not allowed here
+
+
+def test_a_job_this_worker_cannot_host_does_not_hold_up_the_one_behind_it(ctx):
+    submit(ctx, "first", ELSEWHERE)
+    submit(ctx, "second", HOSTED)
+    offered = list(choices(ctx, "default", "first", 1))  # first's own message
+    assert [(c.job_id, c.attempt) for c in offered if isinstance(c, Choice)] == [("second", 1)]
+    assert isinstance(offered[-1], Passed) and offered[-1].job_id == "first"
+    assert "module 'tests.tasks' is not allowed here" in offered[-1].why
+
+
+def test_a_message_whose_job_started_elsewhere_passes_on_a_waiting_job_nobody_here_can_host(ctx):
+    """Without this the waiting job's own message was gone (taken by the worker that started the other)
+    and nothing would wake a worker for it but the reaper's re-publish, minutes later once backed off."""
+    submit(ctx, "elsewhere", ELSEWHERE)
+    submit(ctx, "started", HOSTED)
+    assert leases.claim(ctx.redis, "started", 1, "other@test", 30).ok
+    offered = list(choices(ctx, "default", "started", 1))
+    assert [c.job_id for c in offered if isinstance(c, Choice)] == ["started"]  # (its claim will drop it)
+    assert offered[-1] == Passed("elsewhere", 1, offered[-1].why)
