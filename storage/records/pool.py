@@ -199,11 +199,20 @@ class Pool:
         for job in state.running:
             pipe.hmget(keys.job(job.job_id), ["step", "total_steps", "steps_per_s"])
         left: list[Optional[float]] = []
-        for job, (step, total, rate) in zip(state.running, pipe.execute()):
-            known = step is not None and total is not None and rate is not None and float(rate) > 0
-            one = (int(total) - int(step)) / float(rate) if known else None
+        for job, values in zip(state.running, pipe.execute()):
+            step, total, rate = (_number(value) for value in values)
+            known = step is not None and total is not None and rate is not None and rate > 0
+            one = (total - step) / rate if known else None  # type: ignore[operator]
             left.extend([one] * job.slots)  # a job on N nodes frees N slots when it ends
         return left
+
+
+def _number(value: object) -> Optional[float]:
+    """A record's numeric field, None when absent or not a number (a stream's unknown total)."""
+    try:
+        return float(text(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _held(value: str) -> tuple[str, int]:

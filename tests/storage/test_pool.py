@@ -140,3 +140,14 @@ def test_queues_are_separate(records):
     submit(records, "c1")
     assert order(records, "gpu") == ["g1"] and order(records) == ["c1"]
     assert records.pool.queues() == ["default", "gpu"]
+
+
+def test_a_running_job_with_no_known_total_leaves_the_estimate_unknown_and_the_status_whole(records):
+    """A stream job knows no total step count: an older worker recorded it as the text 'None'."""
+    submit(records, "stream")
+    submit(records, "next")
+    token = claim(records, "stream")
+    assert records.fenced_set("stream", token, {"step": 10, "total_steps": None, "steps_per_s": 5.0})
+    presence.announce(records.redis, "w", ["default"], 5.0)
+    status = records.status("next")
+    assert status.position == 1 and status.starts_in_s is None

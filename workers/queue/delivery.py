@@ -64,16 +64,26 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int, queue: Optional[str] 
     message's own job. Returns a word saying how it ended (for logs and tests). A job on several nodes is
     led from here: its gang forms first, then the attempt is claimed (``gang_leader``)."""
     queue = queue or _queue_of(ctx, job_id)
-    for choice in reception.choices(ctx, queue, job_id, attempt):
-        if isinstance(choice, reception.Passed):
-            return pass_on(ctx, choice.job_id, choice.attempt, choice.why, choice.event)
-        delivery = Delivery(ctx, choice.job_id, choice.attempt, choice.view)
-        word = gang_leader.lead(ctx, delivery) if choice.view.nodes > 1 else delivery.run()
-        if word != "dropped":  # (dropped: another worker claimed it first, or it no longer waits)
-            return word
+    for _ in range(CHOICE_ROUNDS):  # workers that took messages together race for the same first jobs
+        raced = False
+        for choice in reception.choices(ctx, queue, job_id, attempt):
+            if isinstance(choice, reception.Passed):
+                return pass_on(ctx, choice.job_id, choice.attempt, choice.why, choice.event)
+            delivery = Delivery(ctx, choice.job_id, choice.attempt, choice.view)
+            word = gang_leader.lead(ctx, delivery) if choice.view.nodes > 1 else delivery.run()
+            if word != "dropped":  # (dropped: another worker claimed it first, or it no longer waits)
+                return word
+            raced = True
+        if not raced:
+            break
     if read_job(ctx, job_id) is None:
         return pass_on(ctx, job_id, attempt, "its record could not be read")
     return "dropped"
+
+
+CHOICE_ROUNDS = 3
+"""How many times a worker reads its queue's first waiting jobs again when other workers claimed every
+one it tried first (many workers freed at once): each round, others have started jobs."""
 
 
 def _queue_of(ctx: WorkerContext, job_id: str) -> str:

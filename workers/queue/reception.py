@@ -101,6 +101,7 @@ def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterat
         first, forming = [], None
     passed: Optional[Passed] = None
     seen = False
+    waiting = {w.job_id for w in first}
     for job, next_attempt in [(w.job_id, w.attempt) for w in first] + [(job_id, attempt)]:
         if job == job_id:
             if seen:
@@ -116,7 +117,7 @@ def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterat
             here = Passed(job, next_attempt, event, event)
         if here is None:
             yield Choice(job, next_attempt, view)
-        elif passed is None or job == job_id:
+        elif passed is None or (job == job_id and job in waiting):  # (the message's own job, if it waits, first)
             passed = here
     if passed is not None:
         yield passed

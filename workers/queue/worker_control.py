@@ -147,8 +147,8 @@ class WorkerControl(LoopControl):
                 rate = {"steps_per_s": round(steps_per_s, 2)}
             prometheus.SAMPLES_PER_S.set(report.samples_per_s)
             where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {}), **rate}
-            if self._record_progress({**where, "step": report.step, "total_steps": report.total_steps,
-                                      "loss": report.loss, "lr": report.lr,
+            total = {} if report.total_steps is None else {"total_steps": report.total_steps}  # (a stream: unknown)
+            if self._record_progress({**where, "step": report.step, **total, "loss": report.loss, "lr": report.lr,
                                       "samples_per_s": round(report.samples_per_s, 1)}):
                 self._last_progress, self._last_step = time.monotonic(), report.step
 

@@ -59,3 +59,13 @@ def test_a_message_whose_job_started_elsewhere_passes_on_a_waiting_job_nobody_he
     offered = list(choices(ctx, "default", "started", 1))
     assert [c.job_id for c in offered if isinstance(c, Choice)] == ["started"]  # (its claim will drop it)
     assert offered[-1] == Passed("elsewhere", 1, offered[-1].why)
+
+
+def test_the_message_of_a_job_running_elsewhere_passes_on_a_waiting_one_not_itself(ctx):
+    """A CPU worker takes the message of a GPU job another worker already started: passing that job's
+    message on would drop it (it no longer waits), leaving the GPU job that does wait without one."""
+    submit(ctx, "running", ELSEWHERE)
+    submit(ctx, "waiting", ELSEWHERE)
+    assert leases.claim(ctx.redis, "running", 1, "other@test", 30).ok
+    offered = list(choices(ctx, "default", "running", 1))
+    assert [c.job_id for c in offered] == ["waiting"] and isinstance(offered[0], Passed)
