@@ -89,13 +89,13 @@ def _translated(what: str) -> Iterator[None]:
 
 
 class S3Store(ObjectStore):
-    def __init__(self, bucket: str, prefix: str = "", client=None, retry_s: float = RETRY_S,
+    def __init__(self, bucket: str, prefix: str = "", client=None, retry_s: Optional[float] = None,
                  retry_log: Optional[Callable[[str], None]] = None):
         """``retry_s``: how long a call is retried through transient errors (a command a person waits on
         gives up sooner than a worker does); the connect timeout is never longer. ``retry_log``: where
         each retry is said (default: the ``baton.storage`` logger's warnings)."""
         self.bucket = bucket
-        self.retry_s = retry_s
+        self.retry_s = retry_s = RETRY_S if retry_s is None else retry_s  # (read now: a test may shorten it)
         self.retry_log = retry_log
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -111,7 +111,8 @@ class S3Store(ObjectStore):
         return self.url if self._own_client and type(self) is S3Store else None
 
     @classmethod
-    def from_url(cls, url: str, retry_s: float = RETRY_S, retry_log: Optional[Callable[[str], None]] = None) -> "S3Store":
+    def from_url(cls, url: str, retry_s: Optional[float] = None,
+                 retry_log: Optional[Callable[[str], None]] = None) -> "S3Store":
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ValueError(f"S3 storage URL must be s3://bucket[/prefix] (got {url!r})")
