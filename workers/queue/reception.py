@@ -111,10 +111,11 @@ def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterat
         if view is None:
             continue
         why = cannot_host(ctx, job, view)
-        here = None if why is None else Passed(job, next_attempt, why)
+        handed = attempt if job == job_id else next_attempt  # (a stale copy of a message is dropped, not passed on)
+        here = None if why is None else Passed(job, handed, why)
         if why is None and view.nodes > 1 and forming not in (None, job):
             event = f"waiting for nodes: the gang of {forming} is forming on queue {queue} first"
-            here = Passed(job, next_attempt, event, event)
+            here = Passed(job, handed, event, event)
         if here is None:
             yield Choice(job, next_attempt, view)
         elif passed is None or (job == job_id and job in waiting):  # (the message's own job, if it waits, first)
