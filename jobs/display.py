@@ -140,6 +140,9 @@ def sweep_table(entries: list) -> str:
     cells = [[e.status.id, e.status.state.value, *(_value((e.status.overrides or {}).get(p, "-")) for p in axes),
               f"{e.status.step}/{e.status.total_steps}" if e.status.total_steps else "-", _num(e.best_value)]
              for e in entries]
-    header = ["ID", "STATE", *axes, "STEP", best]
-    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *cells])
+    return "\n".join(_columns([["ID", "STATE", *axes, "STEP", best], *cells]))
+
+
+def quota_table(rows: list[list[str]]) -> str:
+    """``baton quota list``: one row per (queue, team, quota, slots in use)."""
+    return "\n".join(_columns([["QUEUE", "TEAM", "QUOTA", "IN USE"], *rows]))

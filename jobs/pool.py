@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from baton.schemas.errors import JobNotFound, SpecError
+from baton.schemas.errors import JobNotFound
 from baton.schemas.spec import NAME_PATTERN
 from baton.schemas.status import JobStatus
 from baton.storage.records.job_records import JobRecords
@@ -43,7 +43,7 @@ def queue_views(records: JobRecords, queue: Optional[str] = None) -> list[QueueV
 
 
 def check_quota(queue: str, team: str, slots: Optional[int] = None) -> None:
-    """SpecError naming what is wrong with a quota's queue, team or slots."""
+    """ValueError naming what is wrong with a quota's queue, team or slots."""
     import re
 
     problems = [f"{what}: {value!r} is not a name (letters, digits, '.', '_', '-'; at most 64)"
@@ -51,4 +51,4 @@ def check_quota(queue: str, team: str, slots: Optional[int] = None) -> None:
     if slots is not None and slots < 0:
         problems.append(f"--slots: {slots} is below 0")
     if problems:
-        raise SpecError(problems)
+        raise ValueError("; ".join(problems))

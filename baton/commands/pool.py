@@ -6,8 +6,7 @@ from typing import Optional
 
 import typer
 
-from baton.commands.common import _bad_spec, _client, app
-from baton.schemas.errors import SpecError
+from baton.commands.common import _client, app
 
 quota_app = typer.Typer(help="The worker slots each team is guaranteed on a queue.", no_args_is_help=True)
 app.add_typer(quota_app, name="quota")
@@ -33,26 +32,26 @@ def quota_set(
     at or above theirs. Beyond it, the team borrows slots while they are idle."""
     try:
         _client().set_quota(team, queue_name, slots)
-    except SpecError as exc:
-        raise _bad_spec(exc)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
     typer.echo(f"team {team}: {slots} slot(s) of queue {queue_name}")
 
 
 @quota_app.command("list")
 def quota_list() -> None:
     """Every quota, with each team's slots in use now."""
+    from baton.jobs.display import quota_table
+
     client = _client()
     rows = []
     for queue_name, quotas in client.quotas().items():
         usage = client.records.pool.usage(queue_name)
-        rows += [(queue_name, team, str(slots), str(usage.get(team, 0))) for team, slots in sorted(quotas.items())]
+        rows += [[queue_name, team, str(slots), str(usage.get(team, 0))] for team, slots in sorted(quotas.items())]
     if not rows:
         typer.echo("no quotas: every team shares every queue in order of priority and submit time")
         return
-    header = ("QUEUE", "TEAM", "QUOTA", "IN USE")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
-    for row in [header, *rows]:
-        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    typer.echo(quota_table(rows))
 
 
 @quota_app.command("rm")
@@ -63,8 +62,9 @@ def quota_rm(
     """Remove TEAM's quota on a queue (exit 1 if it had none)."""
     try:
         removed = _client().remove_quota(team, queue_name)
-    except SpecError as exc:
-        raise _bad_spec(exc)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
     if not removed:
         typer.echo(f"team {team} has no quota on queue {queue_name}", err=True)
         raise typer.Exit(1)
