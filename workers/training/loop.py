@@ -60,7 +60,8 @@ class TrainingLoop:
         self.progress, self.best, self.metrics = restored if restored is not None else (
             Progress(), BestTracker(spec.checkpoint.monitor, spec.monitor_mode), [])
         self._group_nonfinite: Optional[str] = None  # where this step's first non-finite loss was, if any
-        self._curve_every = max(1, (parts.total_steps or CURVE_POINTS) // CURVE_POINTS)
+        self._total_steps = parts.total_steps  # (fixed once the parts are restored; read every step)
+        self._curve_every = max(1, (self._total_steps or CURVE_POINTS) // CURVE_POINTS)
         self._validated_at: Optional[int] = None  # the step of the last validation (and its checkpoint)
         self._exhausted = False  # whether the current pass's iterator ran out (streams' only way to know)
         self._clock = time.perf_counter()
@@ -181,7 +182,7 @@ class TrainingLoop:
             parts.scheduler.step()
         p.global_step += 1
         self.control.on_step(StepReport(
-            epoch=p.epoch, epochs=parts.spec.loop.epochs, step=p.global_step, total_steps=parts.total_steps,
+            epoch=p.epoch, epochs=parts.spec.loop.epochs, step=p.global_step, total_steps=self._total_steps,
             loss=self._last_loss, lr=self._lr(), samples_per_s=self._throughput(),
         ))
 

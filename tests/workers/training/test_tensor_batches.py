@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset, default_collate
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from baton.schemas.spec import DataSpec
 from baton.workers.training.builtins.data import TensorPairs, spiral
-from baton.workers.training.data import DataPlan, Loading, TensorBatches
+from baton.workers.training.data import DataPlan, GatheredLoader, Loading, TensorBatches, whole_batch
 
 
 def _plan(base, **data) -> DataPlan:
@@ -61,6 +61,18 @@ def test_gathered_batches_equal_the_default_collates(make):
     val = plan.val_loader()
     assert isinstance(val.dataset, TensorBatches)
     _assert_same_batches(list(val), _per_sample(val))
+
+
+def test_a_gathered_loader_gives_what_a_dataloader_of_the_same_batches_gives():
+    """In this process and unpinned, the batches skip the DataLoader (its per-batch machinery cost a
+    small model a few per cent a step); pinned, they still go through one, which pins them."""
+    plan = _plan(_many_columns())
+    loader = plan.train_batches(2, start_batch=1)
+    assert isinstance(loader, GatheredLoader) and len(loader) == plan.batches_per_pass - 1
+    through = DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=whole_batch)
+    _assert_same_batches(list(loader), list(through))
+    pinned = Loading(plan.loading.spec, seed=5, pin_memory=True)
+    assert isinstance(pinned.loader(loader.dataset.view, 0, batch_sampler=loader.batch_sampler), DataLoader)
 
 
 def test_a_data_parallel_ranks_share_is_gathered_alike():
