@@ -39,7 +39,7 @@ from baton.storage.records.job_records import JobRecords, spec_fields
 from baton.storage.records.connection import connect
 from baton.jobs.specfile import SpecSource, load_spec, read_raw
 from baton.jobs.sweeps import SweepEntry, plan, rank
-from baton.jobs.pool import QueueView, check_quota, queue_views
+from baton.jobs.pool import QueueView, check_quota, drain, queue_views
 
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
@@ -321,6 +321,16 @@ class JobClient:
         """Remove ``team``'s quota on ``queue``; False when it had none."""
         check_quota(queue, team)
         return self.records.pool.remove_quota(queue, team)
+
+    def drain(self, worker: str) -> tuple[str, bool]:
+        """Drain ``worker``: its job yields at its next optimizer step (checkpointed, re-queued, nothing
+        lost) and it takes no other until ``undrain``. Returns its full name and whether it was not
+        drained already; ValueError when no live worker has that name."""
+        return drain(self.records, worker, True)
+
+    def undrain(self, worker: str) -> tuple[str, bool]:
+        """Let a drained ``worker`` take jobs again (its full name, and whether it was drained)."""
+        return drain(self.records, worker, False)
 
     def quotas(self) -> dict[str, dict[str, int]]:
         """Every quota: queue -> team -> slots."""

@@ -104,8 +104,9 @@ def queue_table(view) -> str:
     """One queue (``baton.jobs.pool.QueueView``): its waiting jobs in start order, its running jobs, and
     its teams' slots against their quotas."""
     state = view.state
+    drained = sorted(view.drained)
     lines = [f"queue {view.queue}: {len(state.waiting)} waiting, {len(view.running)} running, "
-             f"{len(view.workers)} live worker(s)"]
+             f"{len(view.workers)} live worker(s)" + (f", drained: {', '.join(drained)}" if drained else "")]
     if state.waiting:
         lines += ["", "waiting, in the order they will start:"]
         lines += _columns([["POS", "JOB", "TEAM", "PRIORITY", "WHY IT WAITS"]] + [

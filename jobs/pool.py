@@ -8,6 +8,7 @@ from typing import Optional
 from baton.schemas.errors import JobNotFound
 from baton.schemas.spec import NAME_PATTERN
 from baton.schemas.status import JobStatus
+from baton.storage.records import presence
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records.pool import QueueState, why_waiting
 
@@ -18,6 +19,7 @@ class QueueView:
     reasons: dict[str, str]  # waiting job id -> why it waits
     running: list[JobStatus]
     workers: list[str]  # live workers serving the queue
+    drained: set[str]  # those of them drained (``baton drain``): they take no job
 
     @property
     def queue(self) -> str:
@@ -38,7 +40,7 @@ def queue_views(records: JobRecords, queue: Optional[str] = None) -> list[QueueV
                 running.append(records.status(job.job_id))
             except JobNotFound:
                 continue
-        views.append(QueueView(state, reasons, running, workers))
+        views.append(QueueView(state, reasons, running, workers, presence.drained(records.redis, workers)))
     return views
 
 
@@ -52,3 +54,16 @@ def check_quota(queue: str, team: str, slots: Optional[int] = None) -> None:
         problems.append(f"--slots: {slots} is below 0")
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def drain(records: JobRecords, worker: str, drained: bool) -> tuple[str, bool]:
+    """Drain ``worker`` (its job yields at its next step, it takes no other) or undrain it: the worker's
+    full name (``name@host``; ``name`` alone when one live worker has it) and whether anything changed.
+    ValueError naming the live workers when no live worker has that name."""
+    live = presence.live_workers(records.redis)
+    matches = [w for w in live if w == worker] or [w for w in live if w.split("@", 1)[0] == worker]
+    if len(matches) != 1:
+        known = ", ".join(live) if live else "none"
+        what = "several live workers are named" if matches else "no live worker is named"
+        raise ValueError(f"{what} {worker!r} (live workers: {known})")
+    return matches[0], presence.set_drained(records.redis, matches[0], drained)

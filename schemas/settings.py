@@ -52,6 +52,11 @@ class BatonSettings(BaseSettings):
         60.0, gt=0, description="After SIGTERM a worker checkpoints, releases its job and exits within this; "
         "match it to the platform's notice (Kubernetes terminationGracePeriodSeconds, spot notice)."
     )
+    preemption_notice_url: str = Field(
+        "", description="An HTTP endpoint the worker polls every second for its machine's preemption notice; a 200 "
+        "with a body (not 'FALSE') means the machine will be stopped, and the worker yields its job at once, as on "
+        "SIGTERM. AWS: http://169.254.169.254/latest/meta-data/spot/instance-action (IMDSv2 tokens are fetched); GCP: "
+        "http://metadata.google.internal/computeMetadata/v1/instance/preempted. Empty: none.")
     stall_timeout_s: float = Field(
         1800.0, ge=0, description="A running job that makes no optimizer step for this long while its lease renews "
         "is hung (stuck data loader or user code): its worker records every thread's stack of its training process, "
@@ -84,6 +89,13 @@ class BatonSettings(BaseSettings):
             urlsplit(url).port
         except ValueError as exc:
             raise ValueError(f"{what} (got {url!r}: {exc})") from None
+        return url
+
+    @field_validator("preemption_notice_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
         return url
 
     @field_validator("storage_url")

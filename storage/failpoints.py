@@ -10,7 +10,10 @@ state written into a slot and the rest not).
 ``DIR/<point>.<job>.<pid>.<n>`` and waits until that file is removed (or ``off`` appears, or
 ``PAUSE_LIMIT_S`` passes): a test reads what the job has committed, then kills it or lets it go on, and
 no commit can slip between the two. Points: ``commit`` (``manifest_store``: before every change of a
-job's manifest: its claims, checkpoint commits and completion).
+job's manifest: its claims, checkpoint commits and completion). While a test holds them, a periodic
+checkpoint that finds the one before still in flight waits for it instead of being skipped
+(``checkpointer.py``, ``held``): every checkpoint a spec asks for is taken and offered to the test,
+however slowly the machine runs, so a state the test waits for cannot be skipped past.
 """
 from __future__ import annotations
 
@@ -47,6 +50,12 @@ def armed(name: str, step: int) -> bool:
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def held() -> bool:
+    """Whether a test holds the pause points now (``BATON_FAILPOINT_PAUSE`` set, its ``off`` absent)."""
+    setting = os.environ.get(PAUSE_ENV)
+    return setting is not None and setting != "" and not (Path(setting) / "off").exists()
 
 
 def pause(point: str, job_id: str) -> None:

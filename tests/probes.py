@@ -54,7 +54,7 @@ class _CountingMLP(RecordingMLP):
     def forward(self, x):
         if self.training:
             with open(os.path.join(self.directory, f"forwards-{os.getpid()}"), "a") as out:
-                out.write(f"{len(x)}\n")
+                out.write(f"{len(x)} {time.time():.3f}\n")
         return super().forward(x)
 
 
@@ -70,6 +70,16 @@ def forwards_counted(directory: str) -> dict[int, int]:
             with open(os.path.join(directory, name)) as records:
                 counts[int(name.split("-", 1)[1])] = sum(1 for _ in records)
     return counts
+
+
+def first_forward_at(directory: str) -> float:
+    """When (``time.time()``) ``counting_mlp`` made its first training forward, in any process."""
+    firsts = []
+    for name in os.listdir(directory):
+        if name.startswith("forwards-"):
+            with open(os.path.join(directory, name)) as records:
+                firsts.append(float(records.readline().split()[1]))
+    return min(firsts)
 
 
 def linear(in_features: int = 2, out_features: int = 3) -> nn.Module:

@@ -1,5 +1,6 @@
 """The commands on a queue's pool: ``queue`` (what waits, in which order, and why), ``quota set``,
-``quota list``, ``quota rm`` (the worker slots a team is guaranteed)."""
+``quota list``, ``quota rm`` (the worker slots a team is guaranteed), ``drain`` and ``undrain`` (a
+worker's job yields and it takes no other, or takes jobs again)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -70,3 +71,26 @@ def quota_rm(
         raise typer.Exit(1)
     typer.echo(f"team {team}: quota on queue {queue_name} removed")
 
+
+
+@app.command()
+def drain(worker: str = typer.Argument(..., help="The worker (name@host, or its name when one live worker has it).")) -> None:
+    """WORKER's job yields at its next optimizer step (checkpointed and re-queued: nothing is lost, nothing
+    counted) and WORKER takes no other job until `baton undrain WORKER`."""
+    try:
+        name, changed = _client().drain(worker)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
+    typer.echo(f"worker {name}: drained" if changed else f"worker {name}: drained already")
+
+
+@app.command()
+def undrain(worker: str = typer.Argument(..., help="The worker (name@host, or its name when one live worker has it).")) -> None:
+    """Let a drained WORKER take jobs again."""
+    try:
+        name, changed = _client().undrain(worker)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
+    typer.echo(f"worker {name}: takes jobs again" if changed else f"worker {name}: was not drained")

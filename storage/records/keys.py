@@ -36,6 +36,11 @@ def worker_stopping(worker: str) -> str:
     return f"{PREFIX}:worker:{worker}:stopping"
 
 
+def worker_drained(worker: str) -> str:
+    """Set while the worker named ``worker`` is drained (``baton drain``): its job yields, it takes no other."""
+    return f"{PREFIX}:worker:{worker}:drained"
+
+
 def queue_workers(queue: str) -> str:
     """Sorted set of the workers serving ``queue``, each scored by the Redis time (s) its announcement
     lapses at: a worker that stops announcing (gone, SIGKILLed) drops out by itself."""
@@ -70,8 +75,14 @@ def queue_teams(queue: str) -> str:
 
 
 def queue_running(queue: str) -> str:
-    """Hash: job id -> ``<team> <slots>`` for each job holding workers of ``queue``."""
+    """Hash: job id -> ``<team> <slots> <priority>`` for each job holding workers of ``queue``."""
     return f"{PREFIX}:queue:{queue}:running"
+
+
+def queue_yielding(queue: str) -> str:
+    """Hash: job id -> why it was asked to yield, for each running job of ``queue`` the scheduler asked
+    (``storage/records/scheduling.py``); the mark goes when the attempt ends."""
+    return f"{PREFIX}:queue:{queue}:yielding"
 
 
 def queue_usage(queue: str) -> str:
@@ -83,6 +94,10 @@ def quota(queue: str) -> str:
     """Hash: team -> the worker slots of ``queue`` guaranteed to it (``baton quota``)."""
     return f"{PREFIX}:queue:{queue}:quota"
 
+
+BUSY = f"{PREFIX}:busy"
+"""Hash: worker -> the job it holds, from its claim to the end of that attempt: a live worker not in it
+is idle (the scheduler's measure of free slots)."""
 
 QUEUES = f"{PREFIX}:queues"
 """Set of every queue a job has waited on or a worker has served: what ``baton queue`` and ``baton quota

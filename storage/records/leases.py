@@ -9,7 +9,8 @@ replica, a restore from backup), the holder *catches up*: while its lease is sti
 record's attempt jumps past the manifest's and the lease follows, in one script, and training goes
 on under the new number (``claims.py``). Nothing is counted as lost.
 ``renew`` is one heartbeat's renewal (``baton.workers.queue.heartbeat`` sends them): it brings back
-the job's cancel flag and the worker's stopping flag with the lease.
+the job's cancel flag, the worker's stopping flag and the scheduler's request that the job yield
+(``scheduling.py``), or the worker's drain (``baton drain``), with the lease.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from baton.storage.records import keys
+from baton.storage.records.connection import text
 from baton.storage.records.job_records import now
 from baton.storage.records.pool import LUA
 
@@ -55,10 +57,12 @@ return 1
 """
 
 _RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0} end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, ''} end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local cancel = redis.call('HGET', KEYS[2], 'cancel_requested') == '1' and 1 or 0
-return {1, cancel, redis.call('EXISTS', KEYS[3])}
+local why = redis.call('HGET', KEYS[2], 'yield_requested') or ''
+if why == '' and redis.call('EXISTS', KEYS[4]) == 1 then why = 'drained' end
+return {1, cancel, redis.call('EXISTS', KEYS[3]), why}
 """
 
 
@@ -109,6 +113,7 @@ class Renewal:
     held: bool  # the lease was still this token's, and now lives another TTL
     cancel_requested: bool
     worker_stopping: bool
+    yield_requested: str = ""  # why the job must yield its worker: the scheduler's words, or "drained" ("": it need not)
 
 
 class Renewer:
@@ -116,8 +121,8 @@ class Renewer:
 
     def __init__(self, client: redis.Redis, job_id: str, worker: str):
         self._script = client.register_script(_RENEW)
-        self._keys = [keys.lease(job_id), keys.job(job_id), keys.worker_stopping(worker)]
+        self._keys = [keys.lease(job_id), keys.job(job_id), keys.worker_stopping(worker), keys.worker_drained(worker)]
 
     def __call__(self, lease_token: str, ttl_ms: int) -> Renewal:
-        held, cancel, stopping = self._script(keys=self._keys, args=[lease_token, ttl_ms])
-        return Renewal(bool(held), bool(cancel), bool(stopping))
+        held, cancel, stopping, why = self._script(keys=self._keys, args=[lease_token, ttl_ms])
+        return Renewal(bool(held), bool(cancel), bool(stopping), text(why))

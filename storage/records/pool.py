@@ -49,24 +49,31 @@ end
 local function pool_run(job, id)
   local q, team, priority, created, slots = pool_fields(job)
   pool_unwait(job, id)
-  if redis.call('HSETNX', '@P' .. q .. ':running', id, team .. ' ' .. slots) == 1 then
+  if redis.call('HSETNX', '@P' .. q .. ':running', id, team .. ' ' .. slots .. ' ' .. priority) == 1 then
     redis.call('HINCRBY', '@P' .. q .. ':usage', team, slots)
   end
+  local worker = redis.call('HGET', job, 'worker')
+  if worker then redis.call('HSET', '@B', worker, id) end
 end
 local function pool_left(job, id)
   local q = redis.call('HGET', job, 'queue') or 'default'
+  local worker = redis.call('HGET', job, 'worker')
+  if worker and redis.call('HGET', '@B', worker) == id then redis.call('HDEL', '@B', worker) end
+  redis.call('HDEL', '@P' .. q .. ':yielding', id)
+  redis.call('HDEL', job, 'yield_requested')
   local held = redis.call('HGET', '@P' .. q .. ':running', id)
   if not held then return end
   redis.call('HDEL', '@P' .. q .. ':running', id)
-  local team, slots = string.match(held, '^(%S+) (%d+)$')
+  local team, slots = string.match(held, '^(%S+) (%d+)')
   if team and redis.call('HINCRBY', '@P' .. q .. ':usage', team, -tonumber(slots)) <= 0 then
     redis.call('HDEL', '@P' .. q .. ':usage', team)
   end
 end
-""".replace("@P", _P).replace("@Q", keys.QUEUES)
+""".replace("@P", _P).replace("@Q", keys.QUEUES).replace("@B", keys.BUSY)
 """Functions the state machine's scripts call (each script is this text, then its own): ``pool_wait``
 when a job starts waiting, ``pool_unwait`` when it stops without running, ``pool_run`` when it is
-claimed, ``pool_left`` when a running attempt ends."""
+claimed (its worker is busy from then), ``pool_left`` when a running attempt ends (its worker is idle, and
+a request that it yield is spent)."""
 
 # KEYS: a team's line, the queue's teams. ARGV: the team. A team with nobody waiting leaves the set
 # (in one step: a job put in the line meanwhile keeps it there).
@@ -104,6 +111,7 @@ class Running:
     job_id: str
     team: str
     slots: int
+    priority: int = 0
 
 
 @dataclass
@@ -215,9 +223,10 @@ def _number(value: object) -> Optional[float]:
         return None
 
 
-def _held(value: str) -> tuple[str, int]:
-    team, _, slots = value.partition(" ")
-    return team, int(slots or 1)
+def _held(value: str) -> tuple[str, int, int]:
+    """A running entry's ``<team> <slots> <priority>`` (an entry written before priorities: priority 0)."""
+    parts = value.split(" ")
+    return parts[0], int(parts[1]) if len(parts) > 1 else 1, int(parts[2]) if len(parts) > 2 else 0
 
 
 def _merge(lines: dict[str, list[Waiting]], usage: dict[str, int], quotas: dict[str, int]) -> list[Waiting]:

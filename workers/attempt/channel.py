@@ -44,7 +44,7 @@ STEP_REPORT_EVERY_S = 0.1
 EXIT_WORKER_GONE = 71
 """The training process's exit status when its worker's end of the pipe closed."""
 
-STOP_REASONS = {0: None, 1: "preempted", 2: "cancelled"}  # what a worker's control says (control.LoopControl)
+STOP_REASONS = {0: None, 1: "preempted", 2: "cancelled", 4: "yielded"}  # what a worker's control says (control.LoopControl)
 FENCED = 3
 CODES = {reason: code for code, reason in STOP_REASONS.items() if reason is not None}
 

@@ -54,8 +54,9 @@ COLLECTIVE_TIMEOUT_S = float(os.environ.get("BATON_COLLECTIVE_TIMEOUT_S", "1800"
 peers' sockets close); this bounds a rank that hangs alive. It must exceed the longest wait rank 0
 can impose on the others: an epoch-end checkpoint waiting for the upload in flight."""
 
-STOP_CODES = {"interrupted": 1, "preempted": 2, "cancelled": 3}
-"""The stop flag's values; MAX across ranks wins (a cancel outranks a preemption)."""
+STOP_CODES = {"interrupted": 1, "yielded": 2, "preempted": 3, "cancelled": 4}
+"""The stop flag's values; MAX across ranks wins (a cancel outranks a preemption, which outranks the
+scheduler's request to yield)."""
 _REASONS = {code: reason for reason, code in STOP_CODES.items()}
 
 
@@ -142,7 +143,7 @@ class RankGroup:
 
     def agree_stop(self, local: Optional[str]) -> Optional[str]:
         """Every rank calls this after every optimizer step; all get a reason if any rank has one."""
-        flag = torch.tensor([STOP_CODES.get(local, 2) if local is not None else 0], dtype=torch.int32)
+        flag = torch.tensor([STOP_CODES.get(local, STOP_CODES["preempted"]) if local is not None else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control_group)
         code = int(flag.item())
         if code == 0:

@@ -30,6 +30,7 @@ from baton.storage.records.messages import publish_join, publish_run
 from baton.workers.queue.celery_app import app
 from baton.workers.queue.worker_control import WorkerContext
 from baton.workers.queue.preemption import PREEMPTION
+from baton.workers.queue.spot_notice import NoticePoller
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 from baton.workers.queue.reaper import Reaper
 
@@ -128,6 +129,9 @@ def _on_ready(sender, **_) -> None:
     _when_redis_answers(lambda: ctx.redis.delete(keys.worker_stopping(ctx.worker)),  # a previous run's, by this name
                         "clearing this worker's stopping mark")
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)
+    if ctx.settings.preemption_notice_url:
+        NoticePoller(ctx.settings.preemption_notice_url,
+                     lambda body: PREEMPTION.request(f"spot notice: {' '.join(body.split())[:120]}")).start()
     _when_redis_answers(announce, "announcing this worker's queues")
     Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s, ctx.worker, on_action=_count_reaped,
            lease_ttl_s=ctx.settings.lease_ttl_s, every_pass=announce).start()

@@ -1,7 +1,7 @@
 """The heartbeat that keeps a worker's hold on a job: it renews the lease every ``heartbeat_s`` and
-brings back the job's cancel flag and the worker's stopping flag; when the lease is gone, or cannot
-be renewed for a whole TTL, the attempt is fenced out and must stop (``baton.storage.records.leases``
-holds the scripts)."""
+brings back the job's cancel flag, the worker's stopping flag and the scheduler's request to yield;
+when the lease is gone, or cannot be renewed for a whole TTL, the attempt is fenced out and must stop
+(``baton.storage.records.leases`` holds the scripts)."""
 from __future__ import annotations
 
 import logging
@@ -29,6 +29,7 @@ class Heartbeat(threading.Thread):
         self.fenced = threading.Event()
         self.cancel_requested = threading.Event()
         self.worker_stopping = threading.Event()
+        self.yield_requested = ""  # why the scheduler asked this job to yield its worker (set once)
         self.unreachable = threading.Event()  # a renewal failed, or Redis took longer than a period to answer
         self._on_renew = on_renew
         self._lock = threading.Lock()  # a renewal and a change of token never overlap
@@ -83,6 +84,8 @@ class Heartbeat(threading.Thread):
                 self.cancel_requested.set()
             if renewal.worker_stopping:
                 self.worker_stopping.set()
+            if renewal.yield_requested and not self.yield_requested:
+                self.yield_requested = renewal.yield_requested
 
     def stop(self) -> None:
         self._stopping.set()

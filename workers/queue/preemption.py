@@ -1,6 +1,7 @@
-"""A worker's shutdown: SIGTERM (a spot notice, a pod deletion) or Ctrl-C.
+"""A worker's shutdown: SIGTERM (a pod deletion, a spot reclaim), Ctrl-C, or its machine's preemption
+notice (``spot_notice.py``), which comes before the SIGTERM.
 
-First SIGTERM/SIGINT: every job in this process checkpoints at its next optimizer-step boundary,
+The first of them: every job in this process checkpoints at its next optimizer-step boundary,
 commits, and is released for another worker at once; then the worker exits. A watchdog makes
 sure the process is gone within ``preempt_grace_s`` even if a commit hangs: it releases the jobs
 (they resume from their last committed checkpoint; a late commit is fenced out) and exits.
@@ -31,6 +32,9 @@ class Preemption:
         self._releasers: dict[str, Callable[[str], None]] = {}
         self._lock = threading.Lock()
         self._signals = 0
+        self.why = ""  # what asked for the shutdown first ("SIGTERM", "spot notice: ...")
+        self._grace_s = 0.0
+        self._on_request: Callable[[], None] = lambda: None
 
     def register(self, job_id: str, release: Callable[[str], None]) -> None:
         with self._lock:
@@ -42,21 +46,34 @@ class Preemption:
 
     def install(self, grace_s: float, on_request: Callable[[], None] = lambda: None) -> None:
         """Take over SIGTERM and SIGINT in this (the worker's main) process."""
+        self._grace_s, self._on_request = grace_s, on_request
+
         def handler(signum: int, frame) -> None:
             name = signal.Signals(signum).name
             self._signals += 1
-            if self._signals == 1:
-                _log.warning("%s: checkpointing at the next step, releasing jobs, exiting within %.0fs", name, grace_s)
-                self.requested.set()
-                threading.Thread(target=on_request, name="baton-stop-request", daemon=True).start()
-                watchdog = threading.Timer(grace_s, self.release_all_and_exit, args=(f"grace period of {grace_s:.0f}s over",))
-                watchdog.daemon = True
-                watchdog.start()
+            if self._signals == 1 and self.requested.is_set():  # the notice came first: the same shutdown goes on
+                _log.warning("%s: already shutting down (%s)", name, self.why)
+            elif self._signals == 1:
+                self.request(name)
             else:
                 threading.Thread(target=self.release_all_and_exit, args=(f"second {name}",), daemon=True).start()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+    def request(self, why: str) -> None:
+        """Shut down as a first SIGTERM does (``why``: what asked, for the jobs' events); once."""
+        with self._lock:
+            if self.requested.is_set():
+                return
+            self.why = why
+            self.requested.set()
+        grace_s = self._grace_s
+        _log.warning("%s: checkpointing at the next step, releasing jobs, exiting within %.0fs", why, grace_s)
+        threading.Thread(target=self._on_request, name="baton-stop-request", daemon=True).start()
+        watchdog = threading.Timer(grace_s, self.release_all_and_exit, args=(f"grace period of {grace_s:.0f}s over",))
+        watchdog.daemon = True
+        watchdog.start()
 
     def release_all_and_exit(self, why: str) -> None:
         with self._lock:

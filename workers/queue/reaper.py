@@ -1,5 +1,6 @@
 """The reaper: every worker runs one; each period one of them makes the pass (``baton.storage.records.reaping``
-holds the pass, its script and the reasons), and every reaper witnesses Redis outages, after which
+holds the pass, its script and the reasons) and the scheduler's turn (``baton.storage.records.scheduling``:
+which running jobs yield to waiting ones), and every reaper witnesses Redis outages, after which
 expired leases are not counted as worker losses."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kombu.exceptions import KombuError
 from baton.storage.records import keys
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records.reaping import UNCLAIMED_AFTER_S, OnAction, Publish, reap_once, take_turn
+from baton.storage.records.scheduling import Scheduler
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 
 _log = logging.getLogger("baton.reaper")
@@ -31,6 +33,7 @@ class Reaper(threading.Thread):
         self._every_pass = every_pass  # the worker's other periodic duty: announcing the queues it serves
         self._worker, self._lease_ttl_s = worker, lease_ttl_s
         self._records = JobRecords(client)
+        self._scheduler = Scheduler(client)
         self._stopping = threading.Event()
         self._unreachable = False  # since the last call that reached Redis
         self._run_id: Optional[str] = None  # the Redis server of the last pass (a new one: it restarted)
@@ -68,6 +71,7 @@ class Reaper(threading.Thread):
         outage = time.monotonic() < self._grace_until
         for job_id, action in reap_once(self._client, self._publish, self._records, self._lease_ttl_s, outage):
             self._on_action(job_id, action)
+        self._scheduler.turn()
 
     def stop(self) -> None:
         self._stopping.set()

@@ -1,7 +1,8 @@
 """What a worker does with a message before it claims an attempt: choose the job (``choices``: the first
 waiting jobs of the queue's start order), read its record, once (``read_job``), decide whether it can host
-it (``cannot_host``), else hand the message back for another worker (``pass_on``); and the outbox's
-publish of a job's next attempt (``publish``)."""
+it (``cannot_host``), else hand the message back for another worker (``pass_on``; a drained worker
+hands back every message and holds until undrained: ``hold_drained``); and the outbox's publish of a
+job's next attempt (``publish``)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from kombu.exceptions import KombuError
 
 from baton.schemas.errors import SpecError
 from baton.schemas.spec import JobSpec
-from baton.storage.records import keys
+from baton.storage.records import keys, presence
 from baton.storage.records.connection import maybe_text
 from baton.storage.records.gangs import Gangs
 from baton.storage.records.pool import Pool
@@ -141,15 +142,17 @@ def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]
     return None if why is None else f"{why} on {ctx.worker}"
 
 
-def pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Optional[str] = None) -> str:
-    """Hand the message back unclaimed (no attempt used, nothing counted), the record saying why."""
+def pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Optional[str] = None,
+            wait_s: float = PASS_ON_WAIT_S) -> str:
+    """Hand the message back unclaimed (no attempt used, nothing counted), the record saying why, after
+    ``wait_s`` (none: this worker will not take it meanwhile, being drained)."""
     event = event or f"waiting for a worker that can host it: {ctx.worker} passed it on: {why}"
-    _log.warning("job %s attempt %d: not claimed: %s; passed on in %.0fs", job_id, attempt, why, PASS_ON_WAIT_S)
+    _log.warning("job %s attempt %d: not claimed: %s; passed on in %.0fs", job_id, attempt, why, wait_s)
     try:  # the record first: the reaper then waits for this publish instead of adding a copy meanwhile
-        if not ctx.records.pass_on(job_id, attempt, event, PASS_ON_WAIT_S):
+        if not ctx.records.pass_on(job_id, attempt, event, wait_s):
             return "dropped"
         queue = maybe_text(ctx.redis.hget(keys.job(job_id), "queue")) or "default"
-        time.sleep(PASS_ON_WAIT_S)
+        time.sleep(wait_s)
         ctx.publish(job_id, attempt, queue)
     except (redis.RedisError, KombuError, OSError) as exc:  # not published: the reaper publishes it again later
         _log.warning("job %s attempt %d: not passed on yet (%s: %s); a reaper will publish it", job_id, attempt,
@@ -166,3 +169,21 @@ def publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:
                      type(exc).__name__, exc)
 
 
+def hold_drained(ctx: WorkerContext, job_id: str, attempt: int) -> str:
+    """A drained worker's answer to a message: hand it straight back for another worker, then take no
+    other while drained (a worker runs one message at a time: holding this one holds them all) or
+    until it is told to shut down."""
+    word = pass_on(ctx, job_id, attempt, "drained", f"waiting for a worker: {ctx.worker} is drained", wait_s=0)
+    _log.warning("drained: taking no job until `baton undrain %s`", ctx.worker)
+    while not ctx.preemption.requested.wait(DRAIN_POLL_S):
+        try:
+            if not presence.drained(ctx.redis, [ctx.worker]):
+                _log.warning("undrained: taking jobs again")
+                break
+        except redis.RedisError as exc:  # still drained, as far as this worker knows
+            _log.warning("could not read whether this worker is still drained (%s: %s)", type(exc).__name__, exc)
+    return word
+
+
+DRAIN_POLL_S = 1.0
+"""How often a drained worker reads whether it was undrained."""

@@ -122,6 +122,8 @@ class WorkerControl(LoopControl):
             return "cancelled"
         if self.ctx.preemption.requested.is_set() or self.heartbeat.worker_stopping.is_set():
             return "preempted"
+        if self.heartbeat.yield_requested:
+            return "yielded"
         return None
 
     def stop_flag(self) -> tuple[Optional[str], bool]:

@@ -27,7 +27,7 @@ class LoopControl:
     """The default: never stop, report nothing."""
 
     def stop_reason(self) -> Optional[str]:
-        """None to go on, or why to checkpoint and stop ("preempted", "cancelled", "interrupted")."""
+        """None to go on, or why to checkpoint and stop ("preempted", "cancelled", "interrupted", "yielded")."""
         return None
 
     def on_step(self, report: StepReport) -> None:

@@ -68,6 +68,7 @@ def test_sigterm_checkpoints_at_the_step_and_hands_over_without_the_lease(cluste
     stopped = re.search(r"job preempted: stopped at step (\d+) after a committed checkpoint \(preempted\)", holder.log())
     assert stopped, holder.log()
     assert final.resumed_from == int(stopped[1]) >= step_at_signal  # nothing trained was lost
+    assert f"released (preempted (SIGTERM) on {holder.name}), queued as attempt 2" in holder.log()  # the job's event
     assert holder.proc.wait(timeout=30) == 0  # and the worker exited on its own
     assert_same_training(reference, "reference", cluster.store(), "preempted")
 

@@ -1,0 +1,170 @@
+"""The pool's scheduler: which running job yields its worker to a waiting one.
+
+A yield costs baton nothing: the job checkpoints at its next optimizer step, commits, goes back to its
+line uncounted (not a loss, not an attempt against ``retry.max_attempts``) with its submit time, and
+resumes bit-exactly later. So the scheduler uses it freely, in two cases (``decide``):
+
+- **priority**: a job waits, no slot of its queue is free, and a running job of strictly lower
+  priority holds a slot it may take: one of its own team's, or one another team borrows (beyond
+  that team's quota; with no quotas every slot is borrowed). Lowest priority first.
+- **reclaim**: a job of a team below its quota waits and no slot is free: a job of a team above its
+  quota gives back its borrowed slot, if its priority is no higher (a higher one would start again
+  first: the queue's order is priority, then quota). Lowest priority first.
+
+A job of N nodes takes N slots: it preempts as many as it needs, or none. What stops two jobs from
+preempting each other back and forth: a job yields only to a strictly higher priority of a team that
+may take its slot, or to a team below its quota when its own team is above; after the swap the
+yielded job has neither (its priority is lower, its team is not below its quota), and a slot within
+a team's quota is never taken by another team's priority. A job is never preempted by a job of equal
+priority of its own team.
+
+The decisions are made in one scheduler turn at a time, the reaper's (``reaping.take_turn``): one
+worker per period reads each queue's heads of line, running jobs, quotas and idle workers (a few
+commands per queue, none per job), decides, and marks each yield with ``_MARK``, which checks that the
+job still runs on that queue. The mark reaches the job's worker with its next lease renewal
+(``leases.renew``); the attempt's end (``pool.LUA``'s ``pool_left``) clears it. A marked job counts
+as a free slot from the mark on, so the next turn does not preempt a second job for the same place.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import redis
+
+from baton.storage.records import keys, presence
+from baton.storage.records.connection import maybe_text, text, texts
+from baton.storage.records.pool import Pool, QueueState, Running, Waiting
+
+_log = logging.getLogger("baton.scheduler")
+
+# KEYS: job, the queue's yielding hash, the queue's running hash. ARGV: job id, why. 1 when marked.
+_MARK = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Yield:
+    """A running job asked to yield its worker, and why (its words end up in the job's events)."""
+
+    job_id: str
+    reason: str
+    for_job: str
+
+
+def decide(state: QueueState, idle_slots: int, yielding: set[str]) -> list[Yield]:
+    """The yields ``state`` calls for, with ``idle_slots`` free workers and the jobs of ``yielding``
+    already asked (their slots count as free)."""
+    return plan(state, idle_slots, yielding)[0]
+
+
+def plan(state: QueueState, idle_slots: int, yielding: set[str]) -> tuple[list[Yield], list[str]]:
+    """``decide``'s yields, and the waiting jobs that start once they are made (on free slots or freed
+    ones). The waiting jobs are taken in start order: each takes free slots first, then, if it may,
+    the slots of jobs that yield to it; a job that can have neither leaves the free slots to those
+    after it (as a free worker would)."""
+    usage = dict(state.usage)
+    free = idle_slots
+    for job in state.running:
+        if job.job_id in yielding:
+            free += job.slots
+            usage[job.team] = usage.get(job.team, 0) - job.slots
+    candidates = [job for job in state.running if job.job_id not in yielding]
+    decisions: list[Yield] = []
+    starts: list[str] = []
+    for waiting in state.waiting:
+        if waiting.slots <= free:
+            free -= waiting.slots
+            usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
+            starts.append(waiting.job_id)
+            continue
+        victims = _victims(waiting, candidates, usage, state.quotas, waiting.slots - free)
+        if victims is None:
+            continue
+        free = 0
+        usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
+        starts.append(waiting.job_id)
+        for victim, why in victims:
+            candidates.remove(victim)
+            usage[victim.team] -= victim.slots
+            decisions.append(Yield(victim.job_id, why, waiting.job_id))
+    return decisions, starts
+
+
+def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], quotas: dict[str, int],
+             need: int) -> Optional[list[tuple[Running, str]]]:
+    """Running jobs whose slots (``need`` of them at least) ``waiting`` may take, each with why; None
+    when they are not enough (all or nothing)."""
+    usage = dict(usage)  # (each victim chosen leaves its team's use: the next borrowed() sees it gone)
+
+    def borrowed(job: Running) -> bool:  # its team would still hold its quota without it
+        return usage.get(job.team, 0) - job.slots >= quotas.get(job.team, 0)
+
+    quota = quotas.get(waiting.team)
+    below = quota is not None and usage.get(waiting.team, 0) + waiting.slots <= quota
+    chosen: list[tuple[Running, str]] = []
+    taken = 0
+    order = sorted(running, key=lambda job: (job.priority, quotas.get(job.team, 0) - usage.get(job.team, 0), job.job_id))
+    for job in order:
+        if taken >= need:
+            break
+        if job.team != waiting.team and below and job.priority <= waiting.priority and borrowed(job):
+            why = f"team {job.team}'s slot reclaimed by team {waiting.team}"
+        elif job.priority < waiting.priority and (job.team == waiting.team or borrowed(job)):
+            why = f"yielded to job {waiting.job_id} (priority {waiting.priority})"
+        else:
+            continue
+        chosen.append((job, why))
+        usage[job.team] = usage.get(job.team, 0) - job.slots
+        taken += job.slots
+    return chosen if taken >= need else None
+
+
+class Scheduler:
+    """One turn of decisions over every queue, and the marks that carry them to the jobs."""
+
+    def __init__(self, client: redis.Redis):
+        self.redis = client
+        self.pool = Pool(client)
+        self._mark = client.register_script(_MARK)
+
+    def turn(self) -> list[Yield]:
+        """Decide and mark every queue's yields; the ones marked."""
+        marked = []
+        for queue in self.pool.queues():
+            marked.extend(self.queue_turn(queue))
+        return marked
+
+    def queue_turn(self, queue: str, heads: int = 16) -> list[Yield]:
+        """``queue``'s yields: nothing is read beyond the first ``heads`` of each team's line while
+        no job waits or a slot is free."""
+        if not any(self.redis.zcard(keys.queue_waiting(queue, team)) for team in
+                   map(text, self.redis.smembers(keys.queue_teams(queue)))):
+            return []
+        state = self.pool.state(queue, limit=heads)
+        if not state.waiting:
+            return []
+        yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
+        decisions = decide(state, self.idle_workers(queue), yielding)
+        marked = []
+        for decision in decisions:
+            if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue)],
+                          args=[decision.job_id, decision.reason]):
+                _log.warning("job %s asked to yield: %s", decision.job_id, decision.reason)
+                marked.append(decision)
+        return marked
+
+    def idle_workers(self, queue: str) -> int:
+        """Live workers of ``queue`` that hold no job and are not drained."""
+        live = self.pool.live_workers(queue)
+        if not live:
+            return 0
+        held = self.redis.hmget(keys.BUSY, live)
+        out = presence.drained(self.redis, live)
+        return sum(1 for worker, job in zip(live, held) if maybe_text(job) is None and worker not in out)
