@@ -170,6 +170,15 @@ class Pool:
         return found
 
 
+    def counts(self, queue: str) -> tuple[int, int]:
+        """(jobs waiting, worker slots held) on ``queue``: one read per team, none per job."""
+        teams = sorted(map(text, self.redis.smembers(keys.queue_teams(queue))))
+        pipe = self.redis.pipeline(transaction=False)
+        for team in teams:
+            pipe.zcard(keys.queue_waiting(queue, team))
+        waiting = sum(pipe.execute()) if teams else 0
+        return waiting, sum(self.usage(queue).values())
+
     def usage(self, queue: str) -> dict[str, int]:
         """Each team's worker slots in use on ``queue``."""
         return {team: int(n) for team, n in texts(self.redis.hgetall(keys.queue_usage(queue))).items()}

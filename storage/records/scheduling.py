@@ -56,6 +56,7 @@ class Yield:
     job_id: str
     reason: str
     for_job: str
+    kind: str = "priority"  # or "reclaim"
 
 
 def decide(state: QueueState, idle_slots: int, yielding: set[str]) -> list[Yield]:
@@ -90,15 +91,15 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str]) -> tuple[list[Y
         free = 0
         usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
         starts.append(waiting.job_id)
-        for victim, why in victims:
+        for victim, why, kind in victims:
             candidates.remove(victim)
             usage[victim.team] -= victim.slots
-            decisions.append(Yield(victim.job_id, why, waiting.job_id))
+            decisions.append(Yield(victim.job_id, why, waiting.job_id, kind))
     return decisions, starts
 
 
 def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], quotas: dict[str, int],
-             need: int) -> Optional[list[tuple[Running, str]]]:
+             need: int) -> Optional[list[tuple[Running, str, str]]]:
     """Running jobs whose slots (``need`` of them at least) ``waiting`` may take, each with why; None
     when they are not enough (all or nothing)."""
     usage = dict(usage)  # (each victim chosen leaves its team's use: the next borrowed() sees it gone)
@@ -108,19 +109,19 @@ def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], qu
 
     quota = quotas.get(waiting.team)
     below = quota is not None and usage.get(waiting.team, 0) + waiting.slots <= quota
-    chosen: list[tuple[Running, str]] = []
+    chosen: list[tuple[Running, str, str]] = []
     taken = 0
     order = sorted(running, key=lambda job: (job.priority, quotas.get(job.team, 0) - usage.get(job.team, 0), job.job_id))
     for job in order:
         if taken >= need:
             break
         if job.team != waiting.team and below and job.priority <= waiting.priority and borrowed(job):
-            why = f"team {job.team}'s slot reclaimed by team {waiting.team}"
+            why, kind = f"team {job.team}'s slot reclaimed by team {waiting.team}", "reclaim"
         elif job.priority < waiting.priority and (job.team == waiting.team or borrowed(job)):
-            why = f"yielded to job {waiting.job_id} (priority {waiting.priority})"
+            why, kind = f"yielded to job {waiting.job_id} (priority {waiting.priority})", "priority"
         else:
             continue
-        chosen.append((job, why))
+        chosen.append((job, why, kind))
         usage[job.team] = usage.get(job.team, 0) - job.slots
         taken += job.slots
     return chosen if taken >= need else None

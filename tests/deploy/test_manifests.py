@@ -135,3 +135,25 @@ def test_docker_compose_accepts_the_file(tmp_path):
     result = subprocess.run(["docker", "compose", "-f", str(DEPLOY / "docker-compose.yml"), "--env-file", str(env), "config"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_scaled_object_scales_the_worker_deployment_on_the_metric_workers_export():
+    from baton.workers.tracking import prometheus
+
+    docs = k8s_docs()
+    scaled = next(doc for doc in docs if doc["kind"] == "ScaledObject")
+    deployment = next(doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "baton-worker")
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    [trigger] = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    query = trigger["metadata"]["query"]
+    metric = prometheus.QUEUE_JOBS._name  # the gauge the worker that made the scheduler's turn sets
+    assert query.count(f"max({metric}{{") == 2 and 'state="waiting"' in query and 'state="running"' in query
+    assert float(trigger["metadata"]["threshold"]) >= 1
+    # the workers serve their metrics where Prometheus scrapes them
+    ports = {p["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+    assert "metrics" in ports
+    # a scale-down stops a busy worker now and then: its SIGTERM grace must cover the checkpoint
+    assert spec["cooldownPeriod"] >= 60

@@ -75,6 +75,7 @@ def test_teams_below_their_quota_come_first_at_one_priority(records):
     claim(records, "a0")
     claim(records, "a1")  # team a borrows: 2 slots on a quota of 1
     assert records.pool.usage("default") == {"a": 2}
+    assert records.pool.counts("default") == (4, 2)  # (waiting, slots held): what Prometheus and KEDA read
     assert order(records) == ["b0", "b1", "a2", "b2"]
     presence.announce(records.redis, "w", ["default"], 5.0)
     assert records.status("a2").waiting == "team a is at its quota of 1 slot(s)"

@@ -65,6 +65,18 @@ def device_banner() -> str:
     return "; ".join(lines)
 
 
+def _turn_made(counts: Optional[dict[str, tuple[int, int]]], yields: list) -> None:
+    """The queues' sizes for Prometheus from the worker that made the scheduler's turn; cleared on the others."""
+    if counts is None:
+        prometheus.QUEUE_JOBS.clear()
+        return
+    for queue, (waiting, running) in counts.items():
+        prometheus.QUEUE_JOBS.labels(queue, "waiting").set(waiting)
+        prometheus.QUEUE_JOBS.labels(queue, "running").set(running)
+    for decision in yields:
+        prometheus.YIELDS.labels(decision.kind).inc()
+
+
 def _count_reaped(job_id: str, action: str) -> None:
     if action == "requeue":
         prometheus.JOBS_RETRIED.labels("lost").inc()
@@ -134,7 +146,7 @@ def _on_ready(sender, **_) -> None:
                      lambda body: PREEMPTION.request(f"spot notice: {' '.join(body.split())[:120]}")).start()
     _when_redis_answers(announce, "announcing this worker's queues")
     Reaper(ctx.redis, ctx.publish, ctx.settings.reaper_period_s, ctx.worker, on_action=_count_reaped,
-           lease_ttl_s=ctx.settings.lease_ttl_s, every_pass=announce).start()
+           lease_ttl_s=ctx.settings.lease_ttl_s, every_pass=announce, on_turn=_turn_made).start()
 
     def withdraw(**_) -> None:
         try:

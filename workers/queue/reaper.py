@@ -15,7 +15,7 @@ from kombu.exceptions import KombuError
 from baton.storage.records import keys
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records.reaping import UNCLAIMED_AFTER_S, OnAction, Publish, reap_once, take_turn
-from baton.storage.records.scheduling import Scheduler
+from baton.storage.records.scheduling import Scheduler, Yield
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 
 _log = logging.getLogger("baton.reaper")
@@ -27,10 +27,12 @@ class Reaper(threading.Thread):
 
     def __init__(self, client: redis.Redis, publish: Publish, period_s: float, worker: str,
                  on_action: OnAction = lambda job_id, action: None, lease_ttl_s: float = UNCLAIMED_AFTER_S,
-                 every_pass: Callable[[], None] = lambda: None):
+                 every_pass: Callable[[], None] = lambda: None,
+                 on_turn: Callable[[Optional[dict[str, tuple[int, int]]], list[Yield]], None] = lambda counts, yields: None):
         super().__init__(name="baton-reaper", daemon=True)
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
         self._every_pass = every_pass  # the worker's other periodic duty: announcing the queues it serves
+        self._on_turn = on_turn  # each pass: the queues' (waiting, running) when this worker made the turn, else None
         self._worker, self._lease_ttl_s = worker, lease_ttl_s
         self._records = JobRecords(client)
         self._scheduler = Scheduler(client)
@@ -67,11 +69,14 @@ class Reaper(threading.Thread):
             _log.warning("reaper: Redis is back after an outage: for %.0fs expired leases are not worker losses",
                          self.grace_s)
         if not turn:
+            self._on_turn(None, [])
             return
         outage = time.monotonic() < self._grace_until
         for job_id, action in reap_once(self._client, self._publish, self._records, self._lease_ttl_s, outage):
             self._on_action(job_id, action)
-        self._scheduler.turn()
+        yields = self._scheduler.turn()
+        pool = self._scheduler.pool
+        self._on_turn({queue: pool.counts(queue) for queue in pool.queues()}, yields)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -31,6 +31,10 @@ CHECKPOINT_BYTES = Counter("baton_checkpoint_bytes_total", "Bytes of committed c
 LEASE_RENEWALS = Counter("baton_lease_renewals_total", "Lease renewals by this worker's heartbeats.")
 TRACKING_FAILURES = Counter("baton_tracking_failures_total", "Failed writes or uploads of experiment tracking "
                             "(TensorBoard event files, MLflow; job log uploads), by tracker; the job goes on without them.", ["tracker"])
+QUEUE_JOBS = Gauge("baton_queue_jobs", "Jobs of a queue, waiting or running (slots held: a job on N nodes holds N). "
+                   "Set by the worker that made the last scheduler turn and cleared on the others: read it with max() "
+                   "over the workers (deploy/kubernetes/keda-scaledobject.yaml).", ["queue", "state"])
+YIELDS = Counter("baton_yields_total", "Running jobs the scheduler asked to yield, by why (priority, reclaim).", ["why"])
 FENCING_EVENTS = Counter("baton_fencing_events_total", "Attempts in this worker fenced out by a newer attempt.")
 
 
