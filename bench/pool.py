@@ -18,7 +18,7 @@ per process), not by baton's records:
 
     python bench/pool.py [--trials 3] [--jobs 6] [--out bench/results/pool.json]
 
-``--trials 1 --jobs 3`` is a CI-sized case (tests/bench).
+``--trials 1 --jobs 2`` is a CI-sized case (tests/bench).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ LONG = {
                                                                   "out_features": 3}},
     "data": {"target": "builtin:spiral", "kwargs": {"n_per_class": 2000}, "batch_size": 64},
     "optimizer": {"name": "adamw", "lr": 1e-3},
-    "loop": {"epochs": 12}, "checkpoint": {"every_steps": 50},
+    "loop": {"epochs": 6}, "checkpoint": {"every_steps": 50},
 }
 SHORT_EPOCHS = 2
 

@@ -28,6 +28,7 @@ as a free slot from the mark on, so the next turn does not preempt a second job 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -39,14 +40,22 @@ from baton.storage.records.pool import Pool, QueueState, Running, Waiting
 
 _log = logging.getLogger("baton.scheduler")
 
-# KEYS: job, the queue's yielding hash, the queue's running hash. ARGV: job id, why. 1 when marked.
+# KEYS: job, the queue's yielding hash, the queue's running hash. ARGV: job id, why, now, cooldown s.
+# 1 when marked; 0 when the job no longer runs there, is marked already, or was marked within the cooldown.
 _MARK = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return 0 end
+local last = tonumber(redis.call('HGET', KEYS[1], 'yield_marked_at') or '0') or 0
+if tonumber(ARGV[3]) - last < tonumber(ARGV[4]) then return 0 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2])
+redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2], 'yield_marked_at', ARGV[3])
 return 1
 """
+
+YIELD_COOLDOWN_S = 60.0
+"""A job asked to yield is not asked again for this long: where the scheduler's picture is wrong (a
+freed worker that cannot host the waiting job starts the yielded one again), a job yields at most
+once a minute instead of every turn."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +77,8 @@ def decide(state: QueueState, idle_slots: int, yielding: set[str]) -> list[Yield
 def plan(state: QueueState, idle_slots: int, yielding: set[str]) -> tuple[list[Yield], list[str]]:
     """``decide``'s yields, and the waiting jobs that start once they are made (on free slots or freed
     ones). The waiting jobs are taken in start order: each takes free slots first, then, if it may,
-    the slots of jobs that yield to it; a job that can have neither leaves the free slots to those
-    after it (as a free worker would)."""
+    the slots of jobs that yield to it. The first that can have neither ends the plan: a worker freed
+    for a job behind it would start it instead (a free worker takes the first job it can host)."""
     usage = dict(state.usage)
     free = idle_slots
     for job in state.running:
@@ -86,8 +95,8 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str]) -> tuple[list[Y
             starts.append(waiting.job_id)
             continue
         victims = _victims(waiting, candidates, usage, state.quotas, waiting.slots - free)
-        if victims is None:
-            continue
+        if victims is None:  # a freed worker would go to it, or to a gang it forms, not to a job behind it
+            break
         free = 0
         usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
         starts.append(waiting.job_id)
@@ -152,11 +161,12 @@ class Scheduler:
         if not state.waiting:
             return []
         yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
-        decisions = decide(state, self.idle_workers(queue), yielding)
+        followers = sum(job.slots - 1 for job in state.running)  # a gang's other nodes hold workers BUSY does not name
+        decisions = decide(state, max(0, self.idle_workers(queue) - followers), yielding)
         marked = []
         for decision in decisions:
             if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue)],
-                          args=[decision.job_id, decision.reason]):
+                          args=[decision.job_id, decision.reason, time.time(), YIELD_COOLDOWN_S]):
                 _log.warning("job %s asked to yield: %s", decision.job_id, decision.reason)
                 marked.append(decision)
         return marked

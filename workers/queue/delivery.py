@@ -39,7 +39,7 @@ from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
 from baton.storage.memory.memory_slots import JobMemory
-from baton.storage.records import leases, presence
+from baton.storage.records import leases
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.nodes import ANNOUNCE, REMOTE_FAILURE
@@ -64,7 +64,7 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int, queue: Optional[str] 
     message's own job. Returns a word saying how it ended (for logs and tests). A job on several nodes is
     led from here: its gang forms first, then the attempt is claimed (``gang_leader``)."""
     queue = queue or _queue_of(ctx, job_id)
-    if presence.drained(ctx.redis, [ctx.worker]):
+    if reception.drained(ctx):
         return reception.hold_drained(ctx, job_id, attempt)
     for _ in range(CHOICE_ROUNDS):  # workers that took messages together race for the same first jobs
         raced = False
@@ -98,7 +98,7 @@ def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:
     """A join message of a multi-node job: this worker becomes one of its nodes, if it can host one."""
     view = read_job(ctx, job_id)
     cannot = cannot_host(ctx, job_id, view) if view is not None else None
-    if cannot is None and presence.drained(ctx.redis, [ctx.worker]):
+    if cannot is None and reception.drained(ctx):
         cannot = f"{ctx.worker} is drained"
     queue = view.queue if view is not None else "default"
     return gang_follower.follow(ctx, job_id, attempt, nodes, queue, cannot, reception.PASS_ON_WAIT_S)

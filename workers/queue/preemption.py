@@ -33,6 +33,7 @@ class Preemption:
         self._lock = threading.Lock()
         self._signals = 0
         self.why = ""  # what asked for the shutdown first ("SIGTERM", "spot notice: ...")
+        self._request_lock = threading.Lock()  # never held by the main thread outside a signal handler
         self._grace_s = 0.0
         self._on_request: Callable[[], None] = lambda: None
 
@@ -62,8 +63,10 @@ class Preemption:
         signal.signal(signal.SIGINT, handler)
 
     def request(self, why: str) -> None:
-        """Shut down as a first SIGTERM does (``why``: what asked, for the jobs' events); once."""
-        with self._lock:
+        """Shut down as a first SIGTERM does (``why``: what asked, for the jobs' events); once. Called from
+        the signal handler too: it must not take ``_lock``, which the main thread may hold when the
+        signal arrives (``register``), or the handler would wait for itself."""
+        with self._request_lock:
             if self.requested.is_set():
                 return
             self.why = why

@@ -169,6 +169,15 @@ def publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:
                      type(exc).__name__, exc)
 
 
+def drained(ctx: WorkerContext) -> bool:
+    """Whether this worker is drained (``baton drain``); when Redis cannot say, it is not (the claim that
+    follows waits for Redis as every claim does)."""
+    try:
+        return bool(presence.drained(ctx.redis, [ctx.worker]))
+    except redis.RedisError:
+        return False
+
+
 def hold_drained(ctx: WorkerContext, job_id: str, attempt: int) -> str:
     """A drained worker's answer to a message: hand it straight back for another worker, then take no
     other while drained (a worker runs one message at a time: holding this one holds them all) or

@@ -11,6 +11,7 @@ host's ``/latest/api/token``. Anything else (an error, no answer) is no notice: 
 """
 from __future__ import annotations
 
+import http.client
 import logging
 import threading
 import urllib.error
@@ -25,18 +26,23 @@ TIMEOUT_S = 2.0
 AWS_TOKEN_TTL_S = 21600
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""The metadata service is the machine's own: never asked through HTTP(S)_PROXY (a proxy would answer
+with its own machine's notices, and an IMDSv2 token would travel to it)."""
+
+
 def notice(url: str, token: Optional[str] = None) -> tuple[Optional[str], int]:
     """(the notice's body, or None when there is none; the HTTP status, 0 when nothing answered)."""
     headers = {"Metadata-Flavor": "Google"}
     if token:
         headers["X-aws-ec2-metadata-token"] = token
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S) as answer:
+        with _DIRECT.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S) as answer:
             body = answer.read(4096).decode("utf-8", "replace").strip()
             return (body if body and body.upper() != "FALSE" else None), answer.status
     except urllib.error.HTTPError as exc:
         return None, exc.code
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):  # a torn or garbled answer is no notice either
         return None, 0
 
 
@@ -46,9 +52,9 @@ def aws_token(url: str) -> Optional[str]:
     request = urllib.request.Request(f"{parts.scheme}://{parts.netloc}/latest/api/token", method="PUT",
                                      headers={"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)})
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+        with _DIRECT.open(request, timeout=TIMEOUT_S) as answer:
             return answer.read(1024).decode().strip() or None
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
         return None
 
 

@@ -61,3 +61,50 @@ def test_a_spot_notice_yields_the_job_before_any_sigterm(cluster, tmp_path, refe
     assert final.state.value == "succeeded" and final.worker != holder.name, final
     assert f'released (preempted (spot notice: {{"action": "terminate"' in holder.log()
     _check_yielded(cluster, job, directory, reference, "spot notice")
+
+
+def test_a_sigterm_while_the_main_thread_registers_a_job_does_not_deadlock(tmp_path):
+    """The handler runs on the main thread, which may hold the preemption's lock (``register``) when the
+    signal lands: asking for the shutdown must not wait for that lock."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal\n"
+        "from baton.workers.queue.preemption import Preemption\n"
+        "p = Preemption()\n"
+        "p.install(30.0)\n"
+        "with p._lock:\n"  # as register() holds it
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    x = sum(range(1000))\n"  # the handler runs here, inside the lock
+        "print('requested' if p.requested.is_set() else 'not requested', p.why, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "requested SIGTERM", done.stdout + done.stderr
+
+
+def test_a_garbled_answer_is_no_notice_and_the_poller_goes_on(server):
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def garble():
+        for _ in range(2):
+            conn, _ = listener.accept()
+            conn.recv(4096)
+            conn.sendall(b"NOT-HTTP garbage\r\n\r\n")
+            conn.close()
+    threading.Thread(target=garble, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}{AWS}"
+    assert notice(url) == (None, 0)
+    seen = []
+    poller = NoticePoller(url, seen.append, every_s=0.05)
+    poller.start()
+    poller.join(timeout=1)
+    assert poller.is_alive() and seen == []  # still polling after a garbled answer
+    poller.stop()
+    listener.close()
