@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
 from bench.probes import forwards  # noqa: E402
+from bench.recovery import poll  # noqa: E402
 
 LONG = {
     "name": "pool", "seed": 5,
@@ -49,16 +50,6 @@ LONG = {
     "loop": {"epochs": 6}, "checkpoint": {"every_steps": 50},
 }
 SHORT_EPOCHS = 2
-
-
-def poll(fn, timeout_s: float = 240, every_s: float = 0.02):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise TimeoutError("gave up waiting")
 
 
 def spec(directory: Path, epochs: int, **resources) -> dict:

@@ -72,25 +72,28 @@ def quota_rm(
     typer.echo(f"team {team}: quota on queue {queue_name} removed")
 
 
+WORKER_ARG = typer.Argument(..., help="The worker (name@host, or its name when one live worker has it).")
+
+
+def _set_drained(worker: str, drained: bool, said: tuple[str, str]) -> None:
+    """Drain or undrain WORKER, saying ``said[0]`` when that changed it and ``said[1]`` when it did not."""
+    client = _client()
+    try:
+        name, changed = client.drain(worker) if drained else client.undrain(worker)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
+    typer.echo(f"worker {name}: {said[0] if changed else said[1]}")
+
 
 @app.command()
-def drain(worker: str = typer.Argument(..., help="The worker (name@host, or its name when one live worker has it).")) -> None:
+def drain(worker: str = WORKER_ARG) -> None:
     """WORKER's job yields at its next optimizer step (checkpointed and re-queued: nothing is lost, nothing
     counted) and WORKER takes no other job until `baton undrain WORKER`."""
-    try:
-        name, changed = _client().drain(worker)
-    except ValueError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2)
-    typer.echo(f"worker {name}: drained" if changed else f"worker {name}: drained already")
+    _set_drained(worker, True, ("drained", "drained already"))
 
 
 @app.command()
-def undrain(worker: str = typer.Argument(..., help="The worker (name@host, or its name when one live worker has it).")) -> None:
+def undrain(worker: str = WORKER_ARG) -> None:
     """Let a drained WORKER take jobs again."""
-    try:
-        name, changed = _client().undrain(worker)
-    except ValueError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2)
-    typer.echo(f"worker {name}: takes jobs again" if changed else f"worker {name}: was not drained")
+    _set_drained(worker, False, ("takes jobs again", "was not drained"))
