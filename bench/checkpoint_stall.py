@@ -18,6 +18,12 @@ of ~128 steps, ``checkpoint.every_steps`` N against null), whole-process wall ti
 
     python bench/checkpoint_stall.py [--sizes 1M,25M] [--repeats 3] [--every 20] [--baton-run-pairs 2]
     python bench/checkpoint_stall.py --smoke     # seconds: every path once, tiny model, no JSON
+    python bench/checkpoint_stall.py --device cuda --stores file --sizes 25M,100M --steps 300 --every 50
+
+With ``--device cuda`` the state lives on the GPU: baton's snapshot copies it into reused pinned
+host buffers, and in the throughput runs (as in the real loop) the parameters' and optimizer
+state's copies run on a side stream while the next forward and backward do; ``clone`` is a copy
+to fresh host memory. Each timed pause starts after the GPU has finished the work queued before it.
 """
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ from baton.workers.training import train_state  # noqa: E402
 from baton.workers.training.components import build_components  # noqa: E402
 from baton.workers.training.progress import BestTracker, Progress  # noqa: E402
 
+DEVICE = torch.device("cpu")  # --device
 HIDDEN = {"tiny": 32, "1M": 448, "25M": 2240, "100M": 4480}  # 6 hidden layers: 5 x hidden^2 weights dominate
 
 
@@ -61,7 +68,7 @@ def build(size: str):
         "data": {"target": "builtin:spiral", "kwargs": {"n_per_class": 200}, "batch_size": 64},
         "optimizer": {"name": "adamw", "lr": 1e-4}, "loop": {"epochs": 1},
     })
-    parts = build_components(spec, torch.device("cpu"), ())
+    parts = build_components(spec, DEVICE, ())
     train_step(parts)  # AdamW state exists from the first step
     return parts
 
@@ -69,14 +76,23 @@ def build(size: str):
 _BATCHES: dict[int, tuple] = {}
 
 
-def train_step(parts) -> None:
-    """One AdamW step on a fixed batch (the first of the first epoch)."""
+def train_step(parts, before_step=None) -> None:
+    """One AdamW step on a fixed batch (the first of the first epoch); ``before_step`` is called
+    before the optimizer modifies the parameters, as the loop calls the checkpointer's."""
     if id(parts) not in _BATCHES:
-        _BATCHES[id(parts)] = next(iter(parts.data.train_batches(0)))
+        _BATCHES[id(parts)] = tuple(t.to(DEVICE) for t in next(iter(parts.data.train_batches(0))))
     x, y = _BATCHES[id(parts)]
     parts.optimizer.zero_grad(set_to_none=True)
     torch.nn.functional.cross_entropy(parts.model(x), y).backward()
+    if before_step is not None:
+        before_step()
     parts.optimizer.step()
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU): a timed pause starts from an idle device."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def capture(parts):
@@ -85,8 +101,9 @@ def capture(parts):
 
 
 def clone_state(state):
+    """A copy into fresh host memory (on the CPU, a clone)."""
     if isinstance(state, torch.Tensor):
-        return state.clone()
+        return state.detach().to("cpu", copy=True)
     if isinstance(state, dict):
         return {k: clone_state(v) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
@@ -95,6 +112,7 @@ def clone_state(state):
 
 
 def timed(fn) -> float:
+    sync()
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
@@ -151,7 +169,8 @@ def clean(store, prefix: str) -> None:
 def measure_pause(parts, store, repeats: int) -> dict:
     """Median stall of each method, interleaved: one of each per repeat, order rotating."""
     paths = JobPaths("bench")
-    ckpt = AsyncCheckpointer(CheckpointTarget(store, paths, attempt=1, keep_last=2, log=lambda m: None))
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, paths, attempt=1, keep_last=2, log=lambda m: None),
+                             pin_memory=DEVICE.type == "cuda")
     ckpt.wait_for_writer()  # its writer process starts during a real attempt's start-up
     dcp = Dcp()
     first = timed(lambda: ckpt.save(lambda: capture(parts), CheckpointRequest(0, 0, 0, "step"), mandatory=True))
@@ -186,19 +205,22 @@ def measure_pause(parts, store, repeats: int) -> dict:
 def run_steps(parts, steps: int, every: int, method: str, store) -> float:
     """steps/s over ``steps`` training steps with a checkpoint every ``every`` by ``method``,
     including the wait for the last one (a run is over when its checkpoint is)."""
-    ckpt = AsyncCheckpointer(CheckpointTarget(store, JobPaths("bench-tput"), attempt=1, keep_last=2, log=lambda m: None)) \
-        if method == "baton" else None
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, JobPaths("bench-tput"), attempt=1, keep_last=2, log=lambda m: None),
+                             pin_memory=DEVICE.type == "cuda") if method == "baton" else None
     if ckpt is not None:
         ckpt.wait_for_writer()  # its writer process starts during a real attempt's start-up
     dcp = Dcp() if method == "dcp" else None
+    stable = train_state.stable_storages(parts)
+    before_step = ckpt.before_optimizer_step if ckpt is not None else None
     train_step(parts)  # warm
+    sync()
     started = time.perf_counter()
     for step in range(1, steps + 1):
-        train_step(parts)
+        train_step(parts, before_step)
         if method == "none" or step % every:
             continue
         if method == "baton":
-            ckpt.save(lambda: capture(parts), CheckpointRequest(step, 0, step, "step"), mandatory=False)
+            ckpt.save(lambda: capture(parts), CheckpointRequest(step, 0, step, "step"), mandatory=False, stable=stable)
         elif method == "dcp":
             dcp.save(parts)
         else:
@@ -207,6 +229,7 @@ def run_steps(parts, steps: int, every: int, method: str, store) -> float:
         ckpt.close()
     if dcp is not None:
         dcp.close()
+    sync()
     elapsed = time.perf_counter() - started
     clean(store, "jobs/bench-tput/")
     return steps / elapsed
@@ -268,7 +291,7 @@ def measure_baton_run(pairs: int, every: int) -> dict:
 def print_tables(args, rows: list[dict], throughput: dict, baton_run: dict) -> None:
     load = os.getloadavg()
     print(f"\ncheckpoint stall, median of {args.repeats} interleaved repeats (torch {torch.__version__}, "
-          f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, load avg {load[0]:.1f})")
+          f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, load avg {load[0]:.1f}, {device_name()})")
     print(f"{'model':>6} {'store':>5} {'MB':>7} {'baton ms':>9} {'dcp ms':>8} {'sync ms':>8} {'clone ms':>9} "
           f"{'bg write':>9} {'baton/dcp':>9} {'baton/sync':>10}")
     for r in rows:
@@ -291,7 +314,12 @@ def print_tables(args, rows: list[dict], throughput: dict, baton_run: dict) -> N
         print(f"  median {baton_run['median_ratio']:.2f}x")
 
 
+def device_name() -> str:
+    return torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "CPU"
+
+
 def main() -> None:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1M,25M")
     parser.add_argument("--repeats", type=int, default=3)
@@ -300,16 +328,23 @@ def main() -> None:
     parser.add_argument("--throughput-repeats", type=int, help="repeats of the throughput runs (default: --repeats)")
     parser.add_argument("--baton-run-pairs", type=int, default=0, help="interleaved pairs of real `baton run`s")
     parser.add_argument("--smoke", action="store_true", help="every path once on a tiny model; writes nothing")
-    parser.add_argument("--out", default="bench/results/checkpoint_stall.json")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model and its state live")
+    parser.add_argument("--stores", default="file,s3", help="file, s3 (moto's server on loopback), or both")
+    parser.add_argument("--out", default=None, help="default bench/results/checkpoint_stall[_cuda].json")
     args = parser.parse_args()
+    DEVICE = torch.device(args.device)
+    args.out = args.out or f"bench/results/checkpoint_stall{'_cuda' if DEVICE.type == 'cuda' else ''}.json"
     if args.smoke:
         args.sizes, args.repeats, args.steps, args.every = "tiny", 1, 4, 2
     throughput_size = "tiny" if args.smoke else "25M"
 
-    server = S3Server().start()
-    os.environ.update(server.env())
-    server.create_bucket("bench")
-    stores = {"file": FileStore(tempfile.mkdtemp(prefix="baton-bench-")), "s3": open_store("s3://bench")}
+    wanted = args.stores.split(",")
+    server = S3Server().start() if "s3" in wanted else None
+    stores = {"file": FileStore(tempfile.mkdtemp(prefix="baton-bench-"))} if "file" in wanted else {}
+    if server is not None:
+        os.environ.update(server.env())
+        server.create_bucket("bench")
+        stores["s3"] = open_store("s3://bench")
     rows, throughput = [], {}
     try:
         for size in args.sizes.split(","):
@@ -325,7 +360,8 @@ def main() -> None:
                                                 args.throughput_repeats or args.repeats)
             del parts
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     baton_run = measure_baton_run(args.baton_run_pairs, args.every) if args.baton_run_pairs else {}
     print_tables(args, rows, throughput, baton_run)
     if args.smoke:
@@ -334,7 +370,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                                            "torch": torch.__version__, "python": platform.python_version(),
-                                           "load_avg": os.getloadavg()},
+                                           "load_avg": os.getloadavg(), "device": device_name()},
                                "repeats": args.repeats, "throughput_repeats": args.throughput_repeats or args.repeats,
                                "steps": args.steps, "every": args.every,
                                "pause": rows, "throughput_25M": throughput, "baton_run_25M": baton_run}, indent=2))

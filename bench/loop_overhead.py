@@ -18,6 +18,7 @@ median time between consecutive "epoch N" lines of each long run after its first
 slope carries the start-up's variance, one second of which moves it by 8 ms at 5/125 epochs).
 
     python bench/loop_overhead.py [--short 5] [--long 125] [--repeats 3] [--threads 1] [--max-ratio 1.10]
+    python bench/loop_overhead.py --device cuda    # both loops on the GPU, batches moved there per step
 
 It exits 1, saying so, when baton's steady-state epoch costs more than ``--max-ratio`` times the bare
 loop's (a change that costs more than 10 % an epoch fails it loudly).
@@ -44,7 +45,7 @@ KINDS = ("bare", "bare-gathered", "baton")
 each tensor), so baton against it is the loop's own overhead with the data path left out."""
 
 
-def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) -> float:
+def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False, device: str = "cpu") -> float:
     """The hand-written loop; returns the best validation loss. ``gathered``: batches are taken by
     indexing the data set's tensors (as baton's loader does for a TensorDataset) instead of a
     DataLoader's per-sample ``__getitem__`` and collate, which isolates the loop's own overhead."""
@@ -54,6 +55,7 @@ def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) 
 
     from baton.workers.training.builtins.data import spiral
 
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, as baton sets it
     torch.manual_seed(1234)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(threads)
@@ -67,7 +69,7 @@ def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) 
         train_loader = DataLoader(train, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1))
         val_loader = DataLoader(val, batch_size=64)
     model = nn.Sequential(nn.Linear(2, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128), nn.ReLU(),
-                          nn.Dropout(0.1), nn.Linear(128, 3))
+                          nn.Dropout(0.1), nn.Linear(128, 3)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=epochs * len(train_loader),
                                                     pct_start=0.1)
@@ -76,6 +78,7 @@ def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) 
         model.train()
         loss_sum, seen = 0.0, 0
         for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
@@ -88,6 +91,7 @@ def bare_loop(epochs: int, threads: int, out_dir: Path, gathered: bool = False) 
         val_sum, correct, n = 0.0, 0, 0
         with torch.no_grad():
             for x, y in val_loader:
+                x, y = x.to(device), y.to(device)
                 logits = model(x)
                 val_sum += nn.functional.cross_entropy(logits, y, reduction="sum").item()
                 correct += (logits.argmax(1) == y).sum().item()
@@ -144,31 +148,35 @@ def steady_epoch(stamps: list[float], skip: int = 20) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
-def bare_command(kind: str, epochs: int, threads: int, work: Path) -> list[str]:
+def bare_command(kind: str, epochs: int, threads: int, work: Path, device: str = "cpu") -> list[str]:
     """The bare loop (``bare`` or ``bare-gathered``) in a process of its own, saving into ``work``."""
     return [sys.executable, str(Path(__file__).resolve()), "--bare", str(epochs), "--threads", str(threads),
-            "--work", str(work)] + (["--gathered"] if kind == "bare-gathered" else [])
+            "--work", str(work), "--device", device] + (["--gathered"] if kind == "bare-gathered" else [])
 
 
 def write_result(result: dict, out: str) -> None:
     """The bench's JSON, with the machine it ran on, at ``out`` (relative to the repository)."""
     result["machine"] = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()}
+    if result.get("device") == "cuda":
+        import torch
+
+        result["machine"].update(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
     path = ROOT / out if not Path(out).is_absolute() else Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path}")
 
 
-def command(kind: str, epochs: int, threads: int, work: Path, run_id: str) -> list[str]:
+def command(kind: str, epochs: int, threads: int, work: Path, run_id: str, device: str = "cpu") -> list[str]:
     if kind in ("bare", "bare-gathered"):
-        return bare_command(kind, epochs, threads, work / run_id)
+        return bare_command(kind, epochs, threads, work / run_id, device)
     return [sys.executable, "-m", "baton", "run", str(SPEC), "--id", run_id, "--storage", f"file://{work / 'store'}",
             "--no-progress", "--set", f"loop.epochs={epochs}", "--set", "checkpoint.every_steps=null",
-            "--set", f"resources.cpu_threads={threads}"]
+            "--set", f"resources.cpu_threads={threads}", "--set", f"resources.device={device}"]
 
 
-def measure(short: int, long: int, repeats: int, threads: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def measure(short: int, long: int, repeats: int, threads: int, device: str = "cpu") -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     times: dict[tuple[str, int], list[float]] = {(k, e): [] for k in KINDS for e in (short, long)}
     steady: dict[str, list[float]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="baton-loop-bench-") as tmp:
@@ -180,7 +188,7 @@ def measure(short: int, long: int, repeats: int, threads: int) -> dict:
             for kind, epochs in order:
                 run_id = f"{kind}-{epochs}-{r}"
                 (work / run_id).mkdir()
-                elapsed, stamps = run_timed(command(kind, epochs, threads, work, run_id), env)
+                elapsed, stamps = run_timed(command(kind, epochs, threads, work, run_id, device), env)
                 times[(kind, epochs)].append(elapsed)
                 if epochs == long:
                     steady[kind].append(steady_epoch(stamps))
@@ -194,7 +202,7 @@ def measure(short: int, long: int, repeats: int, threads: int) -> dict:
         per_epoch[kind]["steady_median_s"] = statistics.median(steady[kind])
     pair_ratios = [b / a for b, a in zip(per_epoch["baton"]["slopes_s"], per_epoch["bare"]["slopes_s"])]
     gathered = per_epoch["bare-gathered"]
-    return {"short_epochs": short, "long_epochs": long, "repeats": repeats, "threads": threads,
+    return {"short_epochs": short, "long_epochs": long, "repeats": repeats, "threads": threads, "device": device,
             "per_epoch": per_epoch, "ratio": per_epoch["baton"]["per_epoch_s"] / per_epoch["bare"]["per_epoch_s"],
             "pair_ratios": pair_ratios,
             "steady_ratio": per_epoch["baton"]["steady_median_s"] / per_epoch["bare"]["steady_median_s"],
@@ -204,7 +212,8 @@ def measure(short: int, long: int, repeats: int, threads: int) -> dict:
 
 def print_table(result: dict) -> None:
     print(f"\nper-epoch time from the slope between {result['short_epochs']} and {result['long_epochs']} epochs, "
-          f"median of {result['repeats']} interleaved repeats, {result['threads']} torch thread(s)")
+          f"median of {result['repeats']} interleaved repeats, {result['threads']} torch thread(s), "
+          f"device {result.get('device', 'cpu')}")
     print(f"{'loop':>13} {'per epoch ms':>13} {'slopes ms':>24}")
     for kind in KINDS:
         r = result["per_epoch"][kind]
@@ -242,7 +251,8 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=125)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both loops")
-    parser.add_argument("--out", default="bench/results/loop_overhead.json")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both loops train")
+    parser.add_argument("--out", default=None, help="default bench/results/loop_overhead[_cuda].json")
     parser.add_argument("--max-ratio", type=float, default=MAX_RATIO,
                         help="exit 1 when baton's steady-state epoch exceeds this many times the bare loop's (0: never)")
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # internal: run the bare loop for N epochs
@@ -250,9 +260,10 @@ def main() -> None:
     parser.add_argument("--gathered", action="store_true", help=argparse.SUPPRESS)  # internal: the bare loop's batches gathered
     args = parser.parse_args()
     if args.bare is not None:
-        bare_loop(args.bare, args.threads, Path(args.work), args.gathered)
+        bare_loop(args.bare, args.threads, Path(args.work), args.gathered, args.device)
         return
-    result = measure(args.short, args.long, args.repeats, args.threads)
+    args.out = args.out or f"bench/results/loop_overhead{'_cuda' if args.device == 'cuda' else ''}.json"
+    result = measure(args.short, args.long, args.repeats, args.threads, args.device)
     print_table(result)
     write_result(result, args.out)
     failed = verdict(result, args.max_ratio)
