@@ -9,8 +9,17 @@ ACTIVE = f"{PREFIX}:active"
 """Set of the ids of jobs not yet finished (queued, running, retrying): what the reaper scans."""
 
 
+LEASES_DUE = f"{PREFIX}:leases:due"
+"""Sorted set of the running jobs' ids, each scored by the Redis time (ms) its lease expires at unless
+renewed: the reaper looks only at those past it (every claim and renewal moves the score)."""
+REAPER_SWEPT = f"{PREFIX}:reaper:swept"
+"""Held from one full pass over ``ACTIVE`` until the next is due (``reaping.SWEEP_EVERY_S``)."""
 REAPER_TURN = f"{PREFIX}:reaper:turn"
-"""Held for one reaper period by the worker whose reaper makes this period's pass."""
+"""Held by the worker whose reaper makes the passes: it keeps it each period, and it lapses two periods
+after that worker stops keeping it (``reaping.take_turn``)."""
+REDIS_RUN_ID = f"{PREFIX}:redis:run_id"
+"""The Redis server's ``run_id`` as the last reaper turn saw it: one that differs (or is missing on a
+server just started) means Redis restarted, however quickly."""
 REDIS_OUTAGE = f"{PREFIX}:redis:outage"
 """Set (for a lease TTL and a reaper period) by a worker that found Redis unreachable and reached it
 again: a lease that lapsed meanwhile lapsed because of Redis, and is not counted as a worker loss."""

@@ -10,19 +10,22 @@ record's attempt jumps past the manifest's and the lease follows, in one script,
 on under the new number (``claims.py``). Nothing is counted as lost.
 ``renew`` is one heartbeat's renewal (``baton.workers.queue.heartbeat`` sends them): it brings back
 the job's cancel flag, the worker's stopping flag and the scheduler's request that the job yield
-(``scheduling.py``), or the worker's drain (``baton drain``), with the lease.
+(``scheduling.py``), or the worker's drain (``baton drain``), with the lease; and it carries the
+record's latest progress fields, fenced by the same lease, so that a running job's Redis traffic is
+its renewals whatever its step rate.
 """
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Optional
 
 import redis
 
 from baton.storage.records import keys
 from baton.storage.records.connection import text
 from baton.storage.records.job_records import now
-from baton.storage.records.pool import LUA
+from baton.storage.records.pool import LEASE_DUE_LUA, LUA
 
 
 
@@ -34,35 +37,42 @@ local current = tonumber(redis.call('HGET', KEYS[1], 'attempt'))
 if tonumber(ARGV[1]) ~= current + 1 then return {'stale', tostring(current)} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'leased'} end
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3])
+lease_due(ARGV[6], ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4])
 redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback')
 pool_run(KEYS[1], ARGV[6])
 return {'ok'}
 """
 
-# KEYS: job, lease. ARGV: token, attempt, new attempt, new token, ttl ms, now. 1 when caught up.
-_CATCH_UP = """
+# KEYS: job, lease. ARGV: token, attempt, new attempt, new token, ttl ms, now, job id. 1 when caught up.
+_CATCH_UP = LEASE_DUE_LUA + """
 local held = redis.call('GET', KEYS[2])
 if held == ARGV[4] and tonumber(redis.call('HGET', KEYS[1], 'attempt')) == tonumber(ARGV[3]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  lease_due(ARGV[7], ARGV[5])
   return 1
 end
 if held ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'attempt')) ~= tonumber(ARGV[2]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5])
+lease_due(ARGV[7], ARGV[5])
 redis.call('HSET', KEYS[1], 'attempt', ARGV[3], 'updated_at', ARGV[6], 'last_event',
            'attempt ' .. ARGV[2] .. ' was behind the manifest (Redis was behind the store): caught up as attempt ' .. ARGV[3])
 return 1
 """
 
-_RENEW = """
+# KEYS: lease, job, the worker's stopping flag, its drain mark. ARGV: token, ttl ms, job id, field/value pairs...
+_RENEW = LEASE_DUE_LUA + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, ''} end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local cancel = redis.call('HGET', KEYS[2], 'cancel_requested') == '1' and 1 or 0
-local why = redis.call('HGET', KEYS[2], 'yield_requested') or ''
-if why == '' and redis.call('EXISTS', KEYS[4]) == 1 then why = 'drained' end
-return {1, cancel, redis.call('EXISTS', KEYS[3]), why}
+lease_due(ARGV[3], ARGV[2])
+if #ARGV > 3 then redis.call('HSET', KEYS[2], unpack(ARGV, 4)) end
+local flags = redis.call('HMGET', KEYS[2], 'cancel_requested', 'yield_requested')
+local worker = redis.call('MGET', KEYS[3], KEYS[4])
+local why = flags[2] or ''
+if why == '' and worker[2] then why = 'drained' end
+return {1, flags[1] == '1' and 1 or 0, worker[1] and 1 or 0, why}
 """
 
 
@@ -96,7 +106,7 @@ def catch_up(client: redis.Redis, job_id: str, held: str, attempt: int, new_atte
     still the job's lease and the record still at ``attempt``; False otherwise (another worker owns it)."""
     script = client.register_script(_CATCH_UP)
     return bool(script(keys=[keys.job(job_id), keys.lease(job_id)],
-                       args=[held, attempt, new_attempt, new_token, int(ttl_s * 1000), now()]))
+                       args=[held, attempt, new_attempt, new_token, int(ttl_s * 1000), now(), job_id]))
 
 
 def attempt_of(lease_token: str) -> int:
@@ -121,8 +131,11 @@ class Renewer:
 
     def __init__(self, client: redis.Redis, job_id: str, worker: str):
         self._script = client.register_script(_RENEW)
+        self._job_id = job_id
         self._keys = [keys.lease(job_id), keys.job(job_id), keys.worker_stopping(worker), keys.worker_drained(worker)]
 
-    def __call__(self, lease_token: str, ttl_ms: int) -> Renewal:
-        held, cancel, stopping, why = self._script(keys=self._keys, args=[lease_token, ttl_ms])
+    def __call__(self, lease_token: str, ttl_ms: int, fields: Optional[dict[str, object]] = None) -> Renewal:
+        """Renew; ``fields`` are written to the job's record in the same step, if the lease holds."""
+        flat = [str(item) for pair in (fields or {}).items() for item in pair]
+        held, cancel, stopping, why = self._script(keys=self._keys, args=[lease_token, ttl_ms, self._job_id, *flat])
         return Renewal(bool(held), bool(cancel), bool(stopping), text(why))

@@ -27,7 +27,15 @@ from baton.storage.records.connection import maybe_text, text, texts
 
 _P = keys.PREFIX + ":queue:"
 
-LUA = """
+LEASE_DUE_LUA = """
+local function lease_due(id, ttl_ms)
+  local t = redis.call('TIME')
+  redis.call('ZADD', '@D', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl_ms), id)
+end
+""".replace("@D", keys.LEASES_DUE)
+"""``lease_due`` alone (the renewal's script needs nothing else): when the reaper must look at a lease."""
+
+LUA = LEASE_DUE_LUA + """
 local function pool_fields(job)
   local v = redis.call('HMGET', job, 'queue', 'team', 'priority', 'created_at', 'slots')
   return v[1] or 'default', v[2] or 'default', tonumber(v[3] or '0') or 0, tonumber(v[4] or '0') or 0,
@@ -56,6 +64,7 @@ local function pool_run(job, id)
   if worker then redis.call('HSET', '@B', worker, id) end
 end
 local function pool_left(job, id)
+  redis.call('ZREM', '@D', id)
   local q = redis.call('HGET', job, 'queue') or 'default'
   local worker = redis.call('HGET', job, 'worker')
   if worker and redis.call('HGET', '@B', worker) == id then redis.call('HDEL', '@B', worker) end
@@ -69,11 +78,12 @@ local function pool_left(job, id)
     redis.call('HDEL', '@P' .. q .. ':usage', team)
   end
 end
-""".replace("@P", _P).replace("@Q", keys.QUEUES).replace("@B", keys.BUSY)
+""".replace("@P", _P).replace("@Q", keys.QUEUES).replace("@B", keys.BUSY).replace("@D", keys.LEASES_DUE)
 """Functions the state machine's scripts call (each script is this text, then its own): ``pool_wait``
 when a job starts waiting, ``pool_unwait`` when it stops without running, ``pool_run`` when it is
 claimed (its worker is busy from then), ``pool_left`` when a running attempt ends (its worker is idle, and
-a request that it yield is spent)."""
+a request that it yield is spent); ``lease_due`` when a lease is set or renewed (when the reaper must
+look at it: ``keys.LEASES_DUE``)."""
 
 # KEYS: a team's line, the queue's teams. ARGV: the team. A team with nobody waiting leaves the set
 # (in one step: a job put in the line meanwhile keeps it there).

@@ -8,27 +8,45 @@ import redis
 from baton.storage.records import keys
 from baton.storage.records.connection import text
 
-LAPSES_AFTER_PERIODS = 3
-"""An announcement lapses after this many reaper periods without a new one: one late pass keeps it."""
+ANNOUNCE_EVERY_S = 2.5
+"""A worker announces its queues this often (or every reaper period, if that is longer)."""
+LAPSES_AFTER_ANNOUNCES = 3
+"""An announcement lapses after this many intervals without a new one: one late announcement keeps it."""
 LAPSES_AFTER_MIN_S = 5.0
 """...and never sooner than this: a worker whose passes come late on a loaded machine does not
 flicker out of its queues."""
 
+# KEYS: the set of queues. ARGV: worker, seconds it holds, queue names... (Redis's clock: every worker
+# and client share it.) Lapsed announcements are dropped by the reaper's turn (``prune``); a queue's set
+# of workers goes with its last member.
+_ANNOUNCE = """
+local t = redis.call('TIME')
+local lapses_at = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2])
+for i = 3, #ARGV do
+  local key = '@P' .. ARGV[i] .. ':workers'
+  redis.call('ZADD', key, lapses_at, ARGV[1])
+  redis.call('SADD', KEYS[1], ARGV[i])
+end
+return 1
+""".replace("@P", keys.PREFIX + ":queue:")
+
+
+def announce_every_s(period_s: float) -> float:
+    return max(period_s, ANNOUNCE_EVERY_S)
+
 
 def announce(client: redis.Redis, worker: str, queues: list[str], period_s: float) -> None:
-    """Say that ``worker`` serves ``queues`` for the next few reaper periods (by Redis's clock, which
-    every worker and client share), and drop announcements that have lapsed."""
+    """Say that ``worker`` serves ``queues`` for the next few announcement intervals (one script)."""
+    holds = max(LAPSES_AFTER_ANNOUNCES * announce_every_s(period_s), LAPSES_AFTER_MIN_S)
+    client.register_script(_ANNOUNCE)(keys=[keys.QUEUES], args=[worker, holds, *queues])
+
+
+def prune(client: redis.Redis) -> None:
+    """Drop the announcements that have lapsed (the reaper's turn; readers skip them meanwhile)."""
     seconds, micros = client.time()
-    now = seconds + micros / 1e6
-    lapses_at = now + max(LAPSES_AFTER_PERIODS * period_s, LAPSES_AFTER_MIN_S)
     pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        key = keys.queue_workers(queue)
-        pipe.zadd(key, {worker: lapses_at})
-        pipe.zremrangebyscore(key, "-inf", now)
-        pipe.expire(key, int(lapses_at - now) + 60)
-    if queues:
-        pipe.sadd(keys.QUEUES, *queues)
+    for queue in client.smembers(keys.QUEUES):
+        pipe.zremrangebyscore(keys.queue_workers(text(queue)), "-inf", seconds + micros / 1e6)
     pipe.execute()
 
 

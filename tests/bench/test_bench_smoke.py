@@ -93,3 +93,16 @@ def test_loop_overhead_fails_loudly_past_its_ratio():
     assert loop_overhead.verdict(result, 1.10).startswith("FAIL: baton run's epoch costs 1.17x")
     assert loop_overhead.verdict({**result, "steady_ratio": 1.04}, 1.10) is None
     assert loop_overhead.verdict(result, 0) is None
+
+
+def test_control_plane_bench_finds_every_stopped_lease_and_decides_the_preemption():
+    """50 simulated workers for a few seconds: each that stopped renewing is found (and no other), and
+    the priority-10 job gets a yield decided. The figures themselves come from running the bench."""
+    from bench import control_plane
+
+    row = control_plane.measure(50, seconds=9.0, kills=3)
+    detection = row["lease_loss_detection_s"]
+    assert (detection["detected"], detection["killed"]) == (3, 3)
+    assert row["requeued"] == 3  # no live lease was taken for a lost one
+    assert row["preemption_decided_s"] is not None
+    assert row["commands_per_s_all"] > 0 and row["reaper_pass_s"]["passes"] > 0

@@ -286,8 +286,8 @@ class Held:
             return self.end(Ending.SUCCEEDED, "succeeded")
         _log.info("job %s: stopped at step %s after a committed checkpoint (%s)", self.job_id, outcome.step,
                   outcome.reason)
-        # progress writes are spaced out: the last one may be older than the checkpoint the job stopped with
-        self.control.record({"step": outcome.step}, "the step it stopped at")
+        # progress goes with the renewals: the last one may be older than the checkpoint the job stopped with
+        self.heartbeat.offer({"step": outcome.step})  # (written by end()'s flush)
         if outcome.reason == "cancelled":
             return self.end(Ending.CANCELLED, "cancelled")
         if outcome.reason == "yielded":  # the scheduler's words: "yielded to job X (priority 10)"
@@ -301,6 +301,7 @@ class Held:
         ctx, control, job_id = self.ctx, self.control, self.job_id
         action = ACTIONS[ending]
         reason = ctx.redact(reason)
+        control.flush()  # the progress and commit the last renewal did not carry
         if action.kind == "none":
             prometheus.FENCING_EVENTS.inc()
             _log.warning("job %s attempt %d: fenced out (%s); stopped without committing", job_id, self.attempt, reason)
@@ -348,6 +349,7 @@ class Held:
         when the process had made a step here (one that dies before its first step may die of this node:
         any worker takes it), the worker is not shutting down, and the job runs on this node alone."""
         ctx, control = self.ctx, self.control
+        control.flush()
         reason = ctx.redact(f"{death.describe()} on {ctx.worker}")
         here = control.step_now is not None and self.leadership is None and not ctx.preemption.requested.is_set()
         _log.error("job %s: %s; released as a worker loss%s", self.job_id, reason, ", resuming here" if here else "")

@@ -1,5 +1,6 @@
-"""The heartbeat that keeps a worker's hold on a job: it renews the lease every ``heartbeat_s`` and
-brings back the job's cancel flag, the worker's stopping flag and the scheduler's request to yield;
+"""The heartbeat that keeps a worker's hold on a job: it renews the lease every ``heartbeat_s``, writes
+the progress offered since the last renewal (``offer``) in the same script, and brings back the job's
+cancel flag, the worker's stopping flag and the scheduler's request to yield;
 when the lease is gone, or cannot be renewed for a whole TTL, the attempt is fenced out and must stop
 (``baton.storage.records.leases`` holds the scripts)."""
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Heartbeat(threading.Thread):
         self.unreachable = threading.Event()  # a renewal failed, or Redis took longer than a period to answer
         self._on_renew = on_renew
         self._lock = threading.Lock()  # a renewal and a change of token never overlap
+        self._pending: dict[str, object] = {}  # record fields offered since the last renewal that carried them
+        self._pending_lock = threading.Lock()
         self._confirmed_at = time.monotonic()  # the claim that set the lease was sent before this
 
     @property
@@ -48,6 +51,30 @@ class Heartbeat(threading.Thread):
             self._token = new_token
             return True
 
+    def offer(self, fields: dict[str, object]) -> None:
+        """Fields for the job's record (progress, the latest commit): the next renewal writes them, the
+        newest value of each, fenced by the lease."""
+        with self._pending_lock:
+            self._pending.update(fields)
+
+    def take_pending(self) -> dict[str, object]:
+        """The fields offered and not yet written (and forget them)."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def write_pending(self, write: Callable[[dict[str, object]], object]) -> None:
+        """``write`` the fields offered and not yet written, now, between two renewals: a renewal carrying
+        older values cannot land after it."""
+        with self._lock:
+            fields = self.take_pending()
+            if fields:
+                write(fields)
+
+    def _give_back(self, fields: dict[str, object]) -> None:
+        with self._pending_lock:
+            self._pending = {**fields, **self._pending}  # newer offers win
+
     def valid_until(self) -> float:
         """time.monotonic() past which the lease may have expired: the last renewal that succeeded
         was *sent* at ``_confirmed_at``, so Redis set its expiry no earlier than that plus the TTL."""
@@ -58,7 +85,13 @@ class Heartbeat(threading.Thread):
             sent = time.monotonic()
             try:
                 with self._lock:
-                    renewal = self._renew(self._token, self._ttl_ms)
+                    fields = self.take_pending()
+                    try:
+                        renewal = self._renew(self._token, self._ttl_ms,
+                                              {**fields, "updated_at": time.time()} if fields else None)
+                    except redis.RedisError:
+                        self._give_back(fields)  # (inside the lock: a flush cannot come between)
+                        raise
             except redis.RedisError as exc:
                 if isinstance(exc, TRANSIENT_REDIS_ERRORS):
                     self.unreachable.set()

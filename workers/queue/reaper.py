@@ -1,7 +1,8 @@
 """The reaper: every worker runs one; each period one of them makes the pass (``baton.storage.records.reaping``
 holds the pass, its script and the reasons) and the scheduler's turn (``baton.storage.records.scheduling``:
 which running jobs yield to waiting ones), and every reaper witnesses Redis outages, after which
-expired leases are not counted as worker losses."""
+expired leases are not counted as worker losses. A reaper that does not hold the turn costs Redis one
+command a period (its try), and its worker's announcement (``presence``) one script every few periods."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,9 @@ from kombu.exceptions import KombuError
 
 from baton.storage.records import keys
 from baton.storage.records.job_records import JobRecords
-from baton.storage.records.reaping import UNCLAIMED_AFTER_S, OnAction, Publish, reap_once, take_turn
+from baton.storage.records import presence
+from baton.storage.records.reaping import (UNCLAIMED_AFTER_S, OnAction, Publish, reap_due, reap_once, redis_restarted,
+                                           sweep_due, take_turn)
 from baton.storage.records.scheduling import Scheduler, Yield
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 
@@ -32,13 +35,15 @@ class Reaper(threading.Thread):
         super().__init__(name="baton-reaper", daemon=True)
         self._client, self._publish, self._period_s, self._on_action = client, publish, period_s, on_action
         self._every_pass = every_pass  # the worker's other periodic duty: announcing the queues it serves
+        self._announce_every_s = presence.announce_every_s(period_s)  # (so often, not every pass)
+        self._announced_at = time.monotonic()  # (the worker announced itself as it started)
         self._on_turn = on_turn  # each pass: the queues' (waiting, running) when this worker made the turn, else None
         self._worker, self._lease_ttl_s = worker, lease_ttl_s
         self._records = JobRecords(client)
         self._scheduler = Scheduler(client)
         self._stopping = threading.Event()
         self._unreachable = False  # since the last call that reached Redis
-        self._run_id: Optional[str] = None  # the Redis server of the last pass (a new one: it restarted)
+        self._held = False  # this reaper held the turn at its last pass
         self._grace_until = 0.0  # time.monotonic() until which expired leases are blamed on Redis
 
     @property
@@ -57,11 +62,11 @@ class Reaper(threading.Thread):
 
     def make_pass(self) -> None:
         started = time.monotonic()
-        self._every_pass()
-        run_id = self._client.info("server")["run_id"]
-        turn = take_turn(self._client, self._worker, self._period_s)
-        restarted = self._run_id is not None and run_id != self._run_id
-        self._run_id = run_id
+        turn = self._held = take_turn(self._client, self._worker, self._period_s, self._held)
+        if started - self._announced_at >= self._announce_every_s or self._unreachable:
+            self._every_pass()
+            self._announced_at = started
+        restarted = turn and redis_restarted(self._client, self.grace_s)
         if self._unreachable or restarted or time.monotonic() - started > self._period_s:  # an outage ended
             self._unreachable = False
             self._grace_until = time.monotonic() + self.grace_s
@@ -72,7 +77,11 @@ class Reaper(threading.Thread):
             self._on_turn(None, [])
             return
         outage = time.monotonic() < self._grace_until
-        for job_id, action in reap_once(self._client, self._publish, self._records, self._lease_ttl_s, outage):
+        acted = reap_due(self._client, self._publish, self._records, self._lease_ttl_s, outage)
+        if sweep_due(self._client, self._worker):
+            acted += reap_once(self._client, self._publish, self._records, self._lease_ttl_s, outage)
+            presence.prune(self._client)
+        for job_id, action in acted:
             self._on_action(job_id, action)
         yields = self._scheduler.turn()
         pool = self._scheduler.pool

@@ -27,13 +27,17 @@ from baton.workers.training.control import LoopControl, StepReport
 from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.job_store import StoreChecks
 from baton.workers.queue.preemption import Preemption
-from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS, while_leased
+from baton.workers.queue.redis_retry import while_leased
 
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")
 
+FENCE_MARGIN_S = 1.0
+"""A commit's fence is answered from the heartbeat while at least this much of the lease's TTL is left
+(a commit's manifest write takes milliseconds; this leaves it a second)."""
 PROGRESS_EVERY_S = 0.5
-"""Least time between two progress writes to the job record."""
+"""Least time between two progress measurements (the step rate's window). The record is written by the
+lease's renewals (``Heartbeat.offer``), whatever the step rate."""
 
 
 @dataclass
@@ -67,7 +71,6 @@ class WorkerControl(LoopControl):
         self._last_progress = 0.0
         self._last_step: Optional[int] = None
         self.step_now: Optional[int] = None  # the last optimizer step completed (progress records are spaced out)
-        self._progress_failing = False
 
     @property
     def token(self) -> str:
@@ -85,8 +88,18 @@ class WorkerControl(LoopControl):
             raise
 
     def fence(self) -> None:
-        """Raise FencedOut unless this attempt still holds the job (checked before every commit)."""
-        if self.heartbeat.fenced.is_set() or not self.leased(
+        """Raise FencedOut unless this attempt still holds the job (checked before every commit).
+
+        While the lease's last renewal leaves more than ``FENCE_MARGIN_S`` of it (Redis keeps it at least
+        a TTL from when that renewal was sent, and only this attempt's own ending deletes it), no other
+        attempt can claim the job before this commit lands: the answer needs no Redis command, so a job
+        that commits many times a second costs Redis nothing more. Otherwise (a renewal failed or came
+        late, or is overdue), the lease is read in Redis."""
+        if self.heartbeat.fenced.is_set():
+            raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
+        if not self.heartbeat.unreachable.is_set() and time.monotonic() + FENCE_MARGIN_S < self.heartbeat.valid_until():
+            return
+        if not self.leased(
                 lambda: self.ctx.records.fenced_set(self.job_id, self.token, {}), "the checkpoint fence"):
             self.heartbeat.fenced.set()
             raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
@@ -95,24 +108,6 @@ class WorkerControl(LoopControl):
         """Write ``fields`` to the job's record, fenced by the lease (through a Redis outage while it may be valid)."""
         if not self.leased(lambda: self.ctx.records.fenced_set(self.job_id, self.token,
                                                                {**fields, "updated_at": time.time()}), what):
-            self.heartbeat.fenced.set()
-
-    def _record_progress(self, fields: dict) -> bool:
-        """One try, never waited for: the loop must not stall on a progress line, and the next step's
-        write carries newer values. The heartbeat decides whether the lease is lost."""
-        try:
-            self._record_once(fields)
-        except TRANSIENT_REDIS_ERRORS as exc:
-            if not self._progress_failing:
-                _log.warning("job %s: progress not recorded, Redis unavailable (%s: %s); training goes on",
-                             self.job_id, type(exc).__name__, exc)
-            self._progress_failing = True
-            return False
-        self._progress_failing = False
-        return True
-
-    def _record_once(self, fields: dict) -> None:
-        if not self.ctx.records.fenced_set(self.job_id, self.token, {**fields, "updated_at": time.time()}):
             self.heartbeat.fenced.set()
 
     def stop_reason(self) -> Optional[str]:
@@ -150,15 +145,22 @@ class WorkerControl(LoopControl):
             prometheus.SAMPLES_PER_S.set(report.samples_per_s)
             where = {"epoch": report.epoch + 1, **({"epochs": report.epochs} if report.epochs else {}), **rate}
             total = {} if report.total_steps is None else {"total_steps": report.total_steps}  # (a stream: unknown)
-            if self._record_progress({**where, "step": report.step, **total, "loss": report.loss, "lr": report.lr,
-                                      "samples_per_s": round(report.samples_per_s, 1)}):
-                self._last_progress, self._last_step = time.monotonic(), report.step
+            self.heartbeat.offer({**where, "step": report.step, **total, "loss": report.loss, "lr": report.lr,
+                                  "samples_per_s": round(report.samples_per_s, 1)})
+            self._last_progress, self._last_step = time.monotonic(), report.step
+
+    def flush(self) -> None:
+        """Write what was offered to the record and not yet renewed with (before the attempt's end is
+        recorded), through a Redis outage while the lease may be valid, as the ending's own write."""
+        if not self.heartbeat.fenced.is_set():
+            self.heartbeat.write_pending(lambda fields: self.record(fields, "the last progress and commit"))
 
     def on_epoch(self, row: dict) -> None:
-        """A validation's metrics, for the job's record (the training process logs its line)."""
+        """A validation's metrics, for the job's record (the training process logs its line), with the
+        next renewal: a small model validates many times a second."""
         metrics = val_metrics(row)
-        self.record({**{k: row[k] for k in ("val_loss", "val_accuracy") if k in row}, "metrics": json.dumps(metrics)},
-                     "the epoch's metrics")
+        self.heartbeat.offer({**{k: row[k] for k in ("val_loss", "val_accuracy") if k in row},
+                              "metrics": json.dumps(metrics)})
 
     def on_commit(self, manifest: CheckpointManifest, stats: CheckpointStats) -> None:
         prometheus.CHECKPOINT_STALL.observe(stats.stall_s)
@@ -169,7 +171,7 @@ class WorkerControl(LoopControl):
         fields: dict[str, object] = {"latest_checkpoint": manifest.latest.key}
         if manifest.best is not None:
             fields.update(best_checkpoint=manifest.best.key, best_value=manifest.best.value)
-        self.record(fields, "the committed checkpoint's record")
+        self.heartbeat.offer(fields)  # with the next renewal: commits come as often as the writer allows
 
     def on_resume(self, step: int, epoch: int, batch_in_epoch: int, attempt: int, source: str = "checkpoint") -> None:
         fields: dict = {"resumed_from": step}

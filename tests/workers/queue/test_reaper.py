@@ -85,12 +85,17 @@ def test_a_publish_lost_in_a_crash_is_published_again(env, monkeypatch):
     assert records.pending_mark("p") is None
 
 
-def test_one_reaper_per_period_makes_the_pass(env):
+def test_one_reaper_holds_the_turn_until_it_stops_keeping_it(env):
     client, _, _ = env
-    assert reaper.take_turn(client, "w1", period_s=0.2)
+    assert reaper.take_turn(client, "w1", period_s=0.2)  # free: taken
     assert not reaper.take_turn(client, "w2", period_s=0.2)  # w1's turn
-    time.sleep(0.25)
-    assert reaper.take_turn(client, "w2", period_s=0.2)  # the turn expired: anyone may take the next
+    for _ in range(3):
+        time.sleep(0.25)  # past a period: w1 keeps it each period
+        assert reaper.take_turn(client, "w1", period_s=0.2, held=True)
+        assert not reaper.take_turn(client, "w2", period_s=0.2)
+    assert not reaper.take_turn(client, "w2", period_s=0.2, held=True)  # (a reaper that only thinks it holds it)
+    time.sleep(0.2 * reaper.TURN_HELD_PERIODS + 0.05)  # w1 stopped keeping it (gone)
+    assert reaper.take_turn(client, "w2", period_s=0.2)  # lapsed: another takes it
 
 
 def test_a_message_taken_but_never_claimed_is_published_again(env):
@@ -265,3 +270,76 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     assert devices_missing("auto", 2, 1) and devices_missing("cuda", 8, 4)
     assert devices_missing("cpu", 4, 1) is None and devices_missing("auto", 2, 0) is None
     assert devices_missing("cuda", 1, 1) is None
+
+
+def _calls(client, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_period_looks_only_at_the_leases_past_their_expiry_not_at_every_running_job(env):
+    """The due index: 300 running jobs with live leases cost a period's pass nothing per job; the one
+    whose lease lapsed is found without a sweep over the others."""
+    client, records, publish = env
+    for n in range(300):
+        new_job(records, f"live{n}")
+        assert lease.claim(client, f"live{n}", 1, f"w{n}", ttl_s=30).ok
+    new_job(records, "lapsing")
+    assert lease.claim(client, "lapsing", 1, "gone", ttl_s=0.2).ok
+    looked = _calls(client, "pttl"), _calls(client, "hget")
+    assert reaper.reap_due(client, publish, records) == []
+    assert (_calls(client, "pttl"), _calls(client, "hget")) == looked  # nothing was due: no job read
+    time.sleep(0.3)
+    assert reaper.reap_due(client, publish, records) == [("lapsing", "requeue")]
+    assert _calls(client, "pttl") - looked[0] == 1  # that job alone
+    assert client.zscore(keys.LEASES_DUE, "lapsing") is None  # it runs no more: out of the index
+    assert queued_messages(client) == [["lapsing", 2]]
+
+
+def test_a_renewal_moves_the_lease_in_the_index_and_a_sweep_finds_what_the_index_lacks(env):
+    client, records, publish = env
+    new_job(records, "r")
+    claimed = lease.claim(client, "r", 1, "w1", ttl_s=0.3)
+    first = client.zscore(keys.LEASES_DUE, "r")
+    time.sleep(0.2)
+    assert lease.Renewer(client, "r", "w1")(claimed.token, 300).held
+    assert client.zscore(keys.LEASES_DUE, "r") >= first + 150  # its expiry moved with the renewal
+    client.zrem(keys.LEASES_DUE, "r")  # (an index entry lost, as by a record restored by hand)
+    time.sleep(0.4)
+    assert reaper.reap_due(client, publish, records) == []  # the index no longer knows it ...
+    assert reaper.reap_once(client, publish, records) == [("r", "requeue")]  # ... the sweep does
+
+
+def test_a_renewal_writes_the_offered_fields_only_while_its_lease_holds(env):
+    client, records, publish = env
+    new_job(records, "p")
+    claimed = lease.claim(client, "p", 1, "w1", ttl_s=5)
+    renew = lease.Renewer(client, "p", "w1")
+    assert renew(claimed.token, 5000, {"step": 7, "loss": 0.5}).held
+    assert client.hmget(keys.job("p"), "step", "loss") == ["7", "0.5"]
+    stale = lease.token(1, "w1", "another-claim")
+    assert not renew(stale, 5000, {"step": 99}).held
+    assert client.hget(keys.job("p"), "step") == "7"  # a stale holder writes nothing
+
+
+def test_the_heartbeat_writes_the_newest_offered_progress_with_its_renewals(env):
+    """Progress costs no command of its own: offers between two renewals are merged, newest wins."""
+    from baton.workers.queue.heartbeat import Heartbeat
+
+    client, records, publish = env
+    new_job(records, "h")
+    claimed = lease.claim(client, "h", 1, "w1", ttl_s=3)
+    beat = Heartbeat(client, "h", claimed.token, "w1", ttl_s=3, every_s=0.2)
+    sets = _calls(client, "hset")
+    for step in range(1, 501):
+        beat.offer({"step": step, "loss": 1.0 / step})
+    beat.offer({"latest_checkpoint": "ck-500"})
+    beat.start()
+    try:
+        deadline = time.monotonic() + 5
+        while client.hget(keys.job("h"), "latest_checkpoint") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        beat.stop()
+    assert client.hmget(keys.job("h"), "step", "latest_checkpoint") == ["500", "ck-500"]
+    assert _calls(client, "hset") - sets <= 3  # one per renewal (at most a couple ran), not one per offer
+    assert beat.take_pending() == {}
