@@ -4,7 +4,7 @@ A fresh redis-server, the file store, one real worker (Celery consumer, reaper, 
 ``INFO commandstats`` over ``--seconds`` while the worker is idle, then again while it trains a job
 of a small MLP at several hundred steps a second (examples/spiral.yaml, checkpoints every 20 steps,
 validation every epoch: a job whose progress, commits and validations come many times a second). The
-running figure less the idle one is what a running job costs; it must not grow with the step rate.
+running figure less the idle one is what a running job costs: its renewals, and a fence per commit.
 
     python bench/worker_traffic.py [--seconds 20]
 """

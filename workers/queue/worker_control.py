@@ -32,9 +32,6 @@ from baton.workers.queue.redis_retry import while_leased
 _log = logging.getLogger("baton.worker")
 T = TypeVar("T")
 
-FENCE_MARGIN_S = 1.0
-"""A commit's fence is answered from the heartbeat while at least this much of the lease's TTL is left
-(a commit's manifest write takes milliseconds; this leaves it a second)."""
 PROGRESS_EVERY_S = 0.5
 """Least time between two progress measurements (the step rate's window). The record is written by the
 lease's renewals (``Heartbeat.offer``), whatever the step rate."""
@@ -88,18 +85,10 @@ class WorkerControl(LoopControl):
             raise
 
     def fence(self) -> None:
-        """Raise FencedOut unless this attempt still holds the job (checked before every commit).
-
-        While the lease's last renewal leaves more than ``FENCE_MARGIN_S`` of it (Redis keeps it at least
-        a TTL from when that renewal was sent, and only this attempt's own ending deletes it), no other
-        attempt can claim the job before this commit lands: the answer needs no Redis command, so a job
-        that commits many times a second costs Redis nothing more. Otherwise (a renewal failed or came
-        late, or is overdue), the lease is read in Redis."""
-        if self.heartbeat.fenced.is_set():
-            raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
-        if not self.heartbeat.unreachable.is_set() and time.monotonic() + FENCE_MARGIN_S < self.heartbeat.valid_until():
-            return
-        if not self.leased(
+        """Raise FencedOut unless this attempt still holds the job (checked before every commit, in Redis:
+        the lease's last renewal is no proof, since a Redis restored from a backup or failed over to a
+        replica behind it can lose the lease while its holder's heartbeat still vouches for it)."""
+        if self.heartbeat.fenced.is_set() or not self.leased(
                 lambda: self.ctx.records.fenced_set(self.job_id, self.token, {}), "the checkpoint fence"):
             self.heartbeat.fenced.set()
             raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")

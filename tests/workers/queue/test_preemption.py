@@ -125,3 +125,29 @@ def test_a_drained_worker_yields_its_job_and_takes_no_other_until_undrained(clus
     assert job.wait(timeout=180, progress=False).state.value == "succeeded"
     assert f"released (drained on {worker.name}), queued as attempt 2" in worker.log()
     _check_yielded(cluster, job, directory, reference, "drained")
+
+
+def test_a_reclaim_that_would_be_undone_is_not_made_and_nothing_yields_back_and_forth(cluster, tmp_path):
+    """The thrash case: team a borrows team b's slot with priority-5 jobs; team b's priority-0 job waits.
+    Reclaiming the slot would be undone (the yielded priority-5 job starts first again, and would take
+    it back), so no turn asks anyone to yield: over many turns every job keeps its first attempt, and
+    team b's job starts when a slot frees."""
+    cluster.start_workers(2)
+    client = cluster.client
+    for team in ("a", "b"):
+        client.set_quota(team, "default", 1)
+    a1_dir, a2_dir, b1_dir = _dirs(tmp_path, "a1", "a2", "b1")
+    short = {}
+    for name, directory, team, priority in (("a1", a1_dir, "a", 5), ("a2", a2_dir, "a", 5), ("b1", b1_dir, "b", 0)):
+        short[name] = counted(directory, team=team, priority=priority)
+        short[name]["loop"]["epochs"] = 12
+    team_a = [client.submit(short["a1"], "a1"), client.submit(short["a2"], "a2")]
+    for job in team_a:
+        wait_for(running_at_step(job, 5), timeout=120)
+    b1 = client.submit(short["b1"], "b1")
+    time.sleep(4)  # eight turns of the scheduler
+    assert b1.status().state.value == "queued" and b1.status().position == 1, b1.status()
+    assert [job.status().attempt for job in team_a] == [1, 1]
+    finals = [job.wait(timeout=240, progress=False) for job in (*team_a, b1)]
+    assert [(s.state.value, s.attempt, s.lost) for s in finals] == [("succeeded", 1, 0)] * 3, finals
+    assert all("yield" not in (s.last_event or "") for s in finals), finals
