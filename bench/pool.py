@@ -106,8 +106,7 @@ def fair_share(client: JobClient, root: Path, jobs: int) -> dict:
             dirs[name] = root / name
             dirs[name].mkdir()
             submitted.append(client.submit(spec(dirs[name], SHORT_EPOCHS, team=team), name))
-    for job in submitted:
-        job.wait(timeout=900, progress=False)
+    finals = [job.wait(timeout=900, progress=False) for job in submitted]
     spans = {name: [(min(t), max(t)) for t in forwards(d).values() if t] for name, d in dirs.items()}
     last_start = {team: max(s for name, runs in spans.items() if name.startswith(team) for s, _ in runs) for team in "ab"}
     first_end = {team: max(e for name, runs in spans.items() if name.startswith(team) for _, e in runs) for team in "ab"}
@@ -119,7 +118,7 @@ def fair_share(client: JobClient, root: Path, jobs: int) -> dict:
     client.remove_quota("a", "default")
     client.remove_quota("b", "default")
     return {"jobs_per_team": jobs, "slot_s": used, "window_s": window_end - window_start, "share_error": error,
-            "last_start": last_start}
+            "last_start": last_start, "reclaimed": [s.last_event for s in finals if s.attempt > 1]}
 
 
 def main() -> None:
