@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
-from baton.schemas.errors import JobNotFound, LocalStoreWarning, PreconditionFailed, SpecError
+from baton.schemas.errors import CheckpointCorrupt, JobNotFound, LocalStoreWarning, PreconditionFailed, SpecError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
@@ -30,21 +31,22 @@ from baton.schemas.spec import NAME_PATTERN, JobSpec
 from baton.schemas.status import JobStatus
 from baton.storage.artifacts import download_checkpoint, download_verified, final_files, read_metrics, read_verified
 from baton.storage.stores.base import ObjectStore
-from baton.storage.layout import JobPaths, check_job_id, is_side_output, new_job_id
+from baton.storage.layout import JobPaths, check_job_id, code_key, is_side_output, new_job_id
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.open import open_client_store
 
 from baton.storage.job_log import FOLLOW_POLL_S, follow_log, read_log
 from baton.storage.records.job_records import JobRecords, spec_fields
 from baton.storage.records.connection import connect
-from baton.jobs.specfile import SpecSource, load_spec, read_raw
+from baton.jobs.code_ship import Shipper, code_dir, importable
+from baton.jobs.specfile import SpecSource, load_spec, read_raw, with_overrides
 from baton.jobs.sweeps import SweepEntry, plan, rank
 from baton.jobs.pool import QueueView, check_quota, drain, queue_views
 
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
 
-WHICH = ("best", "latest", "final", "tensorboard")
+WHICH = ("best", "latest", "final", "tensorboard", "code")
 POLL_S = 0.5
 
 
@@ -142,6 +144,8 @@ def download(store: ObjectStore, job_id: str, directory: str | Path = ".", which
     if which not in WHICH:
         raise ValueError(f"which must be one of {WHICH} (got {which!r})")
     paths = JobPaths(job_id)
+    if which == "code":
+        return _download_code(store, paths, Path(directory) / job_id)
     if not store.exists(paths.manifest):
         store.list(paths.root)  # (a missing bucket, or an endpoint that is not S3, says so here: not "no job")
         raise FileNotFoundError(f"no job {job_id!r} under {store.url}/{paths.root}")
@@ -159,6 +163,24 @@ def download(store: ObjectStore, job_id: str, directory: str | Path = ".", which
         raise FileNotFoundError(f"job {job_id} has no {which} checkpoint yet")
     name = Path(entry.key).name if which == "latest" else ("best" if entry.files is not None else "best.pt")
     return download_checkpoint(store, entry, out / name)
+
+
+def _download_code(store: ObjectStore, paths: JobPaths, out: Path) -> Path:
+    """The archive of the code the job ships (checked against its digest), as ``code-<hex>.tar.gz``."""
+    try:
+        spec = JobSpec.model_validate_json(store.get_bytes(paths.spec))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no job {paths.job_id!r} under {store.url}/{paths.root}") from None
+    digest = spec.code.digest if spec.code is not None else None
+    if digest is None:
+        raise FileNotFoundError(f"job {paths.job_id} ships no code: it imports what its workers have installed")
+    data = store.get_bytes(code_key(digest))
+    if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
+        raise CheckpointCorrupt(f"{code_key(digest)}: does not match the job's code.digest {digest}")
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"code-{digest.split(':')[1]}.tar.gz"
+    target.write_bytes(data)
+    return target
 
 
 def _download_event_files(store: ObjectStore, paths: JobPaths, out: Path) -> Path:
@@ -218,12 +240,14 @@ class JobClient:
         celery = self._celery
         self.records.publish_marked(job_id, attempt, lambda job, n, queue: publish_run(celery, job, n, queue))
 
-    def submit(self, spec: SpecSource, job_id: Optional[str] = None, overrides: Overrides = None) -> Job:
+    def submit(self, spec: SpecSource, job_id: Optional[str] = None, overrides: Overrides = None,
+               code: "str | Path | None" = None) -> Job:
         """Validate, store the spec, create the record, queue attempt 1. SpecError (nothing queued)
         if the spec is invalid. ``overrides`` (``{"optimizer.lr": 1e-3}`` or ``["optimizer.lr=1e-3"]``)
-        are applied to the spec's raw mapping before it is validated."""
+        are applied to the spec's raw mapping before it is validated. ``code``: a directory of your code
+        to ship with the job (as ``code.dir`` in the spec), packed and stored once under its digest."""
         wanted = normalize(overrides)
-        parsed = load_spec(spec, self.settings.allowed_prefixes, wanted)
+        parsed = load_spec(spec, self.settings.allowed_prefixes, wanted, code)
         try:
             job_id = check_job_id(job_id or new_job_id(parsed.name))
         except ValueError as exc:
@@ -231,12 +255,13 @@ class JobClient:
         store = open_client_store(self.settings.storage_url)
         _warn_if_local(store)
         self._refuse_taken(store, [job_id])
+        parsed = self._shipper(store).ship(parsed)
         self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})
         self._publish(job_id, 1)
         return Job(self, job_id)
 
     def sweep(self, spec: SpecSource, grid: "Mapping[str, Sequence[Any]] | Sequence[str]",
-              overrides: Overrides = None, sweep_id: Optional[str] = None) -> "Sweep":
+              overrides: Overrides = None, sweep_id: Optional[str] = None, code: "str | Path | None" = None) -> "Sweep":
         """Queue one job per point of ``grid`` (``{"optimizer.lr": [1e-3, 3e-3], "seed": [1, 2]}`` or
         ``["optimizer.lr=1e-3,3e-3", "seed=1,2"]``), each the spec with that point's overrides. Every
         point is validated first: one invalid point raises SpecError and nothing is queued."""
@@ -247,13 +272,17 @@ class JobClient:
             sweep_id = check_job_id(sweep_id or new_job_id(f"{name}-sweep"))
         except ValueError as exc:
             raise SpecError([f"sweep_id: {exc}"]) from None
-        jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, normalize(overrides))
+        wanted = {**normalize(overrides), **({"code.dir": str(code)} if code is not None else {})}
+        with importable(code_dir(with_overrides(raw, wanted))):
+            jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, wanted)
         store = open_client_store(self.settings.storage_url)
         _warn_if_local(store)
         self._refuse_taken(store, [job.job_id for job in jobs])
+        shipper = self._shipper(store)  # one archive for every trial that ships the same directory
+        shipped = [shipper.ship(job.spec) for job in jobs]
         self.records.add_to_sweep(sweep_id, [job.job_id for job in jobs])
-        for job in jobs:
-            self._create(store, job.job_id, job.spec, {"sweep": sweep_id, "overrides": json.dumps(job.overrides, default=str)})
+        for job, spec in zip(jobs, shipped):
+            self._create(store, job.job_id, spec, {"sweep": sweep_id, "overrides": json.dumps(job.overrides, default=str)})
         for job in jobs:
             self._publish(job.job_id, 1)
         return Sweep(sweep_id, [Job(self, job.job_id) for job in jobs])
@@ -272,6 +301,9 @@ class JobClient:
         if not entries:
             raise JobNotFound(f"no sweep {sweep_id!r}")
         return rank(entries)
+
+    def _shipper(self, store: ObjectStore) -> Shipper:
+        return Shipper(store, int(self.settings.code_limit_mb * 1e6))
 
     def _refuse_taken(self, store: ObjectStore, job_ids: list[str]) -> None:
         taken = [job_id for job_id in job_ids if self.records.exists(job_id) or store.exists(JobPaths(job_id).spec)]

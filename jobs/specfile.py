@@ -16,6 +16,7 @@ from baton.schemas.problems import Problems
 from baton.schemas.spec import JobSpec, check_target
 from baton.schemas.targets import disallowed_targets, parse_target
 
+from baton.jobs.code_ship import code_dir, importable
 from baton.jobs.source_lookup import find_module, lookup, module_source
 
 SpecSource = Union[str, Path, dict, JobSpec]
@@ -42,11 +43,16 @@ def read_raw(source: SpecSource) -> Any:
     return source
 
 
-def load_spec(source: SpecSource, allowed_prefixes: tuple[str, ...] = (), overrides: Overrides = None) -> JobSpec:
+def load_spec(source: SpecSource, allowed_prefixes: tuple[str, ...] = (), overrides: Overrides = None,
+              code: "str | Path | None" = None) -> JobSpec:
     """A validated JobSpec whose targets are all allowed under ``allowed_prefixes`` and, where their
-    module is importable on this machine, exist. ``overrides`` (``{"optimizer.lr": 1e-3}`` or
-    ``["optimizer.lr=1e-3"]``) are applied to the raw mapping first, then everything is validated."""
-    return check_spec(with_overrides(read_raw(source), normalize(overrides)), allowed_prefixes)
+    module is importable on this machine (from ``code.dir`` first, when the spec ships one), exist.
+    ``overrides`` (``{"optimizer.lr": 1e-3}`` or ``["optimizer.lr=1e-3"]``) are applied to the raw
+    mapping first, then ``code`` (as ``code.dir``), then everything is validated."""
+    wanted = {**normalize(overrides), **({"code.dir": str(code)} if code is not None else {})}
+    raw = with_overrides(read_raw(source), wanted)
+    with importable(code_dir(raw)):
+        return check_spec(raw, allowed_prefixes)
 
 
 def with_overrides(raw: Any, overrides: dict[str, Any]) -> Any:

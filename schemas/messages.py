@@ -38,6 +38,7 @@ class Ending(str, Enum):
     CHECKPOINT_WRITE = "checkpoint_write"  # this machine's disk or memory: a worker loss, counted
     CRASHED = "crashed"  # the training process died without saying how: a worker loss, counted
     STALLED = "stalled"  # no optimizer step for the stall timeout: a worker loss, counted
+    CODE = "code"  # the job's shipped code did not match its digest here: never run, a worker loss, counted
 
 
 class Outcome(Message):
@@ -86,6 +87,8 @@ class AttemptOrder(Message):
     worker: str
     memory: Optional[tuple[str, ...]] = None  # the directories of this job's copies in memory (one process)
     peers: Optional[PeersOrder] = None
+    import_path: tuple[str, ...] = ()  # the job's shipped code and packages on this worker, imported first
+    setup_log: tuple[str, ...] = ()  # what the worker did to have them (lines for the job's log)
 
 
 class GroupOrder(Message):
@@ -97,6 +100,7 @@ class GroupOrder(Message):
     cpu_threads: int
     device_type: str
     allowed_prefixes: tuple[str, ...]
+    import_path: tuple[str, ...] = ()  # this node's copies of the job's shipped code, imported first
     resume_key: Optional[str] = None  # the checkpoint each rank reads and verifies itself
     resume_sha256: Optional[str] = None
     resume_dir: Optional[str] = None  # sharded: the directory this node downloaded and verified it to

@@ -39,6 +39,11 @@ class BatonSettings(BaseSettings):
     allowed_modules: str = Field(
         "", description="Comma-separated module prefixes whose callables a spec may name as targets (builtins always allowed)."
     )
+    accept_code: bool = Field(False, description="Whether this worker runs jobs that ship their own code (`code` in the "
+                              "spec): anyone who can queue jobs on its Redis then runs code here. Off: it passes such "
+                              "jobs on to workers that accept them. BATON_ALLOWED_MODULES applies to shipped code too.")
+    code_limit_mb: float = Field(100.0, gt=0, description="The most a job's `code.dir` may hold to ship (its files' "
+                                 "megabytes, before compression), checked at submit.")
 
     lease_ttl_s: float = Field(3.0, gt=0, description="A running job's lease lives this long unless renewed: a lost "
                                "worker's job is taken over within it (plus a reaper period). Also the longest Redis "

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from baton.schemas.code import CodeSpec
 from baton.schemas.builtins import BUILTIN_DATA, BUILTIN_MODELS, BUILTIN_TASKS, builtin_task_metrics
 from baton.schemas.errors import SpecError
 from baton.schemas.problems import Problems, problems_from
@@ -281,6 +282,8 @@ class JobSpec(_Spec):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="When to checkpoint, what to keep.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Where the job runs.")
     retry: RetrySpec = Field(default_factory=RetrySpec, description="How often infrastructure loss is retried.")
+    code: Optional[CodeSpec] = Field(None, description="Your code shipped with the job (else the workers import "
+                                                       "what they have installed).")
 
     @model_validator(mode="after")
     def _cross_field(self) -> "JobSpec":

@@ -27,12 +27,20 @@ JOBS_PREFIX = "jobs/"
 """Every job's objects live under ``jobs/<id>/``."""
 _SPEC_KEY_RE = re.compile(r"^jobs/([^/]+)/spec\.json$")
 
+CODE_PREFIX = "code/"
+"""Shipped code archives, one per digest, shared by every job of the store that ships the same files."""
+
 PROBE_PREFIX = "baton-probe/"
 """Where a worker's start-up probe of conditional writes puts its (deleted) objects."""
 
 _ATTEMPT_KEY_RE = re.compile(r"^jobs/[^/]+/attempt-(\d+)/")
 _SIDE_OUTPUT_RE = re.compile(r"^jobs/[^/]+/attempt-\d+/(tensorboard|logs)/")
 _LOG_CHUNK_RE = re.compile(r"^jobs/[^/]+/attempt-(\d+)/logs/(\d+)\.log$")
+
+
+def code_key(digest: str) -> str:
+    """Where the archive of ``digest`` (``sha256:<hex>``) is stored."""
+    return f"{CODE_PREFIX}{digest.replace(':', '-')}.tar.gz"
 
 
 def probe_key(token: str) -> str:

@@ -34,6 +34,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -102,9 +103,36 @@ def make(prefix: str, directory: Optional[Path] = None, held: bool = False) -> P
     return path
 
 
+def remove_tree(path: Path) -> None:
+    """``shutil.rmtree``, through directories made read-only (a cache of shipped code): each is made
+    writable by its owner when an entry in it cannot be removed. FileNotFoundError if ``path`` is gone."""
+    def writable_then_retry(func, name, *_):
+        try:
+            os.chmod(os.path.dirname(name), 0o700)
+            if os.path.isdir(name) and not os.path.islink(name):
+                os.chmod(name, 0o700)
+            func(name)
+        except OSError:
+            pass
+
+    if not os.path.lexists(path):
+        raise FileNotFoundError(path)
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=writable_then_retry)
+    else:
+        shutil.rmtree(path, onerror=writable_then_retry)
+
+
+def _rmtree(path: Path) -> None:
+    try:
+        remove_tree(path)
+    except FileNotFoundError:
+        pass
+
+
 def remove(path: Path) -> None:
     """Remove a directory this process made (its lock, if held, is let go once it is gone)."""
-    shutil.rmtree(path, ignore_errors=True)
+    _rmtree(path)
     fd = _held.pop(Path(path), None)
     if fd is not None:
         os.close(fd)
@@ -158,10 +186,10 @@ def remove_orphans(directory: Optional[Path], prefixes: Iterable[str]) -> list[P
             if held:  # its lock decides, whatever pid space made it
                 fd = _take_lock(path)
                 if fd is not None:
-                    shutil.rmtree(path, ignore_errors=True)
+                    _rmtree(path)
                     os.close(fd)
                     removed.append(path)
             elif orphaned(path.name, prefix):
-                shutil.rmtree(path, ignore_errors=True)
+                _rmtree(path)
                 removed.append(path)
     return removed

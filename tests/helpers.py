@@ -237,7 +237,7 @@ def assert_same_training(store_a: ObjectStore, job_a: str, store_b: ObjectStore,
     assert final_model_bytes(store_a, job_a) == final_model_bytes(store_b, job_b)
 
 
-def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectStore:
+def run_reference(root: Path, spec: dict, job_id: str = "reference", allowed: tuple[str, ...] = ("tests",)) -> ObjectStore:
     """``spec`` run uninterrupted to the end in this process (what `baton run` does, without its signal
     handlers and progress bar: no process start-up to pay), in the file store ``root/store``.
     The job's spec sets everything its bits depend on (seed, threads, deterministic algorithms), so
@@ -255,7 +255,7 @@ def run_reference(root: Path, spec: dict, job_id: str = "reference") -> ObjectSt
     store = FileStore(root / "store")
     parsed = JobSpec.parse(spec)
     register_spec(store, JobPaths(job_id), parsed)
-    result = run_attempt(Attempt(parsed, job_id, 1, store, allowed_prefixes=("tests",)), AttemptOptions(Quiet()))
+    result = run_attempt(Attempt(parsed, job_id, 1, store, allowed_prefixes=allowed), AttemptOptions(Quiet()))
     assert result.outcome.completed, result.outcome
     return store
 

@@ -73,9 +73,10 @@ def _id_or_exit(job_id: Optional[str], option: str = "--id") -> Optional[str]:
         raise typer.Exit(EXIT_BAD_SPEC)
 
 
-def _load_or_exit(spec_path: Path, settings: BatonSettings, sets: Optional[List[str]] = None):
+def _load_or_exit(spec_path: Path, settings: BatonSettings, sets: Optional[List[str]] = None,
+                  code: Optional[Path] = None):
     try:
-        return load_spec(spec_path, settings.allowed_prefixes, sets)
+        return load_spec(spec_path, settings.allowed_prefixes, sets, code)
     except SpecError as exc:
         raise _bad_spec(exc)
 

@@ -20,12 +20,14 @@ def submit(
     job_id: Optional[str] = typer.Option(None, "--id", help="Job id (default: NAME-TIME-XXXX)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job until it ends (exit 1 unless it succeeds)."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
+    code: Optional[Path] = typer.Option(None, "--code", help="A directory of your code to ship with the job (as "
+                                        "code.dir): packed, stored once, first on the import path on every worker."),
 ) -> None:
     """Validate a spec and queue it (exit 2 naming each wrong field; nothing is queued then)."""
     _id_or_exit(job_id)
-    _load_or_exit(spec, _settings(), sets)
+    _load_or_exit(spec, _settings(), sets, code)
     try:
-        job = _client().submit(spec, job_id, overrides=sets)
+        job = _client().submit(spec, job_id, overrides=sets, code=code)
     except SpecError as exc:
         raise _bad_spec(exc)
     typer.echo(job.id)
@@ -40,12 +42,14 @@ def sweep(
                                    "every combination is queued."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
     sweep_id: Optional[str] = typer.Option(None, "--id", help="Sweep id (default: NAME-sweep-TIME-XXXX); jobs are ID-N."),
+    code: Optional[Path] = typer.Option(None, "--code", help="A directory of your code to ship with the job (as "
+                                        "code.dir): packed, stored once, first on the import path on every worker."),
 ) -> None:
     """Queue one job per grid point, sharing a sweep id; all are validated first (exit 2 and nothing
     queued if any is invalid). Compare them with `baton list --sweep ID`."""
     _id_or_exit(sweep_id)
     try:
-        queued = _client().sweep(spec, grid, overrides=sets, sweep_id=sweep_id)
+        queued = _client().sweep(spec, grid, overrides=sets, sweep_id=sweep_id, code=code)
     except SpecError as exc:
         raise _bad_spec(exc)
     typer.echo(f"sweep {queued.id}: {len(queued.jobs)} jobs queued")
@@ -136,13 +140,13 @@ def recover(
 def fetch(
     job_id: str,
     which: str = typer.Option("best", "--which", help="best | latest | final | tensorboard (every attempt's event "
-                              "files, for tensorboard --logdir)"),
+                              "files, for tensorboard --logdir) | code (the archive of the code the job ships)"),
     out: Path = typer.Option(Path("."), "-o", "--out", help="Directory to write into (a folder per job)."),
     storage: Optional[str] = typer.Option(None, "--storage", help="Read from this store without Redis (a "
                                           "`baton run` job; default: the job's record, else BATON_STORAGE_URL)."),
 ) -> None:
-    """Download a job's best or latest checkpoint (sha256-verified), its final artifacts, or its
-    TensorBoard event files."""
+    """Download a job's best or latest checkpoint (sha256-verified), its final artifacts, its
+    TensorBoard event files, or the code it ships."""
     from baton.schemas.errors import JobNotFound
     from baton.storage.layout import JobPaths
     from baton.storage.stores.open import open_client_store

@@ -1,6 +1,7 @@
 """``baton validate`` and ``baton run``: a spec checked, a job trained in this process (no Redis)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -50,6 +51,7 @@ def run(
     settings = _settings()
     job_id = _id_or_exit(job_id)
     parsed = _load_or_exit(spec, settings, sets)
+    _import_code_dir(parsed)
     job_id = job_id or new_job_id(parsed.name)
     # a wrong bucket, credentials or endpoint is said now, in a few seconds, before anything is built
     first = open_client_store(storage or settings.storage_url)
@@ -60,6 +62,25 @@ def run(
     store = open_store(storage or settings.storage_url)
     show_bar = sys.stdout.isatty() if progress is None else progress
     raise typer.Exit(_train_here(parsed, job_id, store, settings, show_bar))
+
+
+def _import_code_dir(parsed) -> None:
+    """``baton run`` imports a spec's ``code.dir`` in place, first (and so do its ranks); it installs nothing."""
+    code = parsed.code
+    if code is None:
+        return
+    if code.pip:
+        typer.echo(f"code.pip: `baton run` installs nothing; it imports {' '.join(code.pip)} from this environment",
+                   err=True)
+    if code.dir is None:
+        if code.digest is not None:
+            typer.echo(f"code.digest: `baton run` imports your code from code.dir, not from a stored archive; fetch it "
+                       "(`baton fetch JOB --which code`), unpack it and set code.dir", err=True)
+            raise typer.Exit(EXIT_BAD_SPEC)
+        return
+    directory = str(Path(code.dir).resolve())
+    sys.path.insert(0, directory)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [directory, os.environ.get("PYTHONPATH")]))
 
 
 def _train_here(parsed, job_id: str, store, settings: BatonSettings, show_bar: bool) -> int:

@@ -49,10 +49,12 @@ def main(conn: Connection, stop: StopFlag, order: AttemptOrder) -> None:
     _log_to_stderr()
     remote = Remote(conn)
     control = RemoteControl(remote, stop, order.job_id)
+    sys.path[:0] = order.import_path  # the job's shipped code: before anything installed (this process is its alone)
     attempt = Attempt(order.spec, order.job_id, order.attempt, open_store(order.storage_url), order.allowed_prefixes,
-                      order.claim)
+                      order.claim, order.import_path)
     options = AttemptOptions(control, fence=control.fence, on_commit=control.on_commit, worker=order.worker,
-                             job_log=True, memory=order.memory, peers=peers_for(order.peers, remote.call))
+                             job_log=True, memory=order.memory, peers=peers_for(order.peers, remote.call),
+                             setup_log=order.setup_log)
     try:
         result = run_attempt(attempt, options)
     except BaseException as exc:  # noqa: BLE001 - every failure is the worker's to record: this process ignores

@@ -54,6 +54,7 @@ class Attempt:
     store: ObjectStore
     allowed_prefixes: tuple[str, ...] = ()
     claim: Optional[str] = None
+    import_path: tuple[str, ...] = ()  # the job's shipped code and packages here (its ranks import them first)
 
     @property
     def paths(self) -> JobPaths:
@@ -74,6 +75,7 @@ class AttemptOptions:
     upload_retry_s: float = UPLOAD_RETRY_S
     worker: Optional[str] = None
     job_log: bool = False
+    setup_log: tuple[str, ...] = ()  # what the worker did before the attempt (its shipped code): logged first
     memory: Optional[tuple[str, ...]] = None
     peers: Optional[Peers] = None
 
@@ -102,6 +104,8 @@ def run_attempt(attempt: Attempt, options: AttemptOptions) -> AttemptResult:
         try:
             capture = JobLogCapture(attempt.store, JobPaths(attempt.job_id, attempt.number)).start(
                 f"attempt {attempt.number} of job {attempt.job_id} started on {where}")
+            for line in options.setup_log:
+                capture.line(BATON_STREAM, line)
         except OSError as exc:  # no pipes left: the job runs without its own log rather than not at all
             control.log(f"this attempt keeps no log of its own ({type(exc).__name__}: {exc})")
     ending = "stopped by an exception"

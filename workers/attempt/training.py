@@ -49,7 +49,7 @@ def train_attempt(attempt: "Attempt", options: "AttemptOptions", manifest: Check
     if spec.resources.single_process:
         return _train(plan, OneProcess(resolve_device(spec.resources.device)), resume, options, memory)
     order = group_order(spec, attempt.job_id, attempt.number, attempt.store.url, threads, attempt.allowed_prefixes,
-                        (resume.state, resume.entry))
+                        (resume.state, resume.entry)).model_copy(update={"import_path": attempt.import_path})
     ranks, group = start_group(order, options.peers or ThisNode(spec.resources.nodes), log)
     try:
         trained = _train(plan, layout_for(group, spec.resources.strategy, spec.loop.precision), resume, options)

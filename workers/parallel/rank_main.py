@@ -85,6 +85,7 @@ def run_rank(order: RankOrder, secret: str, report: Callable[[BaseException], bo
 
     prepare_process()
     group_order, rank = order.group, order.rank
+    sys.path[:0] = group_order.import_path  # the job's shipped code on this node: before anything installed
     spec = group_order.spec
     control = RankControl(rank)
     store = open_object_store(group_order.storage_url)

@@ -33,6 +33,7 @@ from baton.workers.queue.preemption import PREEMPTION
 from baton.workers.queue.spot_notice import NoticePoller
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 from baton.workers.queue.reaper import Reaper
+from baton.workers.queue import shipped_code
 
 _log = logging.getLogger("baton.worker")
 _context: Optional[WorkerContext] = None
@@ -132,7 +133,7 @@ def _on_ready(sender, **_) -> None:
     # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool, event files and
     # in-memory copies
     remove_orphaned_scratch(open_store(ctx.settings.storage_url), _log.warning)
-    for path in memory_slots.remove_orphans():
+    for path in [*memory_slots.remove_orphans(), *shipped_code.sweep_orphans()]:
         _log.warning("removed %s: left by a worker that is gone (killed outright)", path)
     # Redis may be away right now (the consumer connected a moment ago): wait for it, as every job
     # would; failing here left a worker taking jobs with no reaper, no preemption handler, no presence
@@ -155,5 +156,6 @@ def _on_ready(sender, **_) -> None:
             _log.warning("could not withdraw this worker's queues (%s: %s)", type(exc).__name__, exc)
 
     signals.worker_shutdown.connect(withdraw, weak=False)
+    signals.worker_shutdown.connect(lambda **_: ctx.code.close(), weak=False)  # its unpacked shipped code
     prometheus.serve(ctx.settings.metrics_port)
     _log.warning("baton worker %s ready: %s", ctx.worker, device_banner())

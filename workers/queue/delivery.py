@@ -50,6 +50,7 @@ from baton.workers.queue import reception
 from baton.workers.queue.reception import JobView, cannot_host, pass_on, publish, read_job
 from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.redis_retry import while_leased
+from baton.workers.queue.shipped_code import CodeRefused
 from baton.workers.queue.stall import StallWatchdog, exit_process
 from baton.workers.queue.worker_control import WorkerContext, WorkerControl
 from baton.workers.tracking import prometheus
@@ -221,15 +222,21 @@ class Held:
             storage_url = view.storage_url or ctx.settings.storage_url
             store = open_store(storage_url)
             self.attempt = catch_up_with_manifest(self.control, self.attempt, self.nonce, store)
+            import_path, setup_log = ctx.code.import_path(store, spec.code)
         except FencedOut as exc:
             return self.end(Ending.FENCED, str(exc))
+        except CodeRefused as exc:
+            return self.end(Ending.CODE, f"{exc} on {ctx.worker}")
         except TransientError as exc:
             return self.end(Ending.STORAGE, f"storage unavailable on {ctx.worker}: {exc}")
         except Exception as exc:  # the job's spec: record it, do not retry
             return self.end(Ending.FAILED, f"{type(exc).__name__}: {exc}", failure=Failure(
                 ending=Ending.FAILED, message=str(exc), type=type(exc).__name__,
                 summary=summary(exc, ctx.settings.allowed_prefixes), traceback=formatted_traceback(exc)))
-        self.process = TrainingProcess(self._order(spec, storage_url))
+        for line in setup_log:
+            _log.info("job %s: %s", self.job_id, line)
+        self.process = TrainingProcess(self._order(spec, storage_url).model_copy(
+            update={"import_path": import_path, "setup_log": tuple(setup_log)}))
         try:
             return self._serve(self.process)
         except BaseException:  # the worker's side failed (Redis past the lease...): no attempt may train unserved

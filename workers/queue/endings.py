@@ -5,7 +5,8 @@
 - ``release``: given back uncounted, queued at once as the next attempt (a stop after a checkpoint,
   storage away, another node shutting down);
 - ``lose``: a worker loss, counted against ``retry.max_attempts``, queued at once as the next attempt
-  (a rank or the training process died, this machine could not write a checkpoint, a hang);
+  (a rank or the training process died, this machine could not write a checkpoint, a hang, the job's
+  shipped code arrived changed);
 - ``none``: fenced out: another attempt owns the job, nothing more is written.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ ACTIONS: dict[Ending, Action] = {
     Ending.CHECKPOINT_WRITE: Action("lose", "lost", retried="checkpoint_write"),
     Ending.CRASHED: Action("lose", "lost", retried="crashed"),
     Ending.STALLED: Action("lose", "stalled", retried="stalled"),
+    Ending.CODE: Action("lose", "lost", retried="code"),
     Ending.FENCED: Action("none", "fenced"),
 }
 """Every ending's action (tests/workers/queue check that none is missing)."""

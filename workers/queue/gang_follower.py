@@ -117,6 +117,14 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
                 return _report(gangs, job_id, gang, "lost", f"node {membership.node} ({ctx.worker}) could not read "
                                f"the checkpoint: {type(exc).__name__}: {exc}")
             order = order.model_copy(update={"resume_dir": str(resume_dir)})
+        try:  # this worker's own copy of the job's shipped code, checked against its digest
+            import_path, said = ctx.code.import_path(store, order.spec.code)
+        except Exception as exc:  # noqa: BLE001 - changed in the store, unreachable: this node's loss
+            return _report(gangs, job_id, gang, "lost", f"node {membership.node} ({ctx.worker}) could not have the "
+                           f"job's code: {type(exc).__name__}: {exc}")
+        for line in said:
+            _log.info("job %s: %s", job_id, line)
+        order = order.model_copy(update={"import_path": import_path})
         if ctx.preemption.requested.is_set():  # shutting down before its ranks started
             return _report(gangs, job_id, gang, "released", f"node {membership.node} ({ctx.worker}) is shutting down")
         ranks = start_node(order, membership.node, gang.endpoint, gang.secret,

@@ -127,7 +127,8 @@ def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterat
 
 def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
     """Why this worker cannot give the job what it needs (GPUs for each of its ranks; its code: modules
-    this worker's BATON_ALLOWED_MODULES allows, from packages installed here; a store it has probed,
+    this worker's BATON_ALLOWED_MODULES allows, from packages installed here, or shipped with the job to
+    a worker that accepts shipped code (BATON_ACCEPT_CODE); a store it has probed,
     holding the job's spec: job_store.py); None if it can, or if the record cannot tell (the claim
     then decides, as for any job)."""
     if view.spec is None:
@@ -136,10 +137,16 @@ def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]
     missing = devices_missing(resources.device, resources.processes, ctx.offered_gpus())
     if missing is not None:
         return missing
-    why = unavailable(view.spec.user_targets(), ctx.settings.allowed_prefixes)
+    why = unavailable(view.spec.user_targets(), ctx.settings.allowed_prefixes, installed=not ships_code(view.spec))
+    if why is None and ships_code(view.spec) and not ctx.settings.accept_code:
+        why = "the job ships its own code, and this worker does not run shipped code (BATON_ACCEPT_CODE is off)"
     if why is None and view.storage_url:
         why = ctx.stores.refusal(job_id, view.storage_url)
     return None if why is None else f"{why} on {ctx.worker}"
+
+
+def ships_code(spec: JobSpec) -> bool:
+    return spec.code is not None and spec.code.ships
 
 
 def pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Optional[str] = None,

@@ -27,6 +27,7 @@ from baton.workers.training.control import LoopControl, StepReport
 from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.job_store import StoreChecks
 from baton.workers.queue.preemption import Preemption
+from baton.workers.queue.shipped_code import ShippedCode
 from baton.workers.queue.redis_retry import while_leased
 
 _log = logging.getLogger("baton.worker")
@@ -51,6 +52,7 @@ class WorkerContext:
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
     redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
     stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
+    code: ShippedCode = field(default_factory=ShippedCode)  # the jobs' shipped code, unpacked here
 
     def __post_init__(self) -> None:
         self.stores = StoreChecks(self.settings.storage_url)

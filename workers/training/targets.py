@@ -39,10 +39,11 @@ def resolve(target: str, builtin_registry: Mapping[str, Callable], allowed_prefi
     return fn
 
 
-def unavailable(targets: dict[str, str], allowed_prefixes: tuple[str, ...]) -> Optional[str]:
+def unavailable(targets: dict[str, str], allowed_prefixes: tuple[str, ...], installed: bool = True) -> Optional[str]:
     """Why this process could not import one of a job's targets (``{"model.target": "pkg.mod:fn"}``):
-    its module is outside this process's allowlist, or its package is not installed here. None if
-    every one may be imported. Imports nothing (a top-level package is only looked up)."""
+    its module is outside this process's allowlist, or (``installed``: the job ships no code of its own)
+    its package is not installed here. None if every one may be imported. Imports nothing (a top-level
+    package is only looked up)."""
     for field, text in targets.items():
         target = parse_target(text)
         if target.is_builtin:
@@ -50,6 +51,8 @@ def unavailable(targets: dict[str, str], allowed_prefixes: tuple[str, ...]) -> O
         if not module_allowed(target.module, allowed_prefixes):
             allowed = ",".join(allowed_prefixes) or "(unset)"
             return f"{field}: module {target.module!r} is not allowed here (BATON_ALLOWED_MODULES={allowed})"
+        if not installed:
+            continue
         package = target.module.split(".")[0]
         try:
             found = importlib.util.find_spec(package) is not None

@@ -10,7 +10,7 @@ def test_every_ending_has_one_action_and_a_counted_loss_is_never_a_release():
     assert set(ACTIONS) == set(Ending)
     lost = {ending for ending, action in ACTIONS.items() if action.kind == "lose"}
     released = {ending for ending, action in ACTIONS.items() if action.kind == "release"}
-    assert lost == {Ending.RANK_LOST, Ending.CHECKPOINT_WRITE, Ending.CRASHED, Ending.STALLED}
+    assert lost == {Ending.RANK_LOST, Ending.CHECKPOINT_WRITE, Ending.CRASHED, Ending.STALLED, Ending.CODE}
     assert released == {Ending.STOPPED, Ending.STORAGE, Ending.NODE_RELEASED}  # uncounted: not the job's, nor this node's
     assert ACTIONS[Ending.FAILED].kind == "fail" and ACTIONS[Ending.FENCED].kind == "none"
     assert {ACTIONS[Ending.SUCCEEDED].state, ACTIONS[Ending.CANCELLED].state} == {JobState.succeeded, JobState.cancelled}
