@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
 from bench.probes import forwards  # noqa: E402
+from bench.loop_overhead import write_result  # noqa: E402
 from bench.recovery import poll  # noqa: E402
 
 LONG = {
@@ -163,14 +163,9 @@ def main() -> None:
     print(f"median start {statistics.median(starts):.2f}s, max {max(starts):.2f}s")
     print(f"\nfair share, quotas a=1 b=1, {args.jobs} short jobs each (a's submitted first): slot-seconds while both "
           f"had work: a {share['slot_s']['a']:.1f}, b {share['slot_s']['b']:.1f}; share error {share['share_error']:.1%}")
-    result = {"priority": trials, "start_s_median": statistics.median(starts), "start_s_max": max(starts),
-              "redone_max": max((r for row in trials for r in row["redone"]), default=0),
-              "fair_share": share, "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
-                                               "python": platform.python_version()}}
-    out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result({"priority": trials, "start_s_median": statistics.median(starts), "start_s_max": max(starts),
+                  "redone_max": max((r for row in trials for r in row["redone"]), default=0), "fair_share": share},
+                 args.out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ running figure less the idle one is what a running job costs: its renewals, and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baton.jobs.services import RedisServer, WorkerProcess  # noqa: E402
+from bench.loop_overhead import write_result  # noqa: E402
 
 
 def counted(client: redis.Redis, seconds: float) -> dict[str, float]:
@@ -73,10 +73,7 @@ def main() -> None:
           f"({', '.join(f'{k} {v:.1f}' for k, v in list(result['idle_by_command'].items())[:6])})")
     print(f"a running job, {steps_per_s:.0f} steps/s: {result['job_per_s']:.1f} commands/s more "
           f"({', '.join(f'{k} {v:.1f}' for k, v in list(result['job_by_command'].items())[:8])})")
-    out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

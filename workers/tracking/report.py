@@ -119,6 +119,10 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, sources:
     if sources.weights_note is not None:
         note.append(f"best weights: {sources.weights_note}")
     note.extend(sources.reshards)
+    code = spec.get("code") or {}
+    if code.get("digest"):
+        note.append(f"trained with shipped code {code['digest']}" + (f" and packages {', '.join(code['pip'])}"
+                                                                      if code.get("pip") else ""))
     kept = best["value"] is not None
     return {
         "job_id": job_id,
@@ -138,6 +142,7 @@ def build_report(job_id: str, spec: dict, rows: list[dict], best: dict, sources:
         "checkpoints": _checkpoint_totals(rows),
         "attempts": sources.attempts,
         "resharded": list(sources.reshards),
+        "code": {"digest": code.get("digest"), "pip": list(code.get("pip") or ())} if code else None,
         "note": note,
     }
 

@@ -85,6 +85,8 @@ def test_a_shipped_job_survives_sigkill_on_workers_without_its_package_bit_exact
     assert_same_training(reference, "reference", shipping.store(), "shipped")
     logged = job.logs()
     assert "fetched and unpacked" in logged, logged
+    digest = JobSpec.model_validate_json(shipping.store().get_bytes(JobPaths("shipped").spec)).code.digest
+    assert job.report()["code"] == {"digest": digest, "pip": []}
     fetched = Path(shipping.client.job("shipped").download(tmp_path / "out", which="code"))
     with tarfile.open(fetched) as tar:
         assert sorted(tar.getnames()) == [".gitignore", f"{PACKAGE}/__init__.py", f"{PACKAGE}/nets.py"]
