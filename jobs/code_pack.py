@@ -5,7 +5,8 @@ What goes in: every regular file under the directory, except version control (``
 ``pyvenv.cfg``, ``.venv``, ``.tox``, ``.nox``), what the directory's ``.gitignore`` files name (each
 applies below its own directory, as git reads them) and the spec's ``code.exclude`` patterns. A
 symlink to a file goes in as the file it names; a symlinked directory is left out (it may lead
-anywhere, even back up the tree).
+anywhere, even back up the tree), and a link to a file outside the directory is refused (it could ship
+a file you never meant to, a credential).
 
 The archive is a gzip'd tar whose entries are sorted by path, with no times, owners or modes beyond
 the executable bit: its sha256 (the digest a job runs under) depends only on the files' paths and
@@ -100,6 +101,9 @@ def _files(root: Path, exclude: Sequence[str]) -> Iterator[tuple[str, Path, int]
             rel, path = rel_top + name, here / name
             if name.endswith(SKIPPED_SUFFIXES) or not path.is_file() or _ignored(rel, excluded, ignores):
                 continue  # (not a regular file, nor a link to one: a socket, a dangling link)
+            if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+                raise SpecError([f"code.dir: {rel} links to {path.resolve()}, outside {root}: links are shipped as "
+                                 "the files they name, so copy it in or leave it out (code.exclude)"])
             yield rel, path, path.stat().st_size
 
 

@@ -38,7 +38,7 @@ class Ending(str, Enum):
     CHECKPOINT_WRITE = "checkpoint_write"  # this machine's disk or memory: a worker loss, counted
     CRASHED = "crashed"  # the training process died without saying how: a worker loss, counted
     STALLED = "stalled"  # no optimizer step for the stall timeout: a worker loss, counted
-    CODE = "code"  # the job's shipped code did not match its digest here: never run, a worker loss, counted
+    CODE = "code"  # the job's shipped code was refused here (digest, contents) or its package index unreachable: a loss
 
 
 class Outcome(Message):

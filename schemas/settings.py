@@ -43,7 +43,8 @@ class BatonSettings(BaseSettings):
                               "spec): anyone who can queue jobs on its Redis then runs code here. Off: it passes such "
                               "jobs on to workers that accept them. BATON_ALLOWED_MODULES applies to shipped code too.")
     code_limit_mb: float = Field(100.0, gt=0, description="The most a job's `code.dir` may hold to ship (its files' "
-                                 "megabytes, before compression), checked at submit.")
+                                 "megabytes, before compression), checked at submit; a worker refuses an archive "
+                                 "larger than its own limit once unpacked.")
 
     lease_ttl_s: float = Field(3.0, gt=0, description="A running job's lease lives this long unless renewed: a lost "
                                "worker's job is taken over within it (plus a reaper period). Also the longest Redis "

@@ -276,3 +276,23 @@ def descendants(root: int) -> set[int]:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
+
+
+def make_wheel(directory: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A pure-Python wheel of ``name`` ``version`` holding ``files`` (path -> text), in ``directory``
+    (made if missing): a package index of plain files for ``PIP_FIND_LINKS``."""
+    import base64
+    import hashlib
+    import zipfile
+
+    directory.mkdir(exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(text.encode())}" for path, text in files.items()] + [f"{info}/RECORD,,"]
+    with zipfile.ZipFile(directory / f"{name}-{version}-py3-none-any.whl", "w") as out:
+        for path, text in files.items():
+            out.writestr(path, text)
+        out.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return directory

@@ -78,6 +78,9 @@ def _import_code_dir(parsed) -> None:
                        "(`baton fetch JOB --which code`), unpack it and set code.dir", err=True)
             raise typer.Exit(EXIT_BAD_SPEC)
         return
+    if not Path(code.dir).is_dir():
+        typer.echo(f"code.dir: {code.dir} is not a directory", err=True)
+        raise typer.Exit(EXIT_BAD_SPEC)
     directory = str(Path(code.dir).resolve())
     sys.path.insert(0, directory)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [directory, os.environ.get("PYTHONPATH")]))

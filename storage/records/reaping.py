@@ -80,12 +80,14 @@ local function reap_job(id, now, republish_after, unclaimed_after, republish_max
     end
     redis.call('ZREM', '@D', id)
     local worker = redis.call('HGET', job, 'worker') or '?'
-    if outage == '1' or redis.call('EXISTS', '@O') == 1 then
-      redis.call('HSET', job, 'state', 'retrying', 'updated_at', now, 'publish_pending', now,
-                 'last_event', 'lease of ' .. worker .. ' lapsed while Redis was unreachable (not counted as a loss)')
+    local function requeue(word, event)  -- back to its line, its next attempt marked for publishing
+      redis.call('HSET', job, 'state', 'retrying', 'updated_at', now, 'publish_pending', now, 'last_event', event)
       pool_left(job, id)
       pool_wait(job, id)
-      return {'outage', tonumber(redis.call('HGET', job, 'attempt')) + 1}
+      return {word, tonumber(redis.call('HGET', job, 'attempt')) + 1}
+    end
+    if outage == '1' or redis.call('EXISTS', '@O') == 1 then
+      return requeue('outage', 'lease of ' .. worker .. ' lapsed while Redis was unreachable (not counted as a loss)')
     end
     local lost = redis.call('HINCRBY', job, 'lost', 1)
     if lost >= tonumber(redis.call('HGET', job, 'max_attempts')) then
@@ -95,11 +97,7 @@ local function reap_job(id, now, republish_after, unclaimed_after, republish_max
       pool_left(job, id)
       return {'failed'}
     end
-    redis.call('HSET', job, 'state', 'retrying', 'updated_at', now, 'publish_pending', now,
-               'last_event', 'lease of ' .. worker .. ' expired')
-    pool_left(job, id)
-    pool_wait(job, id)
-    return {'requeue', tonumber(redis.call('HGET', job, 'attempt')) + 1}
+    return requeue('requeue', 'lease of ' .. worker .. ' expired')
   end
   if state == 'queued' or state == 'retrying' then
     local pending = redis.call('HGET', job, 'publish_pending')

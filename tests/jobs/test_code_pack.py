@@ -62,6 +62,17 @@ def test_the_digest_depends_on_paths_and_contents_only(tmp_path):
     assert pack(root).digest != first.digest
 
 
+def test_a_link_to_a_file_outside_the_directory_is_refused(tmp_path):
+    root = project(tmp_path / "p")
+    (tmp_path / "credentials").write_text("secret\n")
+    (root / "creds").symlink_to(tmp_path / "credentials")
+    with pytest.raises(SpecError, match="creds links to .*outside"):
+        pack(root)
+    (root / "creds").unlink()
+    (root / "inside.py").symlink_to(root / "pkg" / "__init__.py")  # inside: shipped as the file it names
+    assert "inside.py" in names(pack(root).data)
+
+
 def test_a_directory_over_the_limit_is_refused_naming_its_largest_files(tmp_path):
     root = project(tmp_path / "p")
     (root / "pkg" / "table.csv").write_bytes(b"t" * 5000)
@@ -92,3 +103,9 @@ def test_a_pip_set_naming_torch_is_refused_at_submit(tmp_path, redis_server):
     done = run_baton("submit", str(spec), env=baton_env(BATON_REDIS_URL=redis_server.url,
                                                         BATON_STORAGE_URL=f"file://{tmp_path / 's'}"))
     assert done.returncode == 2 and "never replaced" in done.stderr, done.stderr
+
+
+def test_baton_run_with_a_missing_code_directory_says_so(tmp_path):
+    spec = write_spec(tmp_path, make_spec(code={"dir": str(tmp_path / "nowhere")}))
+    done = run_baton("run", str(spec), "--storage", f"file://{tmp_path / 's'}")
+    assert done.returncode == 2 and "code.dir:" in done.stderr and "not a directory" in done.stderr, done.stderr

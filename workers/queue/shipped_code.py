@@ -1,65 +1,58 @@
 """A worker's copies of the code jobs ship (the spec's ``code``): what their processes import first.
 
 - **Archives.** Fetched from the job's store under its digest, checked against it (a tampered or
-  damaged archive is refused, never unpacked: ``CodeRefused``), unpacked once per digest with
-  tarfile's ``data`` filter (no absolute paths, no way out of the directory, no devices) and made
-  read-only, so that every job of that digest on this worker imports the same files.
-- **Packages** (``code.pip``). Each set is resolved against this worker's own environment (pip's
-  ``--dry-run --report``: what is installed here, torch and baton included, satisfies it), refused if
-  the resolution would replace torch or baton, and what is missing is installed, exactly those
-  versions and nothing else (``--no-deps``), into an overlay kept per set.
+  damaged archive is refused, never unpacked: ``CodeRefused``), then unpacked once per digest
+  (``code_archive``: every member checked, links and paths out refused) and made read-only.
+- **Packages** (``code.pip``): installed once per set into an overlay beside the worker's environment,
+  never over it (``code_packages``).
 
 Both live in one directory this worker process owns (``owned_dirs``: 0700, removed when the worker
 stops, swept by the next worker when it was killed). A training process is forked from a forkserver
 that never imports a job's code, so one job's modules are never in the next one's process.
+
+A job's processes run as the worker's user, so a job could change a directory kept for the next: the
+worker keeps each one's fingerprint (every file's path and sha256) in its own memory, and checks it
+before handing the directory to another job; one that changed is removed and made again.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import platform
-import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
 from typing import Optional
 
-from packaging.utils import canonicalize_name
-
-from baton.schemas.code import PROTECTED, CodeSpec
+from baton.schemas.code import CodeSpec
 from baton.schemas.errors import BatonError, PermanentError
 from baton.storage import owned_dirs
 from baton.storage.layout import code_key
 from baton.storage.stores.base import ObjectStore
 
+from baton.workers.queue import code_archive, code_packages
+from baton.workers.queue.code_packages import PackagesUnreachable
+
 PREFIX = "baton-code-"
-PIP_TIMEOUT_S = 900.0
-"""The longest an install of a job's packages may take (a package index that stops answering)."""
-OUTPUT_LINES = 15
-"""How much of pip's output a failure quotes."""
 
 
 class CodeRefused(BatonError):
-    """The job's archive did not match its digest (tampered with, or damaged) or could not be unpacked
-    safely: it is not run here. A loss on this worker, counted (``Ending.CODE``)."""
-
-
-class PackagesFailed(PermanentError):
-    """The job's ``code.pip`` could not be installed (no such version, an index out of reach, a set that
-    would replace torch or baton): the job fails, saying why."""
+    """The job's archive did not match its digest (tampered with, or damaged), or could not be unpacked
+    safely, or its packages' index was out of this worker's reach: it is not run here. A loss on this
+    worker, counted (``Ending.CODE``)."""
 
 
 class ShippedCode:
     """This worker's cache of shipped code (module doc)."""
 
-    def __init__(self, directory: Optional[Path] = None):
+    def __init__(self, limit_bytes: int, directory: Optional[Path] = None):
+        self.limit_bytes = limit_bytes
         self._base: Optional[Path] = directory
         self._root: Optional[Path] = None
+        self._prints: dict[str, dict[str, str]] = {}  # each kept directory's name -> its fingerprint
         self._lock = threading.Lock()  # (a worker runs one job at a time; a gang follower's fetch may overlap)
 
     def root(self) -> Path:
@@ -70,7 +63,7 @@ class ShippedCode:
     def close(self) -> None:
         if self._root is not None:
             owned_dirs.remove(self._root)
-            self._root = None
+            self._root, self._prints = None, {}
 
     def import_path(self, store: ObjectStore, code: Optional[CodeSpec]) -> tuple[tuple[str, ...], list[str]]:
         """The directories a job's processes put first on their import path, and what was done to have
@@ -90,31 +83,26 @@ class ShippedCode:
 
     def unpacked(self, store: ObjectStore, digest: str, said: list[str]) -> Path:
         """The archive of ``digest``, unpacked here (fetched and checked the first time)."""
-        target = self.root() / digest.replace(":", "-")
         with self._lock:
-            if target.is_dir():
-                said.append(f"code {digest}: already unpacked on this worker")
+            target = self.root() / digest.replace(":", "-")
+            if self._kept(target, said, f"code {digest}: already unpacked on this worker"):
                 return target
             started = time.monotonic()
+            key = code_key(digest)
             try:
-                data = store.get_bytes(code_key(digest))
+                if store.size(key) > self.limit_bytes:
+                    raise CodeRefused(f"code {digest}: the archive is over {self.limit_bytes / 1e6:.0f} MB "
+                                      "(BATON_CODE_LIMIT_MB); refused, not run")
+                data = store.get_bytes(key)
             except FileNotFoundError:
                 raise PermanentError(f"code {digest}: the store {store.url} no longer holds the job's archive "
-                                     f"({code_key(digest)})") from None
+                                     f"({key})") from None
             found = f"sha256:{hashlib.sha256(data).hexdigest()}"
             if found != digest:
                 raise CodeRefused(f"code {digest}: the archive in the store is {found}: it was changed after "
                                   "submit; refused, not run")
-            staging = self.root() / f".{target.name}.partial"
-            _remove(staging)
-            try:
-                with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                    tar.extractall(staging, filter="data")
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                _remove(staging)
-                raise CodeRefused(f"code {digest}: the archive could not be unpacked safely: {exc}") from None
-            _read_only(staging)
-            os.rename(staging, target)
+            self._make(target, lambda staging: code_archive.unpack(data, staging, self.limit_bytes),
+                       f"code {digest}: the archive could not be unpacked safely")
             said.append(f"code {digest}: fetched and unpacked ({len(data) / 1e6:.1f} MB, "
                         f"{time.monotonic() - started:.1f}s)")
             return target
@@ -122,55 +110,77 @@ class ShippedCode:
     def overlay(self, requirements: tuple[str, ...], said: list[str]) -> Path:
         """The overlay holding what ``requirements`` add to this worker's environment, installed the first time."""
         key = hashlib.sha256(json.dumps([sorted(requirements), sys.version, platform.machine()]).encode()).hexdigest()
-        target = self.root() / f"pip-{key[:32]}"
         wanted = " ".join(sorted(requirements))
         with self._lock:
-            if target.is_dir():
-                said.append(f"pip {wanted}: reused the packages installed on this worker for an earlier job")
+            target = self.root() / f"pip-{key[:32]}"
+            if self._kept(target, said, f"pip {wanted}: reused the packages installed on this worker for an earlier job"):
                 return target
             started = time.monotonic()
-            staging = self.root() / f".{target.name}.partial"
-            _remove(staging)
-            staging.mkdir()
+            installed: list[tuple[str, str]] = []
+
+            def install(staging: Path) -> None:
+                staging.mkdir()
+                installed.extend(code_packages.install(requirements, staging))
             try:
-                missing = _resolve(requirements, staging / "report.json")
-                (staging / "report.json").unlink()
-                if missing:
-                    _pip(["install", "--no-deps", "--no-compile", "--target", str(staging),
-                          *[f"{name}=={version}" for name, version in missing]], "install")
-            except BaseException:
-                _remove(staging)
-                raise
-            _read_only(staging)
-            os.rename(staging, target)
-            added = ", ".join(f"{name}=={version}" for name, version in missing) or "nothing (all installed here)"
+                self._make(target, install, f"pip {wanted}")
+            except PackagesUnreachable as exc:
+                raise CodeRefused(str(exc)) from None
+            added = ", ".join(f"{name}=={version}" for name, version in installed) or "nothing (all installed here)"
             said.append(f"pip {wanted}: installed {added} ({time.monotonic() - started:.1f}s)")
             return target
 
+    def _kept(self, target: Path, said: list[str], reuse: str) -> bool:
+        """Whether ``target`` is here as it was made; one that changed since (a job's doing) is removed."""
+        expected = self._prints.get(target.name)
+        if expected is None:
+            _remove(target)  # (none made by this process: nothing to trust)
+            return False
+        if fingerprint(target) == expected:
+            said.append(reuse)
+            return True
+        said.append(f"{target.name}: changed on this worker since it was made (by an earlier job?): made again")
+        del self._prints[target.name]
+        _remove(target)
+        return False
 
-def _resolve(requirements: tuple[str, ...], report: Path) -> list[tuple[str, str]]:
-    """What installing ``requirements`` into this environment would add or change: (name, version)."""
-    _pip(["install", "--dry-run", "--quiet", "--report", str(report),
-          *requirements], "resolve")
-    installs = json.loads(report.read_text()).get("install", [])
-    missing = [(item["metadata"]["name"], item["metadata"]["version"]) for item in installs]
-    replaced = [f"{name}=={version}" for name, version in missing if canonicalize_name(name) in PROTECTED]
-    if replaced:
-        raise PackagesFailed(f"code.pip {' '.join(requirements)}: would replace the worker's own "
-                             f"{', '.join(replaced)}; pin versions that the worker's environment satisfies")
-    return missing
+    def _make(self, target: Path, fill, what: str) -> None:
+        """Fill a staging directory (``fill(staging)``), make it read-only, fingerprint it, and move it to
+        ``target``; CodeRefused (nothing left) when the archive is refused."""
+        staging = self.root() / f".{target.name}.partial"
+        _remove(staging)
+        try:
+            fill(staging)
+            _read_only(staging)
+            prints = fingerprint(staging)
+            os.rename(staging, target)
+        except code_archive.ArchiveRefused as exc:
+            _remove(staging)
+            raise CodeRefused(f"{what}: {exc}; refused, not run") from None
+        except OSError as exc:
+            _remove(staging)
+            raise CodeRefused(f"{what}: {type(exc).__name__}: {exc}") from None
+        except BaseException:
+            _remove(staging)
+            raise
+        self._prints[target.name] = prints
 
 
-def _pip(args: list[str], what: str) -> None:
-    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise PackagesFailed(f"pip {what} took over {PIP_TIMEOUT_S:.0f}s (is the package index reachable from "
-                             "this worker?)") from None
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-OUTPUT_LINES:])
-        raise PackagesFailed(f"pip could not {what} the job's packages (exit {done.returncode}):\n{tail}")
+def fingerprint(directory: Path) -> dict[str, str]:
+    """Every entry under ``directory``: a file's sha256, or what else it is (a directory, a link)."""
+    found: dict[str, str] = {}
+    for top, dirs, names in os.walk(directory):
+        for name in dirs + names:
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, directory)
+            if os.path.islink(path):
+                found[rel] = f"link:{os.readlink(path)}"
+            elif os.path.isdir(path):
+                found[rel] = "dir"
+            else:
+                with open(path, "rb") as handle:
+                    found[rel] = hashlib.file_digest(handle, "sha256").hexdigest() if hasattr(hashlib, "file_digest") \
+                        else hashlib.sha256(handle.read()).hexdigest()
+    return found
 
 
 def _read_only(directory: Path) -> None:

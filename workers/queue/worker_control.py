@@ -52,10 +52,11 @@ class WorkerContext:
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
     redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
     stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
-    code: ShippedCode = field(default_factory=ShippedCode)  # the jobs' shipped code, unpacked here
+    code: ShippedCode = field(init=False)  # the jobs' shipped code, unpacked here
 
     def __post_init__(self) -> None:
         self.stores = StoreChecks(self.settings.storage_url)
+        self.code = ShippedCode(int(self.settings.code_limit_mb * 1e6))
 
 
 class WorkerControl(LoopControl):

@@ -4,11 +4,8 @@ was submitted with, is refused when its archive was changed in the store, and wa
 accepts shipped code."""
 from __future__ import annotations
 
-import base64
-import hashlib
 import tarfile
 import textwrap
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ from baton.jobs.code_pack import pack
 from baton.schemas.spec import JobSpec
 from baton.storage.layout import JobPaths, code_key
 
-from tests.helpers import assert_same_training, kill_when, make_spec, run_reference
+from tests.helpers import assert_same_training, kill_when, make_spec, make_wheel, run_reference
 from tests.workers.queue.test_worker_loss import running_at_step, wait_for
 
 PACKAGE = "shippedpkg"  # exists nowhere but in the directories these tests write
@@ -133,18 +130,7 @@ def test_a_worker_that_does_not_accept_shipped_code_passes_the_job_on(shipping, 
 
 def tiny_wheel(directory: Path) -> Path:
     """A pure-Python wheel of ``tinydep`` 1.0, which no worker has: a package index of one file."""
-    directory.mkdir()
-    wheel = directory / "tinydep-1.0-py3-none-any.whl"
-    files = {"tinydep/__init__.py": "FACTOR = 2\n",
-             "tinydep-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinydep\nVersion: 1.0\n",
-             "tinydep-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
-              f"{len(text.encode())}" for name, text in files.items()] + ["tinydep-1.0.dist-info/RECORD,,"]
-    with zipfile.ZipFile(wheel, "w") as out:
-        for name, text in files.items():
-            out.writestr(name, text)
-        out.writestr("tinydep-1.0.dist-info/RECORD", "\n".join(record) + "\n")
-    return directory
+    return make_wheel(directory, "tinydep", "1.0", {"tinydep/__init__.py": "FACTOR = 2\n"})
 
 
 def test_packages_the_workers_lack_are_installed_once_per_set_and_a_missing_one_fails_clearly(shipping, tmp_path):
