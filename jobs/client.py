@@ -253,9 +253,9 @@ class JobClient:
         except ValueError as exc:
             raise SpecError([f"job_id: {exc}"]) from None
         store = open_client_store(self.settings.storage_url)
-        _warn_if_local(store)
         self._refuse_taken(store, [job_id])
         parsed = self._shipper(store).ship(parsed)
+        _warn_if_local(store)  # (once the job will be stored: not before a refusal)
         self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})
         self._publish(job_id, 1)
         return Job(self, job_id)
@@ -276,10 +276,10 @@ class JobClient:
         with importable(code_dir(with_overrides(raw, wanted))):
             jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, wanted)
         store = open_client_store(self.settings.storage_url)
-        _warn_if_local(store)
         self._refuse_taken(store, [job.job_id for job in jobs])
         shipper = self._shipper(store)  # one archive for every trial that ships the same directory
         shipped = [shipper.ship(job.spec) for job in jobs]
+        _warn_if_local(store)
         self.records.add_to_sweep(sweep_id, [job.job_id for job in jobs])
         for job, spec in zip(jobs, shipped):
             self._create(store, job.job_id, spec, {"sweep": sweep_id, "overrides": json.dumps(job.overrides, default=str)})

@@ -2,7 +2,7 @@
 
 What goes in: every regular file under the directory, except version control (``.git``, ``.hg``,
 ``.svn``), caches (``__pycache__``, ``*.pyc``, tool caches), virtual environments (any directory with a
-``pyvenv.cfg``, ``.venv``, ``.tox``, ``.nox``), what the directory's ``.gitignore`` files name (each
+``pyvenv.cfg``, ``.venv``, ``.tox``, ``.nox``), ``baton-data`` (``baton run``'s default store), what the directory's ``.gitignore`` files name (each
 applies below its own directory, as git reads them) and the spec's ``code.exclude`` patterns. A
 symlink to a file goes in as the file it names; a symlinked directory is left out (it may lead
 anywhere, even back up the tree), and a link to a file outside the directory is refused (it could ship
@@ -30,7 +30,7 @@ from baton.schemas.code import PROTECTED
 from baton.schemas.errors import SpecError
 
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache",
-                          ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", ".eggs"})
+                          ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", ".eggs", "baton-data"})
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
 LARGEST_SHOWN = 5
 
@@ -43,6 +43,7 @@ class Packed:
     digest: str
     files: int
     size: int  # the files' bytes, before compression
+    tops: frozenset[str] = frozenset()  # the importable names at its top (packages, and modules without ".py")
 
 
 def pack(directory: Path, exclude: Sequence[str] = (), limit_bytes: Optional[int] = None) -> Packed:
@@ -76,7 +77,8 @@ def pack(directory: Path, exclude: Sequence[str] = (), limit_bytes: Optional[int
                 with open(path, "rb") as handle:
                     tar.addfile(info, handle)
     data = buffer.getvalue()
-    return Packed(data, f"sha256:{hashlib.sha256(data).hexdigest()}", len(files), size)
+    tops = frozenset(rel.split("/")[0] if "/" in rel else rel.removesuffix(".py") for rel, _, _ in files)
+    return Packed(data, f"sha256:{hashlib.sha256(data).hexdigest()}", len(files), size, tops)
 
 
 def _files(root: Path, exclude: Sequence[str]) -> Iterator[tuple[str, Path, int]]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from baton.schemas.errors import PreconditionFailed, SpecError
 from baton.schemas.spec import JobSpec
+from baton.schemas.targets import parse_target
 from baton.storage.layout import code_key
 from baton.storage.stores.base import ObjectStore
 
@@ -60,7 +62,9 @@ class Shipper:
         directory = Path(code.dir).resolve()
         known = (directory, code.exclude)
         if known not in self._digests:
+            self._refuse_holding_the_store(directory)
             packed = pack(directory, code.exclude, self.limit_bytes)
+            _refuse_missing_packages(spec, directory, packed.tops)
             key = code_key(packed.digest)
             if not self.store.exists(key):
                 with contextlib.suppress(PreconditionFailed):  # stored meanwhile by another client: the same bytes
@@ -68,3 +72,38 @@ class Shipper:
             self._digests[known] = packed.digest
         shipped = code.model_copy(update={"dir": str(directory), "digest": self._digests[known]})
         return spec.model_copy(update={"code": shipped})
+
+    def _refuse_holding_the_store(self, directory: Path) -> None:
+        """A directory holding the job store itself (a file:// store under it): the parent of a project,
+        submitted from the wrong place."""
+        local = self.store.scratch_dir()
+        root = Path(self.store.url.removeprefix("file://")).resolve() if self.store.url.startswith("file://") else None
+        for inside in filter(None, [root, local]):
+            if inside.is_relative_to(directory):
+                raise SpecError([f"code.dir: {directory} holds the job store ({self.store.url}); ship your project's "
+                                 "directory (a relative code.dir is taken from where you submit)"])
+
+
+def _refuse_missing_packages(spec: JobSpec, directory: Path, tops: frozenset[str]) -> None:
+    """A target whose package is neither in the shipped directory nor installed here would fail on
+    every worker: said at submit (the usual slip: shipping the package's own folder, not the one
+    holding it)."""
+    problems = []
+    for field, text in spec.user_targets().items():
+        target = parse_target(text)
+        package = target.module.split(".")[0]
+        if target.is_builtin or package in tops or _installed(package):
+            continue
+        inner = f"; it holds {package!r} itself: ship its parent, {directory.parent}" if \
+            (directory.name == package and (directory / "__init__.py").exists()) else ""
+        problems.append(f"{field}: package {package!r} is neither in code.dir ({directory}) nor installed here; "
+                        f"code.dir must be the directory that holds {package}/{inner}")
+    if problems:
+        raise SpecError(problems)
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False

@@ -276,6 +276,8 @@ class JobRecords:
             return
         if waiting is not None:
             status.waiting = why_waiting(state, waiting, live)
+            if status.waiting.startswith("next to start") and (status.last_event or "").startswith("waiting for"):
+                status.waiting = status.last_event  # a worker passed it on, saying why: more than its place in line
             status.starts_in_s = starts_in(state, waiting, self.pool.remaining_s(state))
 
     def list_ids(self, limit: int = 100) -> list[str]:

@@ -109,3 +109,16 @@ def test_baton_run_with_a_missing_code_directory_says_so(tmp_path):
     spec = write_spec(tmp_path, make_spec(code={"dir": str(tmp_path / "nowhere")}))
     done = run_baton("run", str(spec), "--storage", f"file://{tmp_path / 's'}")
     assert done.returncode == 2 and "code.dir:" in done.stderr and "not a directory" in done.stderr, done.stderr
+
+
+def test_shipping_the_package_folder_instead_of_its_parent_is_refused_at_submit(tmp_path, redis_server):
+    root = project(tmp_path / "p")
+    spec = write_spec(tmp_path, make_spec(model={"target": "pkg.sub.m:net", "kwargs": {}}))
+    env = baton_env(BATON_REDIS_URL=redis_server.url, BATON_STORAGE_URL=f"file://{tmp_path / 's'}",
+                    BATON_ALLOWED_MODULES="pkg")
+    done = run_baton("submit", str(spec), "--code", str(root / "pkg"), env=env)
+    assert done.returncode == 2, done.stderr
+    assert "package 'pkg' is neither in code.dir" in done.stderr and f"ship its parent, {root}" in done.stderr
+    assert "stored under" not in done.stderr  # (nothing was)
+    done = run_baton("submit", str(spec), "--code", str(tmp_path), env=env)  # the parent of the project: the store too
+    assert done.returncode == 2 and "holds the job store" in done.stderr, done.stderr

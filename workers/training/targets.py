@@ -59,7 +59,8 @@ def unavailable(targets: dict[str, str], allowed_prefixes: tuple[str, ...], inst
         except (ImportError, ValueError):
             found = False
         if not found:
-            return f"{field}: package {package!r} is not installed here"
+            return (f"{field}: package {package!r} is not installed here (install it on the workers, or ship it with "
+                    "the job: `baton submit --code`)")
     return None
 
 

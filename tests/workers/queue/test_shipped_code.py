@@ -124,6 +124,7 @@ def test_a_worker_that_does_not_accept_shipped_code_passes_the_job_on(shipping, 
     job = shipping.client.submit(spec(loop={"epochs": 1}), "refused", code=write_package(tmp_path / "project", 1))
     waiting = wait_for(lambda: (s := job.status()).last_event and "BATON_ACCEPT_CODE" in s.last_event and s, timeout=60)
     assert waiting.state.value == "queued" and waiting.attempt <= 1
+    assert "BATON_ACCEPT_CODE is off" in job.status().waiting  # (not "a free worker takes it within moments")
     shipping.start_workers(1, BATON_ACCEPT_CODE="1")
     assert job.wait(timeout=120, progress=False).state.value == "succeeded"
 
