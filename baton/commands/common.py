@@ -25,9 +25,19 @@ _debug = False
 """``baton --debug``: an infrastructure mistake shows its whole traceback, not one line."""
 
 
+def _show_version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import version
+
+        typer.echo(f"baton {version('baton')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", help="Show the whole traceback of a Redis or store "
-                                        "failure instead of one line.")) -> None:
+                                        "failure instead of one line."),
+             _version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                           help="Print baton's version and exit.")) -> None:
     global _debug
     _debug = debug
 

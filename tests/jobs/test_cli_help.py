@@ -15,3 +15,10 @@ def test_help_texts_keep_their_defaults(command):
     text = re.sub(r"[│\s]+", " ", result.stdout)
     assert not re.search(r"\w \.", text), f"a help text lost its words before a period: {text}"
     assert "(default:" in text
+
+
+def test_the_version_is_one_line():
+    from importlib.metadata import version
+
+    result = run_baton("--version")
+    assert result.returncode == 0 and result.stdout == f"baton {version('baton')}\n", result
