@@ -33,14 +33,15 @@ def queue_views(records: JobRecords, queue: Optional[str] = None) -> list[QueueV
     for name in [queue] if queue is not None else pool.queues():
         state, workers = pool.state(name), pool.live_workers(name)
         unserved = f"no live worker serves queue {name!r}" if not workers else None
-        reasons = {job.job_id: unserved or why_waiting(state, job, len(workers)) for job in state.waiting}
+        drained = presence.drained(records.redis, workers)
+        reasons = {job.job_id: unserved or why_waiting(state, job, len(workers), len(drained)) for job in state.waiting}
         running = []
         for job in state.running:
             try:
                 running.append(records.status(job.job_id))
             except JobNotFound:
                 continue
-        views.append(QueueView(state, reasons, running, workers, presence.drained(records.redis, workers)))
+        views.append(QueueView(state, reasons, running, workers, drained))
     return views
 
 

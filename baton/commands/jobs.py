@@ -31,8 +31,17 @@ def submit(
     except SpecError as exc:
         raise _bad_spec(exc)
     typer.echo(job.id)
+    _warn_if_unserved(job)
     if wait:
         raise typer.Exit(_follow(job))
+
+
+def _warn_if_unserved(job) -> None:
+    """One line when no live worker serves the job's queue now (a misspelled queue, or none started)."""
+    queue = job.status().queue
+    if not job.client.records.pool.live_workers(queue):
+        typer.echo(f"warning: no live worker serves queue {queue!r} now; the job waits for one "
+                   f"(`baton worker --queues {queue}`)", err=True)
 
 
 @app.command()

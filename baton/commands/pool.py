@@ -31,12 +31,15 @@ def quota_set(
 ) -> None:
     """Guarantee TEAM SLOTS worker slots of a queue: below it, its waiting jobs start before those of teams
     at or above theirs. Beyond it, the team borrows slots while they are idle."""
+    client = _client()
     try:
-        _client().set_quota(team, queue_name, slots)
+        client.set_quota(team, queue_name, slots)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
     typer.echo(f"team {team}: {slots} slot(s) of queue {queue_name}")
+    if not client.records.pool.live_workers(queue_name):
+        typer.echo(f"warning: no live worker serves queue {queue_name!r} now (misspelled?)", err=True)
 
 
 @quota_app.command("list")

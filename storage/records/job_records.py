@@ -23,7 +23,7 @@ from baton.schemas.errors import JobNotFound
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState, JobStatus
 
-from baton.storage.records import keys
+from baton.storage.records import keys, presence
 from baton.storage.records.connection import maybe_text, text, texts
 from baton.storage.records.pool import LUA, Pool, QueueState, starts_in, why_waiting
 
@@ -268,15 +268,16 @@ class JobRecords:
         now = seconds + micros / 1e6
         waiting = state.find(status.id)
         status.position = waiting.position if waiting is not None else None
-        live = self.redis.zcount(keys.queue_workers(status.queue), now, "+inf")
+        serving = self.pool.live_workers(status.queue)
+        live = len(serving)
         if not live:
             if status.updated_at is None or now - status.updated_at >= UNSERVED_AFTER_S:
                 status.waiting = (f"no live worker serves queue {status.queue!r}: start one with `baton worker "
                                   f"--queues {status.queue}` (with the same BATON_REDIS_URL)")
             return
         if waiting is not None:
-            status.waiting = why_waiting(state, waiting, live)
-            if status.waiting.startswith("next to start") and (status.last_event or "").startswith("waiting for"):
+            status.waiting = why_waiting(state, waiting, live, len(presence.drained(self.redis, serving)))
+            if status.waiting.endswith("within moments") and (status.last_event or "").startswith("waiting for"):
                 status.waiting = status.last_event  # a worker passed it on, saying why: more than its place in line
             status.starts_in_s = starts_in(state, waiting, self.pool.remaining_s(state))
 

@@ -267,9 +267,9 @@ def _merge(lines: dict[str, list[Waiting]], usage: dict[str, int], quotas: dict[
     return order
 
 
-def why_waiting(state: QueueState, job: Waiting, live_workers: int) -> str:
+def why_waiting(state: QueueState, job: Waiting, live_workers: int, drained: int = 0) -> str:
     """Why ``job`` waits, in one line: what stands before it in ``state``'s start order (``live_workers``:
-    how many workers serve the queue now)."""
+    how many workers serve the queue now, ``drained`` of them drained: they take no job)."""
     ahead = state.waiting[:job.position - 1]
     higher = sum(1 for other in ahead if other.priority > job.priority)
     quota, used = state.quotas.get(job.team), state.usage.get(job.team, 0)
@@ -280,9 +280,12 @@ def why_waiting(state: QueueState, job: Waiting, live_workers: int) -> str:
     if ahead:
         return (f"behind {len(ahead)} job(s) of priority {job.priority} submitted earlier or of teams further "
                 "below their quota")
-    if live_workers > sum(state.usage.values()):
+    if live_workers - drained > sum(state.usage.values()):
         return f"next to start: a free worker of queue {state.queue} takes it within moments"
-    return f"next to start: every worker serving queue {state.queue} is busy"
+    if drained and drained >= live_workers:
+        return f"next to start: every worker serving queue {state.queue} is drained (`baton undrain WORKER`)"
+    busy = "busy" if not drained else f"busy or drained ({drained} drained)"
+    return f"next to start: every worker serving queue {state.queue} is {busy}"
 
 
 def starts_in(state: QueueState, job: Waiting, remaining_s: list[Optional[float]]) -> Optional[float]:

@@ -44,6 +44,21 @@ def claim(records: JobRecords, job_id: str, worker: str = "w", ttl_s: float = 30
     return claimed.token
 
 
+def test_a_drained_worker_is_no_free_worker_in_the_reasons(records):
+    from baton.jobs.pool import queue_views
+
+    submit(records, "x1")
+    for worker in ("w1", "w2"):
+        presence.announce(records.redis, worker, ["default"], 5.0)
+    presence.set_drained(records.redis, "w1", True)
+    assert records.status("x1").waiting == "next to start: a free worker of queue default takes it within moments"
+    presence.set_drained(records.redis, "w2", True)
+    drained = "next to start: every worker serving queue default is drained (`baton undrain WORKER`)"
+    assert records.status("x1").waiting == drained
+    [view] = queue_views(records, "default")
+    assert view.reasons["x1"] == drained
+
+
 def test_the_start_order_is_priority_then_submit_time_and_a_claim_leaves_it(records):
     submit(records, "x1")
     submit(records, "x2", priority=5)
