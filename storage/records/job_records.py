@@ -89,10 +89,19 @@ redis.call('SREM', KEYS[3], ARGV[2])
 return 1
 """
 
-# KEYS: job, lease. ARGV: lease token, now, reason, job id. Returns the next attempt, or -1 if fenced out.
+# KEYS: job, lease, active. ARGV: lease token, now, reason, job id. Returns the next attempt, -1 if fenced
+# out, or -2 when a cancel was asked for meanwhile (the job stopped at a checkpoint: it ends cancelled).
 _RELEASE = LUA + """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[2])
+if redis.call('HGET', KEYS[1], 'cancel_requested') then
+  pool_left(KEYS[1], ARGV[4])
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2],
+             'last_event', 'cancelled as it stopped (' .. ARGV[3] .. ')')
+  redis.call('HDEL', KEYS[1], 'cancel_requested')
+  redis.call('SREM', KEYS[3], ARGV[4])
+  return -2
+end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2], 'last_event', ARGV[3])
 pool_left(KEYS[1], ARGV[4])
 pool_wait(KEYS[1], ARGV[4])
@@ -322,7 +331,8 @@ class JobRecords:
 
     def release(self, job_id: str, token: str, reason: str) -> int:
         """Give the job back for another worker at once (preemption); returns the next attempt, -1 if fenced."""
-        return int(self._release(keys=[keys.job(job_id), keys.lease(job_id)], args=[token, now(), reason, job_id]))
+        return int(self._release(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
+                                 args=[token, now(), reason, job_id]))
 
     def release_if_still_mine(self, job_id: str, token: str, attempt: int, worker: str, reason: str) -> int:
         """After Redis was unreachable: give the job back, not counted as a loss, if ``token`` still

@@ -175,8 +175,9 @@ class Pool:
             if maybe_text(state) not in ("queued", "retrying"):
                 self._drop(keys=[line, keys.job(job_id)], args=[member])
                 continue
-            found.append(Waiting(job_id, maybe_text(name) or job_id, team, -int(score), float(created or 0),
-                                 int(attempt or 0) + 1, int(slots or 1)))
+            found.append(Waiting(job_id, maybe_text(name) or job_id, team, -_record_number(score, 0),
+                                 _record_number(created, 0, float), _record_number(attempt, 0) + 1,
+                                 max(1, _record_number(slots, 1))))
         return found
 
 
@@ -245,7 +246,24 @@ def _number(value: object) -> Optional[float]:
 def _held(value: str) -> tuple[str, int, int]:
     """A running entry's ``<team> <slots> <priority>`` (an entry written before priorities: priority 0)."""
     parts = value.split(" ")
-    return parts[0], int(parts[1]) if len(parts) > 1 else 1, int(parts[2]) if len(parts) > 2 else 0
+    return (parts[0], max(1, _record_number(parts[1], 1)) if len(parts) > 1 else 1,
+            _record_number(parts[2], 0) if len(parts) > 2 else 0)
+
+
+def _record_number(value, default, kind=int):
+    """``value`` (bytes, text or a number) as ``kind``, clamped to what a spec allows; ``default`` when it is
+    not a finite number: a record written by hand must not stop every worker's scheduler (it orders last)."""
+    try:
+        number = float(text(value) if isinstance(value, (bytes, str)) else value)
+    except (TypeError, ValueError):
+        return default
+    if number != number or number in (float("inf"), float("-inf")):
+        return default
+    return kind(max(-LIMIT, min(LIMIT, number)))
+
+
+LIMIT = 1e15
+"""The largest magnitude a record's number is read as (priorities are within +-1e9, times within 1e10)."""
 
 
 def _merge(lines: dict[str, list[Waiting]], usage: dict[str, int], quotas: dict[str, int]) -> list[Waiting]:

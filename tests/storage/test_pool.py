@@ -44,6 +44,32 @@ def claim(records: JobRecords, job_id: str, worker: str = "w", ttl_s: float = 30
     return claimed.token
 
 
+def test_records_written_by_hand_with_bad_numbers_do_not_break_the_queue(records):
+    from baton.jobs.pool import queue_views
+
+    submit(records, "good")
+    submit(records, "bad")
+    records.redis.hset(keys.job("bad"), mapping={"slots": "1.5", "created_at": "x", "attempt": "nan"})
+    submit(records, "runner", team="t")
+    claim(records, "runner")
+    [running] = records.redis.hkeys(keys.queue_running("default"))
+    records.redis.hset(keys.queue_running("default"), running, "t 1e20 1.5")  # slots, priority: not integers
+    assert sorted(order(records)) == ["bad", "good"]
+    assert records.status("good").position is not None
+    [view] = queue_views(records, "default")
+    assert set(view.reasons) == {"bad", "good"}
+
+
+def test_a_job_cancelled_while_it_yields_ends_cancelled_not_back_in_line(records):
+    submit(records, "y")
+    token = claim(records, "y")
+    assert records.cancel("y") == "requested"  # asked while its worker was stopping it for a yield
+    assert records.release("y", token, "yielded to job u (priority 10) on w") == -2
+    status = records.status("y")
+    assert status.state is JobState.cancelled and "cancelled as it stopped" in status.last_event
+    assert order(records) == [] and records.pool.state("default").usage.get("default", 0) == 0
+
+
 def test_a_drained_worker_is_no_free_worker_in_the_reasons(records):
     from baton.jobs.pool import queue_views
 

@@ -84,6 +84,8 @@ def run_job(ctx: WorkerContext, job_id: str, attempt: int, queue: Optional[str] 
     return "dropped"
 
 
+CANCELLED_AS_IT_STOPPED = -2
+"""What a release answers when the job was cancelled while it stopped (``JobRecords.release``)."""
 CHOICE_ROUNDS = 3
 """How many times a worker reads its queue's first waiting jobs again when other workers claimed every
 one it tried first (many workers freed at once): each round, others have started jobs."""
@@ -342,8 +344,10 @@ class Held:
                                           "the release of a lost attempt")
         else:
             next_attempt = control.leased(lambda: ctx.records.release(job_id, control.token, reason), "the release")
+        if next_attempt == CANCELLED_AS_IT_STOPPED:
+            _log.info("job %s: cancelled (asked while it stopped: %s)", job_id, reason)
         if next_attempt <= 0:
-            return next_attempt  # fenced out already: someone else owns it
+            return next_attempt  # fenced out already (someone else owns it), or cancelled
         prometheus.JOBS_RETRIED.labels(retried).inc()
         publish(ctx, job_id, next_attempt)
         if not lost:

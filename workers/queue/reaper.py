@@ -59,6 +59,8 @@ class Reaper(threading.Thread):
                 _log.warning("reaper: Redis unreachable (%s: %s)", type(exc).__name__, exc)
             except (redis.RedisError, KombuError, OSError) as exc:
                 _log.warning("reaper: %s", exc)
+            except Exception:  # noqa: BLE001 - one bad record must not end reaping and scheduling for the pool
+                _log.exception("reaper: a pass failed; the next one tries again")
 
     def make_pass(self) -> None:
         started = time.monotonic()
