@@ -68,13 +68,15 @@ class Yield:
     kind: str = "priority"  # or "reclaim"
 
 
-def decide(state: QueueState, idle_slots: int, yielding: set[str]) -> list[Yield]:
+def decide(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozenset[str] = frozenset()) -> list[Yield]:
     """The yields ``state`` calls for, with ``idle_slots`` free workers and the jobs of ``yielding``
-    already asked (their slots count as free)."""
-    return plan(state, idle_slots, yielding)[0]
+    already asked (their slots count as free); the jobs of ``cooling`` (asked within the cooldown) are
+    not asked again, and another is chosen in their place."""
+    return plan(state, idle_slots, yielding, cooling)[0]
 
 
-def plan(state: QueueState, idle_slots: int, yielding: set[str]) -> tuple[list[Yield], list[str]]:
+def plan(state: QueueState, idle_slots: int, yielding: set[str],
+         cooling: frozenset[str] = frozenset()) -> tuple[list[Yield], list[str]]:
     """``decide``'s yields, and the waiting jobs that start once they are made (on free slots or freed
     ones). The waiting jobs are taken in start order: each takes free slots first, then, if it may,
     the slots of jobs that yield to it. The first that can have neither ends the plan: a worker freed
@@ -85,7 +87,7 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str]) -> tuple[list[Y
         if job.job_id in yielding:
             free += job.slots
             usage[job.team] = usage.get(job.team, 0) - job.slots
-    candidates = [job for job in state.running if job.job_id not in yielding]
+    candidates = [job for job in state.running if job.job_id not in yielding and job.job_id not in cooling]
     decisions: list[Yield] = []
     starts: list[str] = []
     for waiting in state.waiting:
@@ -162,7 +164,7 @@ class Scheduler:
             return []
         yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
         followers = sum(job.slots - 1 for job in state.running)  # a gang's other nodes hold workers BUSY does not name
-        decisions = decide(state, max(0, self.idle_workers(queue) - followers), yielding)
+        decisions = decide(state, max(0, self.idle_workers(queue) - followers), yielding, self._cooling(state))
         marked = []
         for decision in decisions:
             if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue)],
@@ -170,6 +172,21 @@ class Scheduler:
                 _log.warning("job %s asked to yield: %s", decision.job_id, decision.reason)
                 marked.append(decision)
         return marked
+
+    def _cooling(self, state: QueueState) -> frozenset[str]:
+        """The running jobs asked to yield within ``YIELD_COOLDOWN_S`` (``_MARK`` would refuse them)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job in state.running:
+            pipe.hget(keys.job(job.job_id), "yield_marked_at")
+        now = time.time()
+        cooling = set()
+        for job, marked in zip(state.running, pipe.execute()):
+            try:
+                if marked is not None and now - float(text(marked)) < YIELD_COOLDOWN_S:
+                    cooling.add(job.job_id)
+            except ValueError:
+                continue
+        return frozenset(cooling)
 
     def idle_workers(self, queue: str) -> int:
         """Live workers of ``queue`` that hold no job and are not drained."""

@@ -29,6 +29,13 @@ def test_a_higher_priority_job_takes_the_lowest_priority_slot_and_only_one():
     assert (one.job_id, one.for_job, one.reason) == ("lower", "urgent", "yielded to job urgent (priority 10)")
 
 
+def test_a_job_in_its_yield_cooldown_is_passed_over_for_another():
+    state = queue([Running("a-low", "default", 1, 0), Running("b-low", "default", 1, 0)], [waiting("urgent", 10)])
+    [one] = decide(state, idle_slots=0, yielding=set(), cooling=frozenset({"a-low"}))
+    assert one.job_id == "b-low"  # (not a-low, which the mark would refuse: nothing would yield for a minute)
+    assert decide(state, idle_slots=0, yielding=set(), cooling=frozenset({"a-low", "b-low"})) == []
+
+
 def test_nothing_yields_while_a_worker_is_idle_or_a_yield_is_under_way():
     running = [Running("low", "default", 1, 0), Running("low2", "default", 1, 0)]
     assert decide(queue(running, [waiting("urgent", 10)]), idle_slots=1, yielding=set()) == []
