@@ -2,7 +2,7 @@
 
     client = JobClient()                 # BATON_REDIS_URL, BATON_STORAGE_URL from the environment
     job = client.submit("job.yaml")      # or a JobSpec or a dict; validated before anything is queued
-    job.status(); job.wait(progress=True); job.metrics(); job.cancel()
+    job.status(); job.wait(progress=True); job.metrics(); job.cancel(); job.set_priority(10)
     job.download("out/", which="best")   # best | latest | final
     job.logs(); job.follow_logs()        # the job's own output, every attempt (or attempt=N)
     client.submit("job.yaml", overrides={"optimizer.lr": 1e-3})       # or ["optimizer.lr=1e-3"]
@@ -38,6 +38,7 @@ from baton.storage.stores.open import open_client_store
 from baton.storage.job_log import FOLLOW_POLL_S, follow_log, read_log
 from baton.storage.records.job_records import JobRecords, spec_fields
 from baton.storage.records.connection import connect
+from baton.storage.records.priority import set_priority
 from baton.jobs.code_ship import Shipper, code_dir, importable
 from baton.jobs.specfile import SpecSource, load_spec, read_raw, with_overrides
 from baton.jobs.sweeps import SweepEntry, plan, rank
@@ -102,6 +103,16 @@ class Job:
             raise ValueError(f"job {self.id} is {self.status().state.value}: only cancelled or failed jobs resume")
         self.client._publish(self.id, attempt)
         return attempt
+
+    def set_priority(self, priority: int) -> None:
+        """Change the priority of a waiting or running job: a waiting one takes its new place in its line,
+        a running one is weighed at it by the scheduler (its spec keeps the priority it was submitted with).
+        ValueError for a job that has ended, or a priority out of range."""
+        result = set_priority(self.client.records.redis, self.id, priority)
+        if result == "missing":
+            raise JobNotFound(f"no job {self.id!r}")
+        if result != "ok":
+            raise ValueError(f"job {self.id} is {result}: only a waiting or running job's priority can change")
 
     def _store(self) -> ObjectStore:
         status = self.status()

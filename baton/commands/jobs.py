@@ -112,6 +112,19 @@ def cancel(job_id: str) -> None:
 
 
 @app.command()
+def priority(job_id: str, value: int = typer.Argument(..., metavar="PRIORITY", help="The new priority (higher "
+                                                      "starts first).")) -> None:
+    """Change a waiting or running job's priority: a waiting one moves to its new place in line, a running one
+    may then make a lower job yield (or be asked to yield to a higher one)."""
+    try:
+        _job(job_id).set_priority(value)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{job_id}: priority {value}")
+
+
+@app.command()
 def resume(job_id: str) -> None:
     """Queue a cancelled or failed job again, from its latest checkpoint."""
     try:

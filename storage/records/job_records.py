@@ -30,6 +30,7 @@ from baton.storage.records.pool import LUA, Pool, QueueState, starts_in, why_wai
 _CREATE = LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+job_event(KEYS[1], redis.call('HGET', KEYS[1], 'created_at'), 'submitted', 'queued')
 pool_wait(KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
@@ -84,6 +85,8 @@ redis.call('DEL', KEYS[2])
 pool_left(KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'updated_at', ARGV[4], 'finished_at', ARGV[4])
 if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
+job_event(KEYS[1], ARGV[4], ARGV[3], '')
+redis.call('DEL', KEYS[1] .. ':live')
 redis.call('HDEL', KEYS[1], 'cancel_requested')
 redis.call('SREM', KEYS[3], ARGV[2])
 return 1
@@ -98,11 +101,13 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') then
   pool_left(KEYS[1], ARGV[4])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2],
              'last_event', 'cancelled as it stopped (' .. ARGV[3] .. ')')
+  job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled as it stopped (' .. ARGV[3] .. ')')
   redis.call('HDEL', KEYS[1], 'cancel_requested')
   redis.call('SREM', KEYS[3], ARGV[4])
   return -2
 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2], 'last_event', ARGV[3])
+job_event(KEYS[1], ARGV[2], 'yielded', ARGV[3])
 pool_left(KEYS[1], ARGV[4])
 pool_wait(KEYS[1], ARGV[4])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
@@ -121,6 +126,7 @@ if lease ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[4], 'publish_pending', ARGV[4], 'last_event', ARGV[5])
+job_event(KEYS[1], ARGV[4], 'yielded', ARGV[5])
 pool_left(KEYS[1], ARGV[6])
 pool_wait(KEYS[1], ARGV[6])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
@@ -134,9 +140,11 @@ redis.call('DEL', KEYS[2])
 pool_left(KEYS[1], ARGV[4])
 local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[2], 'last_event', ARGV[3], 'stall_stacks', ARGV[5])
+job_event(KEYS[1], ARGV[2], 'lost', ARGV[3])
 if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
   redis.call('HSET', KEYS[1], 'state', 'failed', 'finished_at', ARGV[2], 'traceback', ARGV[5],
              'error', ARGV[3] .. '; lost ' .. lost .. ' time(s), retry.max_attempts reached')
+  job_event(KEYS[1], ARGV[2], 'failed', 'retry.max_attempts reached')
   redis.call('SREM', KEYS[3], ARGV[4])
   return 0
 end
@@ -152,11 +160,15 @@ if not state then return 'missing' end
 if state == 'queued' or state == 'retrying' then
   pool_unwait(KEYS[1], ARGV[1])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2])
+  job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled while waiting')
   redis.call('HDEL', KEYS[1], 'publish_pending')
   redis.call('SREM', KEYS[2], ARGV[1])
   return 'cancelled'
 end
 if state == 'running' then
+  if not redis.call('HGET', KEYS[1], 'cancel_requested') then
+    job_event(KEYS[1], ARGV[2], 'cancel requested', 'it stops at its next step')
+  end
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
   return 'requested'
 end
@@ -169,6 +181,7 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'cancelled' and state ~= 'failed' then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'lost', '0', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
            'last_event', 'resumed by the user')
+job_event(KEYS[1], ARGV[2], 'requeued', 'resumed by the user')
 redis.call('HDEL', KEYS[1], 'error', 'traceback', 'cancel_requested', 'finished_at')
 redis.call('SADD', KEYS[2], ARGV[1])
 pool_wait(KEYS[1], ARGV[1])

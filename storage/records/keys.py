@@ -35,6 +35,16 @@ def lease(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:lease"
 
 
+def job_events(job_id: str) -> str:
+    """List: the job's events, oldest first, each a JSON object (``storage/records/events.py``)."""
+    return f"{PREFIX}:job:{job_id}:events"
+
+
+def job_live(job_id: str) -> str:
+    """List: the job's live training points, ``<step> <loss> <lr> <unix s>`` (``storage/records/events.py``)."""
+    return f"{PREFIX}:job:{job_id}:live"
+
+
 def sweep(sweep_id: str) -> str:
     """Sorted set of the ids of a sweep's jobs, scored by their place in the grid."""
     return f"{PREFIX}:sweep:{sweep_id}"
@@ -107,6 +117,10 @@ def quota(queue: str) -> str:
 BUSY = f"{PREFIX}:busy"
 """Hash: worker -> the job it holds, from its claim to the end of that attempt: a live worker not in it
 is idle (the scheduler's measure of free slots)."""
+
+WORKERS_SEEN = f"{PREFIX}:workers:seen"
+"""Hash: worker -> ``{"t": its last announcement (Redis time, s), "queues": [...]}``: the dashboard's list of
+workers, the lost ones included (``presence.seen``)."""
 
 QUEUES = f"{PREFIX}:queues"
 """Set of every queue a job has waited on or a worker has served: what ``baton queue`` and ``baton quota

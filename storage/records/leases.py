@@ -25,6 +25,7 @@ import redis
 from baton.storage.records import keys
 from baton.storage.records.connection import text
 from baton.storage.records.job_records import now
+from baton.storage.records.events import EVENT_LUA
 from baton.storage.records.pool import LEASE_DUE_LUA, LUA
 
 
@@ -39,6 +40,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'leased'} end
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3])
 lease_due(ARGV[6], ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4])
+job_event(KEYS[1], ARGV[4], 'claimed', 'claimed by ' .. ARGV[2], true)
 redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback')
 pool_run(KEYS[1], ARGV[6])
 return {'ok'}
@@ -63,11 +65,14 @@ return 1
 """
 
 # KEYS: lease, job, the worker's stopping flag, its drain mark. ARGV: token, ttl ms, job id, field/value pairs...
-_RENEW = LEASE_DUE_LUA + """
+_RENEW = LEASE_DUE_LUA + EVENT_LUA + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, ''} end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 lease_due(ARGV[3], ARGV[2])
-if #ARGV > 3 then redis.call('HSET', KEYS[2], unpack(ARGV, 4)) end
+if #ARGV > 3 then
+  redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+  live_point(KEYS[2])
+end
 local flags = redis.call('HMGET', KEYS[2], 'cancel_requested', 'yield_requested')
 local worker = redis.call('MGET', KEYS[3], KEYS[4])
 local why = flags[2] or ''

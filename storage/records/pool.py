@@ -24,6 +24,7 @@ import redis
 
 from baton.storage.records import keys
 from baton.storage.records.connection import maybe_text, text, texts
+from baton.storage.records.events import EVENT_LUA
 
 _P = keys.PREFIX + ":queue:"
 
@@ -35,7 +36,7 @@ end
 """.replace("@D", keys.LEASES_DUE)
 """``lease_due`` alone (the renewal's script needs nothing else): when the reaper must look at a lease."""
 
-LUA = LEASE_DUE_LUA + """
+LUA = LEASE_DUE_LUA + EVENT_LUA + """
 local function pool_fields(job)
   local v = redis.call('HMGET', job, 'queue', 'team', 'priority', 'created_at', 'slots')
   return v[1] or 'default', v[2] or 'default', tonumber(v[3] or '0') or 0, tonumber(v[4] or '0') or 0,

@@ -27,8 +27,9 @@ for i = 3, #ARGV do
   redis.call('ZADD', key, lapses_at, ARGV[1])
   redis.call('SADD', KEYS[1], ARGV[i])
 end
+redis.call('HSET', '@S', ARGV[1], cjson.encode({t = tonumber(t[1]) + tonumber(t[2]) / 1e6, queues = {unpack(ARGV, 3)}}))
 return 1
-""".replace("@P", keys.PREFIX + ":queue:")
+""".replace("@P", keys.PREFIX + ":queue:").replace("@S", keys.WORKERS_SEEN)
 
 
 def announce_every_s(period_s: float) -> float:
@@ -66,6 +67,41 @@ def live_workers(client: redis.Redis) -> list[str]:
     for queue in client.smembers(keys.QUEUES):
         found.update(map(text, client.zrangebyscore(keys.queue_workers(text(queue)), now, "+inf")))
     return sorted(found)
+
+
+def seen(client: redis.Redis) -> list[dict]:
+    """Every worker that announced itself within ``SEEN_KEPT_S``: ``{"name", "last_seen", "queues",
+    "alive", "drained", "job"}`` (alive: its announcement has not lapsed; job: the one it holds)."""
+    import json
+
+    seconds, micros = client.time()
+    now = seconds + micros / 1e6
+    live = set(live_workers(client))
+    busy = {text(worker): text(job) for worker, job in client.hgetall(keys.BUSY).items()}
+    found: list[dict] = []
+    old: list[str] = []
+    for worker, raw in client.hgetall(keys.WORKERS_SEEN).items():
+        name = text(worker)
+        try:
+            entry = json.loads(raw)
+            last, queues = float(entry["t"]), [str(q) for q in entry.get("queues") or []]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if now - last > SEEN_KEPT_S:
+            old.append(name)
+            continue
+        found.append({"name": name, "last_seen": last, "queues": queues, "alive": name in live,
+                      "job": busy.get(name) if name in live else None})
+    if old:
+        client.hdel(keys.WORKERS_SEEN, *old)
+    marks = drained(client, [str(entry["name"]) for entry in found])
+    for entry in found:
+        entry["drained"] = entry["name"] in marks
+    return sorted(found, key=lambda entry: (not entry["alive"], entry["name"]))
+
+
+SEEN_KEPT_S = 86400.0
+"""A worker not heard from for a day is forgotten (the dashboard lists the others, alive or not)."""
 
 
 def set_drained(client: redis.Redis, worker: str, drained: bool) -> bool:

@@ -82,6 +82,7 @@ local function reap_job(id, now, republish_after, unclaimed_after, republish_max
     local worker = redis.call('HGET', job, 'worker') or '?'
     local function requeue(word, event)  -- back to its line, its next attempt marked for publishing
       redis.call('HSET', job, 'state', 'retrying', 'updated_at', now, 'publish_pending', now, 'last_event', event)
+      job_event(job, now, word == 'outage' and 'lapsed' or 'lost', event)
       pool_left(job, id)
       pool_wait(job, id)
       return {word, tonumber(redis.call('HGET', job, 'attempt')) + 1}
@@ -94,6 +95,8 @@ local function reap_job(id, now, republish_after, unclaimed_after, republish_max
       redis.call('HSET', job, 'state', 'failed', 'updated_at', now, 'finished_at', now,
                  'error', 'lost its worker ' .. lost .. ' time(s) (the last: ' .. worker .. '); retry.max_attempts reached')
       redis.call('SREM', '@A', id)
+      job_event(job, now, 'lost', 'lease of ' .. worker .. ' expired')
+      job_event(job, now, 'failed', 'retry.max_attempts reached')
       pool_left(job, id)
       return {'failed'}
     end

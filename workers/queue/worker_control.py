@@ -12,6 +12,7 @@ from typing import Callable, Optional, TypeVar
 
 import redis
 
+from baton.storage.records import events
 from baton.storage.records.job_records import JobRecords
 from baton.storage.redaction import Redactor
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed
@@ -173,6 +174,9 @@ class WorkerControl(LoopControl):
                                     f"{self.comeback.pid}, {time.monotonic() - self.comeback.at:.1f} s")
             self.log(fields["last_event"])
         self.record(fields, "the resume point")  # (the training process logs the resume's line)
+        how = "in memory" if source == "memory" else ("from scratch" if step == 0 else "from its checkpoint")
+        self.leased(lambda: events.add(self.ctx.records.redis, self.job_id, "resumed", f"started {how} at step {step}"
+                                       if step == 0 else f"resumed {how} at step {step}", step), "the resume event")
 
     def log(self, message: str) -> None:
         _log.info("job %s: %s", self.job_id, message)
