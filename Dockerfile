@@ -16,14 +16,16 @@ COPY schemas ./schemas
 COPY storage ./storage
 COPY workers ./workers
 COPY jobs ./jobs
-# mlflow: the client (mlflow-skinny), so setting MLFLOW_TRACKING_URI on a worker is enough to track its jobs
-RUN pip install ".[digits,mlflow]" \
+COPY dashboard ./dashboard
+# mlflow: the client (mlflow-skinny), so setting MLFLOW_TRACKING_URI on a worker is enough to track its jobs;
+# ui: the same image serves the dashboard (`baton ui --host 0.0.0.0`, port 8265)
+RUN pip install ".[digits,mlflow,ui]" \
  && useradd --create-home --uid 10001 --shell /usr/sbin/nologin baton
 
 USER baton
 WORKDIR /home/baton
 # Prometheus /metrics (BATON_METRICS_PORT; with --gpus N, ports 9100..9100+N-1)
-EXPOSE 9100
+EXPOSE 9100 8265
 # Healthy while the worker can reach its Redis (BATON_REDIS_URL).
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 CMD ["baton", "health"]
 # SIGTERM: checkpoint at the next step, release the job, exit within BATON_PREEMPT_GRACE_S.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, Mapping
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEPLOYMENT_VARIABLES = frozenset({"BATON_BUCKET", "BATON_WORKER_REPLICAS", "BATON_QUEUES", "BATON_VENV"})
@@ -42,6 +42,9 @@ class BatonSettings(BaseSettings):
     accept_code: bool = Field(False, description="Whether this worker runs jobs that ship their own code (`code` in the "
                               "spec): anyone who can queue jobs on its Redis then runs code here. Off: it passes such "
                               "jobs on to workers that accept them. BATON_ALLOWED_MODULES applies to shipped code too.")
+    ui_token: SecretStr = Field(SecretStr(""), description="The token `baton ui` asks of every action (cancel, resume, "
+                                "priority, drain), sent as `Authorization: Bearer <token>`; unset, the dashboard is "
+                                "read-only. Use a long random value (`python -c 'import secrets; print(secrets.token_urlsafe())'`).")
     code_limit_mb: float = Field(100.0, gt=0, description="The most a job's `code.dir` may hold to ship (its files' "
                                  "megabytes, before compression), checked at submit; a worker refuses an archive "
                                  "larger than its own limit once unpacked.")

@@ -37,7 +37,8 @@ ROOMS = {
     "baton.workers.queue": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
                             "baton.workers.attempt", "baton.schemas", *STORAGE},
     "baton.jobs": {"baton.schemas", *STORAGE},
-    "baton": {"baton.jobs", "baton.schemas", *STORAGE, *WORKERS},
+    "baton.dashboard": {"baton.jobs", "baton.schemas", *STORAGE},
+    "baton": {"baton.jobs", "baton.dashboard", "baton.schemas", *STORAGE, *WORKERS},
 }
 """What each room may import (itself always), module level or inside a function: the user's side
 (``baton.jobs``) and the workers meet only in the rooms below both, and the command line (``baton``)

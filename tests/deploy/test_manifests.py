@@ -77,7 +77,7 @@ def test_every_variable_the_deployment_reads_is_documented():
 
 def test_kubernetes_worker_grace_gpus_probes_and_secrets():
     docs = k8s_docs()
-    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    deployments = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != "baton-ui"]
     config = next(d for d in docs if d["kind"] == "ConfigMap")
     assert {d["metadata"]["name"] for d in deployments} == {"baton-worker", "baton-worker-multinode"}
     for deployment in deployments:
@@ -157,3 +157,27 @@ def test_the_scaled_object_scales_the_worker_deployment_on_the_metric_workers_ex
     assert "metrics" in ports
     # a scale-down stops a busy worker now and then: its SIGTERM grace must cover the checkpoint
     assert spec["cooldownPeriod"] >= 60
+
+
+def test_the_dashboard_is_internal_holds_no_token_and_names_the_hosts_it_is_reached_by():
+    docs = k8s_docs()
+    ui = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "baton-ui")
+    container = ui["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:2] == ["baton", "ui"] and "--allowed-host" in command  # bound to 0.0.0.0 in its pod only
+    assert {"secretRef": {"name": "baton-secrets"}} in container["envFrom"] and pinned(container["image"])
+    assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"])]
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "baton-ui")
+    assert service["spec"]["type"] == "ClusterIP"
+    ui_service = compose()["services"]["ui"]
+    assert all(port.startswith("127.0.0.1:") for port in ui_service["ports"])  # published on the host's loopback
+    assert "BATON_UI_TOKEN" not in str(ui_service.get("environment", {}))  # from deploy/.env, never the file
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_workers_export():
+    import json
+
+    board = json.loads((DEPLOY / "grafana" / "baton-dashboard.json").read_text())
+    queried = set(re.findall(r"\b(baton_[a-z_]+)", " ".join(t["expr"] for p in board["panels"] for t in p["targets"])))
+    exported = set(re.findall(r'"(baton_[a-z_]+)"', (REPO / "workers" / "tracking" / "prometheus.py").read_text()))
+    assert queried and {re.sub(r"_bucket$", "", name) for name in queried} <= exported

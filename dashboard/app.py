@@ -1,0 +1,229 @@
+"""The dashboard's ASGI application: the pages (static files), the JSON API they use, and who may do
+what (``access.py``). ``make_app`` builds it over a Redis and a default store; ``baton ui`` serves it
+with uvicorn."""
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from functools import lru_cache
+from importlib.resources import files
+from typing import Any, AsyncIterator, Optional
+
+import redis
+from fastapi import Body, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from baton.jobs.client import JobClient
+from baton.jobs.pool import drain, queue_views
+from baton.schemas.errors import BatonError, JobNotFound
+from baton.schemas.settings import BatonSettings
+from baton.storage.artifacts import read_verified
+from baton.storage.job_log import log_chunks
+from baton.storage.records import events, presence
+from baton.storage.layout import check_job_id
+from baton.storage.records import keys
+from baton.storage.stores.base import ObjectStore
+from baton.storage.stores.open import open_client_store
+from baton.dashboard import curves, job_view, listing
+from baton.dashboard.access import Access
+
+STATIC = files("baton.dashboard") / "static"
+PAGES = {"/": "jobs.html", "/queue": "queue.html", "/workers": "workers.html"}
+HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+           "script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+           "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "Cache-Control": "no-store"}
+
+
+class Context:
+    def __init__(self, settings: BatonSettings, access: Access, history_every_s: float):
+        self.settings, self.access = settings, access
+        self.client = JobClient(settings.redis_url, settings.storage_url)
+        self.records = self.client.records
+        self.history = listing.StoreHistory(lambda: self.store(settings.storage_url), self.known_ids,
+                                            history_every_s)
+        self.metrics = curves.MetricsCache()
+        self.rows = listing.RedisRows(self.records.redis)
+
+    @lru_cache(maxsize=16)
+    def store(self, url: str) -> ObjectStore:
+        return open_client_store(url)
+
+    def known_ids(self) -> set[str]:
+        return {str(job_id) for job_id in self.records.redis.zrange(keys.JOBS_INDEX, 0, -1)}
+
+    def find(self, job_id: str) -> job_view.Found:
+        try:
+            check_job_id(job_id)
+        except ValueError as exc:
+            raise HTTPException(404, str(exc))
+        return job_view.find(self.records, self.store, self.settings.storage_url, job_id)
+
+
+def make_app(settings: BatonSettings, token: Optional[str], allowed_hosts: list[str],
+             history_every_s: float = listing.STORE_LIST_EVERY_S) -> FastAPI:
+    """The application; ``allowed_hosts``: the host names its URL may use (DNS rebinding is refused)."""
+    ctx = Context(settings, Access(token, allowed_hosts), history_every_s)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.history.start()
+        yield
+        ctx.history.stop()
+
+    app = FastAPI(title="baton dashboard", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json",
+                  lifespan=lifespan)
+    app.state.ctx = ctx
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        refused = ctx.access.check_host(request)
+        response = JSONResponse({"detail": refused}, 421) if refused else await call_next(request)
+        for name, value in HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.exception_handler(redis.RedisError)
+    async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
+        return JSONResponse({"detail": ctx.access.clean(f"cannot reach Redis: {type(exc).__name__}: {exc}")}, 503)
+
+    @app.exception_handler(BatonError)
+    async def baton_error(request: Request, exc: BatonError) -> JSONResponse:
+        code = 404 if isinstance(exc, JobNotFound) else 503
+        return JSONResponse({"detail": ctx.access.clean(str(exc))}, code)
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    _pages(app)
+    _reads(app, ctx)
+    _pool_reads(app, ctx)
+    _actions(app, ctx)
+    return app
+
+
+def _pages(app: FastAPI) -> None:
+    for path, name in PAGES.items():
+        app.add_api_route(path, lambda name=name: FileResponse(str(STATIC / name)), include_in_schema=False)
+    app.add_api_route("/jobs/{job_id}", lambda job_id: FileResponse(str(STATIC / "job.html")), include_in_schema=False)
+
+
+def _reads(app: FastAPI, ctx: Context) -> None:
+    clean = ctx.access.clean
+
+    @app.get("/api/jobs")
+    def jobs(state: Optional[str] = None, team: Optional[str] = None, queue: Optional[str] = None,
+             name: Optional[str] = None, sort: str = "created_at", order: str = "desc", offset: int = 0,
+             limit: int = 50) -> dict:
+        rows = ctx.rows.rows()
+        rows += ctx.history.rows({row["id"] for row in rows})
+        query = listing.Query(state, team, queue, name, sort, order != "asc", offset, limit)
+        return clean(listing.select(rows, query))
+
+    @app.get("/api/jobs/{job_id}")
+    def job(job_id: str) -> dict:
+        return clean(job_view.detail(ctx.records, ctx.find(job_id)))
+
+    @app.get("/api/jobs/{job_id}/metrics")
+    def metrics(job_id: str, since: int = -1, max_rows: int = 0) -> Response:
+        """The committed metrics rows past step ``since`` (as metrics.jsonl holds them; with ``max_rows``, an
+        even sample of at most that many and the last), and the live points (step, loss, lr, time) the worker
+        reported past the last of those rows."""
+        found = ctx.find(job_id)
+        rows, last, total, stride = ctx.metrics.rows(found.store, job_id, found.manifest).after(since, max(0, max_rows))
+        live = events.live_points(ctx.records.redis, job_id, max(last, since)) if found.status is not None else []
+        body = (b'{"rows":' + rows + b',"total_rows":' + str(total).encode() + b',"stride":' + str(stride).encode()
+                + b',"live":' + json.dumps(live).encode() + b"}")
+        return Response(body, media_type="application/json")
+
+    @app.get("/api/jobs/{job_id}/log")
+    def log(job_id: str, since: int = 0) -> dict:
+        found = ctx.find(job_id)
+        chunks = log_chunks(found.store, job_id)
+        parts = []
+        for _, _, key in chunks[max(0, since):]:
+            try:
+                parts.append(found.store.get_bytes(key).decode("utf-8", errors="replace"))
+            except FileNotFoundError:
+                continue
+        return {"text": clean("".join(parts)), "chunks": len(chunks)}
+
+    @app.get("/api/jobs/{job_id}/artifacts/{which}")
+    def download(job_id: str, which: str) -> Response:
+        found = ctx.find(job_id)
+        try:
+            ref, name = job_view.artifact(found.manifest, which)
+        except FileNotFoundError as exc:
+            raise HTTPException(404, str(exc))
+        return Response(read_verified(found.store, ref), media_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+
+def _pool_reads(app: FastAPI, ctx: Context) -> None:
+    clean = ctx.access.clean
+
+    @app.get("/api/info")
+    def info() -> dict:
+        from importlib.metadata import version
+
+        return {"version": version("baton"), "actions": ctx.access.token is not None,
+                "history_error": clean(ctx.history.error) if ctx.history.error else None}
+
+    @app.get("/api/queue")
+    def queue(name: Optional[str] = None) -> dict:
+        return clean({"queues": [_queue_view(view) for view in queue_views(ctx.records, name)],
+                      "quotas": ctx.records.pool.quotas()})
+
+    @app.get("/api/workers")
+    def workers() -> dict:
+        return clean({"workers": presence.seen(ctx.records.redis)})
+
+
+def _queue_view(view: Any) -> dict:
+    return {"queue": view.queue,
+            "waiting": [{**asdict(job), "reason": view.reasons.get(job.job_id)} for job in view.state.waiting],
+            "running": [status.model_dump(mode="json", include={"id", "name", "team", "priority", "worker", "step",
+                                                                "total_steps", "attempt"}) for status in view.running],
+            "usage": view.state.usage, "quotas": view.state.quotas, "workers": view.workers,
+            "drained": sorted(view.drained)}
+
+
+def _actions(app: FastAPI, ctx: Context) -> None:
+    clean = ctx.access.clean
+
+    @app.post("/api/jobs/{job_id}/cancel")
+    def cancel(job_id: str, request: Request) -> dict:
+        ctx.access.require_action(request)
+        return clean({"id": job_id, "result": ctx.client.job(job_id).cancel()})
+
+    @app.post("/api/jobs/{job_id}/resume")
+    def resume(job_id: str, request: Request) -> dict:
+        ctx.access.require_action(request)
+        try:
+            attempt = ctx.client.job(job_id).resume()
+        except ValueError as exc:
+            raise HTTPException(409, clean(str(exc)))
+        return {"id": job_id, "attempt": attempt}
+
+    @app.post("/api/jobs/{job_id}/priority")
+    def priority(job_id: str, request: Request, body: dict = Body(...)) -> dict:
+        ctx.access.require_action(request)
+        value = body.get("priority")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise HTTPException(422, "priority must be an integer")
+        try:
+            ctx.client.job(job_id).set_priority(value)
+        except ValueError as exc:
+            raise HTTPException(409 if "only a waiting" in str(exc) else 422, clean(str(exc)))
+        return {"id": job_id, "priority": value}
+
+    @app.post("/api/workers/{name}/drain")
+    def drain_worker(name: str, request: Request, body: Optional[dict] = Body(None)) -> dict:
+        ctx.access.require_action(request)
+        drained = True if body is None else bool(body.get("drained", True))
+        try:
+            full, changed = drain(ctx.records, name, drained)
+        except ValueError as exc:
+            raise HTTPException(404, clean(str(exc)))
+        return {"worker": full, "drained": drained, "changed": changed}

@@ -1,0 +1,48 @@
+// What every page shares: the API calls (the token rides in the Authorization header, kept in this
+// tab's sessionStorage, never in a cookie), the navigation bar, and small formatting helpers.
+"use strict";
+const baton = {
+  token() { return sessionStorage.getItem("batonToken") || ""; },
+  async get(path) {
+    const response = await fetch(path, { headers: { "Accept": "application/json" } });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(body.detail || response.statusText);
+    return body;
+  },
+  async act(path, payload) {
+    const headers = { "Content-Type": "application/json" };
+    if (baton.token()) headers["Authorization"] = "Bearer " + baton.token();
+    const response = await fetch(path, { method: "POST", headers, body: JSON.stringify(payload || {}) });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(response.status + ": " + (body.detail || response.statusText));
+    return body;
+  },
+  el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value; else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else if (value !== undefined && value !== null) node.setAttribute(key, value);
+    }
+    for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(child ?? ""));
+    return node;
+  },
+  when(t) { return t ? new Date(t * 1000).toLocaleString() : ""; },
+  ago(t) {
+    if (!t) return "";
+    const s = Math.max(0, Date.now() / 1000 - t);
+    return s < 90 ? `${s.toFixed(0)} s ago` : s < 5400 ? `${(s / 60).toFixed(0)} min ago` : `${(s / 3600).toFixed(1)} h ago`;
+  },
+  num(v, digits = 4) { return v === null || v === undefined ? "" : (Number.isInteger(v) ? String(v) : Number(v).toPrecision(digits)); },
+  size(n) { return n > 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n > 1024 ? (n / 1024).toFixed(1) + " KiB" : n + " B"; },
+  state(s) { return baton.el("span", { class: "state " + s }, s); },
+  nav(here) {
+    const links = [["/", "Jobs"], ["/queue", "Queue"], ["/workers", "Workers"]];
+    const input = baton.el("input", { type: "password", id: "token", placeholder: "token for actions", value: baton.token() });
+    input.addEventListener("change", () => sessionStorage.setItem("batonToken", input.value));
+    const bar = baton.el("nav", {}, baton.el("span", { class: "brand" }, "baton"),
+      ...links.map(([href, text]) => baton.el("a", { href, class: href === here ? "here" : "" }, text)),
+      baton.el("span", { class: "token" }, "actions:", input));
+    document.body.prepend(bar);
+  },
+  say(node, error) { node.textContent = String(error.message || error); node.className = "error"; },
+};
