@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from functools import lru_cache
 from importlib.resources import files
 from typing import Any, AsyncIterator, Optional
 
 import redis
-from fastapi import Body, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -80,7 +80,13 @@ def make_app(settings: BatonSettings, token: Optional[str], allowed_hosts: list[
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
         refused = ctx.access.check_host(request)
-        response = JSONResponse({"detail": refused}, 421) if refused else await call_next(request)
+        length = request.headers.get("content-length", "0")
+        if refused:
+            response = JSONResponse({"detail": refused}, 421)
+        elif not length.isdigit() or int(length) > BODY_LIMIT:
+            response = JSONResponse({"detail": f"a request's body holds at most {BODY_LIMIT} bytes"}, 413)
+        else:
+            response = await call_next(request)
         for name, value in HEADERS.items():
             response.headers.setdefault(name, value)
         return response
@@ -117,7 +123,9 @@ def _reads(app: FastAPI, ctx: Context) -> None:
              limit: int = 50) -> dict:
         rows = ctx.rows.rows()
         rows += ctx.history.rows({row["id"] for row in rows})
-        query = listing.Query(state, team, queue, name, sort, order != "asc", offset, limit)
+        if sort not in listing.SORTABLE or order not in ("asc", "desc"):
+            raise HTTPException(422, f"sort must be one of {', '.join(listing.SORTABLE)}; order asc or desc")
+        query = listing.Query(state or None, team or None, queue or None, name or None, sort, order != "asc", offset, limit)
         return clean(listing.select(rows, query))
 
     @app.get("/api/jobs/{job_id}")
@@ -139,7 +147,7 @@ def _reads(app: FastAPI, ctx: Context) -> None:
     @app.get("/api/jobs/{job_id}/log")
     def log(job_id: str, since: int = 0) -> dict:
         found = ctx.find(job_id)
-        chunks = log_chunks(found.store, job_id)
+        chunks = [] if found.elsewhere else log_chunks(found.store, job_id)
         parts = []
         for _, _, key in chunks[max(0, since):]:
             try:
@@ -182,11 +190,39 @@ def _pool_reads(app: FastAPI, ctx: Context) -> None:
 
 def _queue_view(view: Any) -> dict:
     return {"queue": view.queue,
-            "waiting": [{**asdict(job), "reason": view.reasons.get(job.job_id)} for job in view.state.waiting],
+            "waiting": [{"id": job.job_id, "name": job.name, "team": job.team, "priority": job.priority,
+                         "position": job.position, "submitted_at": job.submitted_at, "slots": job.slots,
+                         "next_attempt": job.attempt, "reason": view.reasons.get(job.job_id)}
+                        for job in view.state.waiting],
             "running": [status.model_dump(mode="json", include={"id", "name", "team", "priority", "worker", "step",
                                                                 "total_steps", "attempt"}) for status in view.running],
             "usage": view.state.usage, "quotas": view.state.quotas, "workers": view.workers,
             "drained": sorted(view.drained)}
+
+
+BODY_LIMIT = 4096
+"""The most an action's body may hold (its JSON is a field or two): read only once the token is checked."""
+
+
+async def small_json(request: Request, empty: Optional[dict] = None) -> dict:
+    """The request's JSON object, read after the token was checked and never more than ``BODY_LIMIT`` bytes;
+    ``empty`` when it has no body (422 when one is needed)."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > BODY_LIMIT:
+            raise HTTPException(413, f"an action's body holds at most {BODY_LIMIT} bytes")
+    if not body.strip():
+        if empty is None:
+            raise HTTPException(422, "a JSON body is needed")
+        return empty
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise HTTPException(422, "the body is not JSON")
+    if not isinstance(value, dict):
+        raise HTTPException(422, "the body must be a JSON object")
+    return value
 
 
 def _actions(app: FastAPI, ctx: Context) -> None:
@@ -207,23 +243,25 @@ def _actions(app: FastAPI, ctx: Context) -> None:
         return {"id": job_id, "attempt": attempt}
 
     @app.post("/api/jobs/{job_id}/priority")
-    def priority(job_id: str, request: Request, body: dict = Body(...)) -> dict:
+    async def priority(job_id: str, request: Request) -> dict:
         ctx.access.require_action(request)
-        value = body.get("priority")
+        value = (await small_json(request)).get("priority")
         if isinstance(value, bool) or not isinstance(value, int):
             raise HTTPException(422, "priority must be an integer")
         try:
-            ctx.client.job(job_id).set_priority(value)
+            await run_in_threadpool(lambda: ctx.client.job(job_id).set_priority(value))
         except ValueError as exc:
             raise HTTPException(409 if "only a waiting" in str(exc) else 422, clean(str(exc)))
         return {"id": job_id, "priority": value}
 
     @app.post("/api/workers/{name}/drain")
-    def drain_worker(name: str, request: Request, body: Optional[dict] = Body(None)) -> dict:
+    async def drain_worker(name: str, request: Request) -> dict:
         ctx.access.require_action(request)
-        drained = True if body is None else bool(body.get("drained", True))
+        drained = (await small_json(request, {})).get("drained", True)
+        if not isinstance(drained, bool):
+            raise HTTPException(422, "drained must be true or false")
         try:
-            full, changed = drain(ctx.records, name, drained)
+            full, changed = await run_in_threadpool(drain, ctx.records, name, drained)
         except ValueError as exc:
             raise HTTPException(404, clean(str(exc)))
         return {"worker": full, "drained": drained, "changed": changed}

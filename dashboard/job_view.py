@@ -16,6 +16,7 @@ from baton.storage.layout import JobPaths
 from baton.storage.records import events
 from baton.storage.records.job_records import JobRecords
 from baton.storage.stores.base import ObjectStore
+from baton.dashboard.listing import store_fields
 from baton.dashboard.timeline import timeline
 
 ARTIFACTS = ("best", "final", "latest", "report", "curves")
@@ -30,10 +31,13 @@ class Found:
     spec: Optional[dict]
     store: ObjectStore
     manifest: Optional[CheckpointManifest]
+    elsewhere: bool = False  # its record names a store other than the dashboard's: not read
 
 
 def find(records: JobRecords, open_store: Any, default_url: str, job_id: str) -> Found:
-    """The job from Redis and its store; JobNotFound when neither holds it."""
+    """The job from Redis and its store; JobNotFound when neither holds it. Only the dashboard's own store
+    (``default_url``) is read: a job whose record names another (as its submitter chose) shows its record
+    only, so a submitter cannot point the dashboard at a store or a directory of their choosing."""
     status: Optional[JobStatus] = None
     spec: Optional[dict] = None
     try:
@@ -42,37 +46,31 @@ def find(records: JobRecords, open_store: Any, default_url: str, job_id: str) ->
         spec = json.loads(raw) if raw else None
     except JobNotFound:
         pass
-    store = open_store(status.storage_url if status is not None and status.storage_url else default_url)
+    store = open_store(default_url)
     paths = JobPaths(job_id)
     manifest = None
+    elsewhere = status is not None and status.storage_url not in (None, default_url)
     try:
-        manifest = CheckpointManifest.model_validate_json(store.get_bytes(paths.manifest))
-    except FileNotFoundError:
+        manifest = None if elsewhere else CheckpointManifest.model_validate_json(store.get_bytes(paths.manifest))
+    except (FileNotFoundError, ValueError):
         pass
-    if spec is None:
+    if spec is None and not elsewhere:
         try:
             spec = json.loads(store.get_bytes(paths.spec))
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError):
             if status is None:
                 raise JobNotFound(f"no job {job_id!r} in Redis or in the store")
-    return Found(job_id, status, spec, store, manifest)
+    return Found(job_id, status, spec, store, manifest, elsewhere)
 
 
 def stored_status(found: Found) -> dict[str, Any]:
-    """A status made from the store alone (the fields it can tell)."""
-    spec, manifest = found.spec or {}, found.manifest
+    """A status made from the store alone (the fields it can tell; a spec is read as anyone may have written it)."""
+    manifest = found.manifest
     latest = manifest.latest if manifest is not None else None
-    state = "succeeded" if manifest is not None and manifest.completed else "stored"
-    status: dict[str, Any] = {
-            "id": found.job_id, "name": spec.get("name"), "state": state, "queue": (spec.get("resources") or {}).get("queue", "default"),
-            "team": (spec.get("resources") or {}).get("team", "default"),
-            "priority": (spec.get("resources") or {}).get("priority", 0),
-            "attempt": manifest.attempt if manifest is not None else 0,
-            "step": latest.step if latest is not None else None,
-            "monitor": (spec.get("checkpoint") or {}).get("monitor"),
-            "best_value": manifest.best.value if manifest is not None and manifest.best is not None else None,
-            "latest_checkpoint": latest.key if latest is not None else None,
-            "best_checkpoint": manifest.best.key if manifest is not None and manifest.best is not None else None}
+    status = store_fields(found.spec if isinstance(found.spec, dict) else {}, manifest)
+    status.update(id=found.job_id, attempt=manifest.attempt if manifest is not None else 0,
+                  latest_checkpoint=latest.key if latest is not None else None,
+                  best_checkpoint=manifest.best.key if manifest is not None and manifest.best is not None else None)
     return status
 
 
@@ -85,10 +83,13 @@ def checkpoints(manifest: Optional[CheckpointManifest]) -> list[dict[str, Any]]:
             for c in manifest.checkpoints]
     if manifest.best is not None:
         b = manifest.best
-        rows.append({"step": b.step, "epoch": b.epoch, "kind": b.kind, "attempt": b.attempt, "size": b.size,
-                     "created_at": b.created_at, "key": best_key, "latest": False, "best": True,
-                     "metric": b.metric, "value": b.value})
-    return sorted(rows, key=lambda row: (row["step"], row["best"]))
+        same = next((row for row in rows if row["step"] == b.step), None)
+        if same is None:  # (its own object, kept out of rotation: the rotated one may be gone)
+            same = {"step": b.step, "epoch": b.epoch, "kind": b.kind, "attempt": b.attempt, "size": b.size,
+                    "created_at": b.created_at, "key": best_key, "latest": False}
+            rows.append(same)
+        same.update(best=True, metric=b.metric, value=b.value)
+    return sorted(rows, key=lambda row: row["step"])
 
 
 def artifact(manifest: Optional[CheckpointManifest], which: str) -> tuple[ObjectRef, str]:
@@ -134,6 +135,9 @@ def report(found: Found) -> Optional[dict]:
 def detail(records: JobRecords, found: Found) -> dict[str, Any]:
     status = found.status.model_dump(mode="json") if found.status is not None else stored_status(found)
     return {"status": status, "source": "redis" if found.status is not None else "store", "spec": found.spec,
+            "store_note": (f"its store ({found.status.storage_url if found.status else ''}) is not this "
+                           "dashboard's (BATON_STORAGE_URL): its checkpoints, curves and log are not shown")
+            if found.elsewhere else None,
             "checkpoints": checkpoints(found.manifest), "artifacts": available(found.manifest),
             "report": report(found), "timeline": timeline(events.events(records.redis, found.job_id)),
             "resumed_from": found.manifest.resumed_from if found.manifest is not None else None}

@@ -71,25 +71,27 @@ class RedisRows:
         self._lock = threading.Lock()
 
     def rows(self) -> list[dict[str, Any]]:
+        # Redis is read outside the lock: a Redis that hangs holds each request for its own timeout, not
+        # every request behind the one before
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrevrange(keys.JOBS_INDEX, 0, -1)
+        pipe.smembers(keys.ACTIVE)
+        listed, active = pipe.execute()
+        ids = [text(job_id) for job_id in listed]
+        unfinished = {text(job_id) for job_id in active}
         with self._lock:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zrevrange(keys.JOBS_INDEX, 0, -1)
-            pipe.smembers(keys.ACTIVE)
-            listed, active = pipe.execute()
-            ids = [text(job_id) for job_id in listed]
-            unfinished = {text(job_id) for job_id in active}
+            kept = self._rows
             if time.monotonic() - self._read_all_at >= FULL_READ_EVERY_S:
-                stale, self._rows, self._read_all_at = ids, {}, time.monotonic()
-            else:
-                stale = [job_id for job_id in ids if job_id in unfinished or job_id not in self._rows
-                         or self._rows[job_id]["state"] not in TERMINAL]
-            for job_id in stale:
-                self._rows.pop(job_id, None)
-            self._rows.update(_read(self.client, stale))
-            if len(self._rows) > len(ids):  # records gone from the index (a Redis flushed, then recovered)
-                known = set(ids)
-                self._rows = {job_id: row for job_id, row in self._rows.items() if job_id in known}
-            return [self._rows[job_id] for job_id in ids if job_id in self._rows]
+                kept, self._read_all_at = {}, time.monotonic()
+        stale = [job_id for job_id in ids if job_id in unfinished or job_id not in kept
+                 or kept[job_id]["state"] not in TERMINAL]
+        fresh = _read(self.client, stale)
+        known = set(ids)
+        rows = {job_id: row for job_id, row in kept.items() if job_id in known and job_id not in stale}
+        rows.update(fresh)
+        with self._lock:
+            self._rows = rows
+        return [rows[job_id] for job_id in ids if job_id in rows]
 
 
 _NUMERIC = {"priority", "attempt", "lost", "step", "total_steps", "epoch", "epochs", "best_value", "created_at",
@@ -103,22 +105,45 @@ def store_row(store: ObjectStore, job_id: str) -> Optional[dict[str, Any]]:
         spec = json.loads(store.get_bytes(paths.spec))
     except (FileNotFoundError, ValueError):
         return None
+    if not isinstance(spec, dict):
+        return None
     manifest: Optional[CheckpointManifest] = None
     try:
         manifest = CheckpointManifest.model_validate_json(store.get_bytes(paths.manifest))
     except (FileNotFoundError, ValueError):
         pass
-    resources = spec.get("resources") or {}
+    return {"id": job_id, "source": "store", "attempt": manifest.attempt if manifest else None,
+            **store_fields(spec, manifest)}
+
+
+def store_fields(spec: dict, manifest: Optional[CheckpointManifest]) -> dict[str, Any]:
+    """What a job's spec and manifest in its store tell of it, read as anyone who can write there may have
+    written them: a value of the wrong type is left out."""
+    resources = _section(spec, "resources")
     latest = manifest.latest if manifest is not None else None
-    return {"id": job_id, "source": "store", "name": spec.get("name"),
+    return {"name": _text(spec.get("name")),
             "state": "succeeded" if manifest is not None and manifest.completed else "stored",
-            "team": resources.get("team", "default"), "priority": resources.get("priority", 0),
-            "queue": resources.get("queue", "default"), "attempt": manifest.attempt if manifest else None,
+            "team": _text(resources.get("team", "default")), "priority": _int(resources.get("priority", 0)),
+            "queue": _text(resources.get("queue", "default")),
             "step": latest.step if latest is not None else None,
-            "monitor": (spec.get("checkpoint") or {}).get("monitor"),
+            "monitor": _text(_section(spec, "checkpoint").get("monitor")),
             "best_value": manifest.best.value if manifest is not None and manifest.best is not None else None,
-            "created_at": latest.created_at if latest is not None else None,
+            "created_at": min(c.created_at for c in manifest.checkpoints) if manifest and manifest.checkpoints else None,
             "updated_at": latest.created_at if latest is not None else None}
+
+
+def _section(spec: dict, name: str) -> dict:
+    """A section of a spec read from a store (which anyone who can write there may have written)."""
+    value = spec.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class StoreHistory:
@@ -138,7 +163,10 @@ class StoreHistory:
         found = (job_id_of_spec(key) for key in store.list(JOBS_PREFIX) if key.endswith("/spec.json"))
         rows = {}
         for job_id in sorted(job_id for job_id in found if job_id and job_id not in known):
-            row = self._done.get(job_id) or store_row(store, job_id)
+            try:
+                row = self._done.get(job_id) or store_row(store, job_id)
+            except (ValueError, TypeError, AttributeError):  # a manifest that does not parse: left out
+                continue
             if row is None:
                 continue
             if row["state"] == "succeeded":

@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 from baton.storage.records.events import Event
 
-ENDS = ("lost", "lapsed", "yielded")
-"""Events after which the job waits for a worker: a gap runs from one to the next claim."""
+ENDS = ("lost", "lapsed", "yielded", "requeued")
+"""Events after which the job waits for a worker: a gap runs from one to the next claim (a cancel ends it)."""
 
 
 def timeline(events: list[Event]) -> list[dict[str, Any]]:
@@ -23,7 +23,10 @@ def timeline(events: list[Event]) -> list[dict[str, Any]]:
         row = asdict(event)
         if event.kind in ENDS:
             stopped = event
-            lost_at_step = event.step if event.kind != "yielded" else None
+            if event.kind != "requeued":
+                lost_at_step = event.step if event.kind in ("lost", "lapsed") else None
+        elif event.kind == "cancelled":
+            stopped = None
         elif event.kind == "claimed" and stopped is not None:
             row["gap_s"] = round(event.t - (stopped.heard or stopped.t), 3)
             row["after"] = stopped.kind

@@ -57,7 +57,7 @@ def ui(
     settings = _settings()
     token = settings.ui_token.get_secret_value() or None
     hosts = [h.lower() for h in allowed_host] if allowed_host else (
-        list(LOOPBACK_HOSTS) if _is_loopback(host) else ["*"])
+        [*LOOPBACK_HOSTS, host.lower()] if _is_loopback(host) else ["*"])
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host

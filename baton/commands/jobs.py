@@ -111,7 +111,7 @@ def cancel(job_id: str) -> None:
                 "step after a checkpoint"}.get(result, f"{job_id}: already {result}"))
 
 
-@app.command()
+@app.command(context_settings={"ignore_unknown_options": True})  # (a negative priority is not an option)
 def priority(job_id: str, value: int = typer.Argument(..., metavar="PRIORITY", help="The new priority (higher "
                                                       "starts first).")) -> None:
     """Change a waiting or running job's priority: a waiting one moves to its new place in line, a running one

@@ -9,27 +9,38 @@ let logChunks = 0, terminal = false;
 
 function facts(s, source) {
   const total = s.total_steps ? ` / ${s.total_steps}` : "";
+  const waiting = ["queued", "retrying"].includes(s.state);
   const items = [["state", baton.state(s.state)], ["team", s.team], ["priority", baton.num(s.priority)], ["queue", s.queue],
     ["attempt", `${s.attempt ?? ""}${s.lost ? ` (${s.lost} lost)` : ""}`], ["step", s.step === null || s.step === undefined ? "" : `${s.step}${total}`],
-    ["worker", s.worker || ""], [s.monitor ? `best ${s.monitor}` : "best", baton.num(s.best_value)],
+    [s.state === "running" ? "worker" : "last worker", s.worker || ""], [s.monitor ? `best ${s.monitor}` : "best", baton.num(s.best_value)],
     ["loss", baton.num(s.loss)], ["learning rate", baton.num(s.lr)],
-    ["waiting", s.waiting || ""], ["last event", s.last_event || ""], ["record", source === "store" ? "from the store only" : "Redis"]];
+    ["waiting", s.waiting || ""], ["last event", waiting ? s.last_event || "" : ""],
+    ["record", source === "store" ? "from the store only (Redis holds none)" : "Redis"]];
   if (s.error) items.push(["error", s.error]);
   document.getElementById("facts").replaceChildren(...items.filter(([, v]) => v !== "").map(([k, v]) =>
     baton.el("div", { "data-fact": k }, baton.el("span", {}, k), v)));
 }
 
-function timeline(rows) {
-  document.querySelector("#timeline tbody").replaceChildren(...rows.map((e) => baton.el("tr", { "data-kind": e.kind },
+const WHY = { lost: " (its worker stopped renewing it: killed, or its machine or network lost)",
+  lapsed: " (Redis was unreachable: not counted as a loss)" };
+
+function timeline(rows, source) {
+  const body = document.querySelector("#timeline tbody");
+  if (!rows.length) {
+    body.replaceChildren(baton.el("tr", {}, baton.el("td", { colspan: "8", class: "muted" }, source === "store"
+      ? "a job's events are kept in Redis, which holds no record of this one" : "no events yet")));
+    return;
+  }
+  body.replaceChildren(...rows.map((e) => baton.el("tr", { "data-kind": e.kind },
     baton.el("td", {}, baton.when(e.t)), baton.el("td", {}, e.kind), baton.el("td", {}, baton.num(e.attempt)),
     baton.el("td", {}, e.worker), baton.el("td", {}, baton.num(e.step)),
     baton.el("td", {}, e.gap_s === undefined ? "" : `${e.gap_s.toFixed(1)} s (${e.after})`),
-    baton.el("td", {}, e.redone === undefined ? "" : `at least ${e.redone}`), baton.el("td", { class: "wrap" }, e.text))));
+    baton.el("td", {}, e.redone === undefined ? "" : `at least ${e.redone}`), baton.el("td", { class: "wrap" }, e.text + (WHY[e.kind] || "")))));
 }
 
 function checkpoints(rows) {
   document.querySelector("#checkpoints tbody").replaceChildren(...rows.map((c) => baton.el("tr", {},
-    baton.el("td", {}, String(c.step)), baton.el("td", {}, String(c.epoch)), baton.el("td", {}, c.kind),
+    baton.el("td", {}, String(c.step)), baton.el("td", {}, c.kind),
     baton.el("td", {}, String(c.attempt)), baton.el("td", {}, baton.size(c.size)), baton.el("td", {}, baton.when(c.created_at)),
     baton.el("td", {}, [c.latest ? "latest" : "", c.best ? `best (${c.metric} ${baton.num(c.value)})` : ""].filter(Boolean).join(", ")))));
 }
@@ -46,7 +57,9 @@ function chart(id, title, series, data) {
   const width = Math.max(300, node.clientWidth - 12);
   if (!charts[id] || charts[id].series.length !== series.length + 1) {
     if (charts[id]) charts[id].destroy();
+    const tick = (u, values) => values.map((v) => (v === null ? "" : String(+v.toPrecision(3))));
     const opts = { title, width, height: 240, scales: { x: { time: false } }, legend: { live: false },
+      axes: [{}, { values: tick, size: 60 }],
       series: [{ label: "step" }, ...series.map((s) => ({ spanGaps: true, points: { show: false }, ...s }))] };
     charts[id] = new uPlot(opts, data, node);
   } else {
@@ -137,12 +150,14 @@ async function refresh() {
     const curves = metrics();  // (fetched beside the job's facts, not after them)
     const job = await baton.get(api);
     const s = job.status;
-    document.getElementById("title").textContent = `${s.name || jobId}`;
+    document.getElementById("title").replaceChildren(s.name || jobId, baton.el("span", { class: "muted id" }, " " + jobId));
     document.title = `baton · ${s.name || jobId}`;
-    facts(s, job.source); timeline(job.timeline); checkpoints(job.checkpoints); artifacts(job.artifacts);
+    const note = document.getElementById("store-note");
+    note.textContent = job.store_note || ""; note.hidden = !job.store_note;
+    facts(s, job.source); timeline(job.timeline, job.source); checkpoints(job.checkpoints); artifacts(job.artifacts);
     document.getElementById("spec").textContent = JSON.stringify(job.spec, null, 2);
     if (job.report) { const r = document.getElementById("report"); r.className = ""; r.textContent = JSON.stringify(job.report, null, 2); }
-    document.getElementById("actions").hidden = job.source !== "redis";
+    document.getElementById("actions").hidden = job.source !== "redis" || !actionsAllowed;
     const ended = ["succeeded", "failed", "cancelled"].includes(s.state);
     document.getElementById("cancel").hidden = ended;
     document.getElementById("resume").hidden = !["failed", "cancelled"].includes(s.state);
@@ -168,4 +183,8 @@ document.getElementById("cancel").addEventListener("click", () => act("cancel"))
 document.getElementById("resume").addEventListener("click", () => act("resume"));
 document.getElementById("set-priority").addEventListener("click", () =>
   act("priority", { priority: parseInt(document.getElementById("priority").value, 10) }));
-refresh();
+let actionsAllowed = true;
+baton.get("/api/info").then((info) => {
+  actionsAllowed = info.actions;
+  if (!info.actions) document.getElementById("read-only").hidden = false;
+}).catch(() => {}).finally(refresh);

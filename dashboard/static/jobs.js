@@ -31,7 +31,7 @@ function row(job) {
     baton.el("td", {}, job.queue), baton.el("td", {}, baton.num(job.attempt)),
     baton.el("td", {}, job.step === null || job.step === undefined ? "" : baton.num(job.step) + total),
     baton.el("td", {}, job.monitor || ""), baton.el("td", {}, baton.num(job.best_value)),
-    baton.el("td", {}, job.worker || ""), baton.el("td", {}, baton.when(job.created_at)));
+    baton.el("td", {}, job.state === "running" ? job.worker || "" : ""), baton.el("td", {}, baton.when(job.created_at)));
 }
 
 for (const th of document.querySelectorAll("th.sort")) {
@@ -45,5 +45,5 @@ for (const input of document.querySelectorAll(".filters select, .filters input")
 }
 document.getElementById("prev").addEventListener("click", () => { view.offset = Math.max(0, view.offset - view.limit); load(); });
 document.getElementById("next").addEventListener("click", () => { view.offset += view.limit; load(); });
-load();
-setInterval(load, 5000);
+async function poll() { await load(); setTimeout(poll, 5000); }  // (one request at a time, however slow)
+poll();

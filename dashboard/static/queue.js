@@ -7,10 +7,10 @@ const link = (id, name) => baton.el("span", {}, baton.el("a", { href: "/jobs/" +
 
 function section(q) {
   const waiting = baton.el("table", { class: "waiting", "data-queue": q.queue },
-    baton.el("thead", {}, baton.el("tr", {}, ...["#", "job", "team", "priority", "attempt", "why it waits"].map((h) => baton.el("th", {}, h)))),
-    baton.el("tbody", {}, ...q.waiting.map((w) => baton.el("tr", { "data-id": w.job_id },
-      baton.el("td", { class: "position" }, String(w.position)), baton.el("td", {}, link(w.job_id, w.name)), baton.el("td", {}, w.team),
-      baton.el("td", {}, String(w.priority)), baton.el("td", {}, String(w.attempt)), baton.el("td", { class: "wrap reason" }, w.reason || "")))));
+    baton.el("thead", {}, baton.el("tr", {}, ...["#", "job", "team", "priority", "why it waits"].map((h) => baton.el("th", {}, h)))),
+    baton.el("tbody", {}, ...q.waiting.map((w) => baton.el("tr", { "data-id": w.id },
+      baton.el("td", { class: "position" }, String(w.position)), baton.el("td", {}, link(w.id, w.name)), baton.el("td", {}, w.team),
+      baton.el("td", {}, String(w.priority)), baton.el("td", { class: "wrap reason" }, (w.reason || "").replaceAll("`", ""))))));
   const running = baton.el("table", { class: "running" },
     baton.el("thead", {}, baton.el("tr", {}, ...["job", "team", "priority", "worker", "step", "attempt"].map((h) => baton.el("th", {}, h)))),
     baton.el("tbody", {}, ...q.running.map((r) => baton.el("tr", { "data-id": r.id },
@@ -36,5 +36,5 @@ async function load() {
     document.getElementById("banner").replaceChildren();
   } catch (error) { baton.say(document.getElementById("banner"), error); }
 }
-load();
-setInterval(load, 3000);
+async function poll() { await load(); setTimeout(poll, 3000); }  // (one request at a time, however slow)
+poll();

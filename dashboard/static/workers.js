@@ -10,7 +10,7 @@ function row(w) {
   } }, w.drained ? "undrain" : "drain");
   return baton.el("tr", { "data-name": w.name }, baton.el("td", {}, w.name), baton.el("td", {}, w.alive ? "alive" : "gone"),
     baton.el("td", {}, w.queues.join(", ")), baton.el("td", {}, w.job ? baton.el("a", { href: "/jobs/" + encodeURIComponent(w.job) }, w.job) : ""),
-    baton.el("td", {}, baton.ago(w.last_seen)), baton.el("td", {}, w.drained ? "drained" : ""), baton.el("td", {}, w.alive ? toggle : ""));
+    baton.el("td", {}, baton.ago(w.last_seen)), baton.el("td", {}, w.drained ? "drained" : ""), baton.el("td", {}, w.alive && actionsAllowed ? toggle : ""));
 }
 
 async function load() {
@@ -20,5 +20,6 @@ async function load() {
     document.getElementById("banner").replaceChildren();
   } catch (error) { baton.say(document.getElementById("banner"), error); }
 }
-load();
-setInterval(load, 3000);
+let actionsAllowed = true;
+baton.get("/api/info").then((info) => { actionsAllowed = info.actions; }).catch(() => {}).finally(poll);
+async function poll() { await load(); setTimeout(poll, 3000); }  // (one request at a time, however slow)

@@ -24,14 +24,19 @@ LIVE_POINTS_KEPT = 4000
 """Live points kept per job: the steps since the latest checkpoint's rows, at a heartbeat's pace."""
 
 EVENT_LUA = """
-local function job_event(job, now, kind, text, nostep)
+local function job_event(job, now, kind, text, stamp)
   local f = redis.call('HMGET', job, 'attempt', 'step', 'worker')
-  local entry = {t = tonumber(now) or 0, kind = kind, attempt = tonumber(f[1] or '0') or 0, worker = f[3] or '',
-                 text = text or ''}
-  if not nostep then entry.step = tonumber(f[2] or '') end
-  if kind == 'lost' or kind == 'lapsed' then
+  local entry = {t = tonumber(now) or 0, kind = kind, attempt = tonumber(f[1] or '0') or 0, worker = '', text = text or ''}
+  stamp = stamp or 'worker step'
+  if string.find(stamp, 'worker') then entry.worker = f[3] or '' end
+  if string.find(stamp, 'step') then entry.step = tonumber(f[2] or '') end
+  if kind == 'lost' or kind == 'lapsed' then  -- the worker's last report of this attempt, or else its claim
+    local claimed = tonumber(redis.call('HGET', job, 'claimed_at') or '')
     local last = redis.call('LINDEX', job .. ':live', -1)
-    if last then entry.heard = tonumber(string.match(last, '(%S+)$')) end
+    local heard = last and tonumber(string.match(last, '(%S+)$'))
+    if heard and claimed and heard < claimed then heard = nil end
+    entry.heard = heard or claimed
+    if not heard then entry.step = nil end
   end
   redis.call('RPUSH', job .. ':events', cjson.encode(entry))
   redis.call('LTRIM', job .. ':events', -@E, -1)
@@ -42,13 +47,15 @@ local function live_point(job)
   local last = redis.call('LINDEX', job .. ':live', -1)
   if last and string.match(last, '^%S+') == p[1] then return end
   local t = redis.call('TIME')
-  redis.call('RPUSH', job .. ':live', p[1] .. ' ' .. p[2] .. ' ' .. (p[3] or 'nan') .. ' ' .. t[1])
+  local now = string.format('%d.%06d', tonumber(t[1]), tonumber(t[2]))
+  redis.call('RPUSH', job .. ':live', p[1] .. ' ' .. p[2] .. ' ' .. (p[3] or 'nan') .. ' ' .. now)
   redis.call('LTRIM', job .. ':live', -@L, -1)
 end
 """.replace("@E", str(EVENTS_KEPT)).replace("@L", str(LIVE_POINTS_KEPT))
-"""``job_event(job key, now, kind, text, nostep)``: one event, stamped with the record's attempt, worker and
-(unless ``nostep``) the last step its worker reported; a loss also with ``heard``, when the job's worker
-was last heard from (its last live point);
+"""``job_event(job key, now, kind, text, stamp)``: one event, stamped with the record's attempt and, as
+``stamp`` says ('worker step' when nil; '' for an event of the client's: submit, priority, a cancel or
+resume), its worker and the last step its worker reported; a loss also with ``heard``, when the job's
+worker was last heard from (its last live point);
 ``live_point(job key)``: the record's step, loss and lr as a live point, when the step moved."""
 
 

@@ -30,7 +30,7 @@ from baton.storage.records.pool import LUA, Pool, QueueState, starts_in, why_wai
 _CREATE = LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-job_event(KEYS[1], redis.call('HGET', KEYS[1], 'created_at'), 'submitted', 'queued')
+job_event(KEYS[1], redis.call('HGET', KEYS[1], 'created_at'), 'submitted', 'queued', '')
 pool_wait(KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
@@ -102,6 +102,7 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') then
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2],
              'last_event', 'cancelled as it stopped (' .. ARGV[3] .. ')')
   job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled as it stopped (' .. ARGV[3] .. ')')
+  redis.call('DEL', KEYS[1] .. ':live')
   redis.call('HDEL', KEYS[1], 'cancel_requested')
   redis.call('SREM', KEYS[3], ARGV[4])
   return -2
@@ -145,6 +146,7 @@ if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
   redis.call('HSET', KEYS[1], 'state', 'failed', 'finished_at', ARGV[2], 'traceback', ARGV[5],
              'error', ARGV[3] .. '; lost ' .. lost .. ' time(s), retry.max_attempts reached')
   job_event(KEYS[1], ARGV[2], 'failed', 'retry.max_attempts reached')
+  redis.call('DEL', KEYS[1] .. ':live')
   redis.call('SREM', KEYS[3], ARGV[4])
   return 0
 end
@@ -160,14 +162,15 @@ if not state then return 'missing' end
 if state == 'queued' or state == 'retrying' then
   pool_unwait(KEYS[1], ARGV[1])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2])
-  job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled while waiting')
+  job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled while waiting', '')
+  redis.call('DEL', KEYS[1] .. ':live')
   redis.call('HDEL', KEYS[1], 'publish_pending')
   redis.call('SREM', KEYS[2], ARGV[1])
   return 'cancelled'
 end
 if state == 'running' then
   if not redis.call('HGET', KEYS[1], 'cancel_requested') then
-    job_event(KEYS[1], ARGV[2], 'cancel requested', 'it stops at its next step')
+    job_event(KEYS[1], ARGV[2], 'cancel requested', 'it stops at its next step', '')
   end
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
   return 'requested'
@@ -181,7 +184,7 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'cancelled' and state ~= 'failed' then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'lost', '0', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
            'last_event', 'resumed by the user')
-job_event(KEYS[1], ARGV[2], 'requeued', 'resumed by the user')
+job_event(KEYS[1], ARGV[2], 'requeued', 'resumed by the user', '')
 redis.call('HDEL', KEYS[1], 'error', 'traceback', 'cancel_requested', 'finished_at')
 redis.call('SADD', KEYS[2], ARGV[1])
 pool_wait(KEYS[1], ARGV[1])

@@ -27,7 +27,7 @@ if held then
   local holder, slots = string.match(held, '^(%S+) (%d+)')
   if holder then redis.call('HSET', '@P' .. q .. ':running', ARGV[1], holder .. ' ' .. slots .. ' ' .. ARGV[2]) end
 end
-job_event(KEYS[1], ARGV[3], 'priority', 'priority ' .. priority .. ' -> ' .. ARGV[2])
+job_event(KEYS[1], ARGV[3], 'priority', 'priority ' .. priority .. ' -> ' .. ARGV[2], '')
 return 'ok'
 """.replace("@P", keys.PREFIX + ":queue:")
 

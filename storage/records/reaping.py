@@ -97,6 +97,7 @@ local function reap_job(id, now, republish_after, unclaimed_after, republish_max
       redis.call('SREM', '@A', id)
       job_event(job, now, 'lost', 'lease of ' .. worker .. ' expired')
       job_event(job, now, 'failed', 'retry.max_attempts reached')
+      redis.call('DEL', job .. ':live')
       pool_left(job, id)
       return {'failed'}
     end

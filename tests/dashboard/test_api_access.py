@@ -96,3 +96,49 @@ def test_baton_ui_says_in_one_line_why_it_cannot_listen(cluster, dashboard):
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(f"baton ui: cannot listen on"), \
         done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_strangers_large_body_is_refused_before_it_is_read_and_bad_values_change_nothing(cluster, dashboard):
+    import http.client
+
+    cluster.client.submit(QUEUED, "held")
+    host, port = dashboard.url.split("//")[1].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest("POST", "/api/jobs/held/priority")  # says 50 MB are coming, sends none of them:
+    connection.putheader("Content-Length", str(50_000_000))  # the answer comes before anything is read
+    connection.putheader("Content-Type", "application/json")
+    connection.endheaders()
+    assert connection.getresponse().status == 413
+    connection.close()
+    for body in ({"drained": "false"}, {"drained": 0}):
+        assert dashboard.call("POST", "/api/workers/w/drain", body, token=TOKEN)[0] == 422
+    assert dashboard.call("GET", "/api/jobs?sort=bogus")[0] == 422
+    assert [j["id"] for j in dashboard.get("/api/jobs?state=")["jobs"]] == ["held"]  # an empty filter is none
+    _unchanged(cluster)
+
+
+def test_the_dashboard_reads_only_its_own_store_and_survives_a_malformed_one(cluster, dashboard, tmp_path):
+    from baton.jobs.client import JobClient
+    from baton.storage.stores.open import open_store
+
+    elsewhere = tmp_path / "chosen-by-the-submitter"
+    JobClient(cluster.redis_url, f"file://{elsewhere}").submit(QUEUED, "elsewhere")
+    import shutil
+
+    shutil.rmtree(elsewhere)
+    detail = dashboard.get("/api/jobs/elsewhere")
+    assert detail["store_note"] and detail["checkpoints"] == [] and not elsewhere.exists()
+    assert dashboard.get("/api/jobs/elsewhere/log")["text"] == "" and not elsewhere.exists()
+
+    open_store(cluster.storage_url).put_bytes("jobs/bad-1/spec.json", b'{"name": {"a": 1}, "resources": "x"}')
+    listed = wait_for_listed(dashboard, "bad-1")
+    assert listed["name"] is None and listed["state"] == "stored"
+    assert dashboard.call("GET", "/api/jobs/bad-1")[0] == 200
+    assert dashboard.get("/api/info")["history_error"] is None
+
+
+def wait_for_listed(dashboard, job_id: str) -> dict:
+    from tests.dashboard.conftest import wait_for
+
+    return wait_for(lambda: next((j for j in dashboard.get("/api/jobs")["jobs"] if j["id"] == job_id), None), 30,
+                    f"{job_id} in the listing")
