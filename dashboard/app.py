@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from contextlib import asynccontextmanager
-from functools import lru_cache
 from importlib.resources import files
 from typing import Any, AsyncIterator, Optional
 
@@ -40,16 +39,19 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:;
 class Context:
     def __init__(self, settings: BatonSettings, access: Access, history_every_s: float):
         self.settings, self.access = settings, access
+        self._store: Optional[ObjectStore] = None
         self.client = JobClient(settings.redis_url, settings.storage_url)
         self.records = self.client.records
-        self.history = listing.StoreHistory(lambda: self.store(settings.storage_url), self.known_ids,
+        self.history = listing.StoreHistory(self.store, self.known_ids,
                                             history_every_s)
         self.metrics = curves.MetricsCache()
         self.rows = listing.RedisRows(self.records.redis)
 
-    @lru_cache(maxsize=16)
-    def store(self, url: str) -> ObjectStore:
-        return open_client_store(url)
+    def store(self) -> ObjectStore:
+        """The dashboard's own store (BATON_STORAGE_URL), opened once: the only one it reads."""
+        if self._store is None:
+            self._store = open_client_store(self.settings.storage_url)
+        return self._store
 
     def known_ids(self) -> set[str]:
         return {str(job_id) for job_id in self.records.redis.zrange(keys.JOBS_INDEX, 0, -1)}
@@ -59,7 +61,7 @@ class Context:
             check_job_id(job_id)
         except ValueError as exc:
             raise HTTPException(404, str(exc))
-        return job_view.find(self.records, self.store, self.settings.storage_url, job_id)
+        return job_view.find(self.records, self.store(), self.settings.storage_url, job_id)
 
 
 def make_app(settings: BatonSettings, token: Optional[str], allowed_hosts: list[str],

@@ -34,7 +34,7 @@ class Found:
     elsewhere: bool = False  # its record names a store other than the dashboard's: not read
 
 
-def find(records: JobRecords, open_store: Any, default_url: str, job_id: str) -> Found:
+def find(records: JobRecords, store: ObjectStore, default_url: str, job_id: str) -> Found:
     """The job from Redis and its store; JobNotFound when neither holds it. Only the dashboard's own store
     (``default_url``) is read: a job whose record names another (as its submitter chose) shows its record
     only, so a submitter cannot point the dashboard at a store or a directory of their choosing."""
@@ -46,7 +46,6 @@ def find(records: JobRecords, open_store: Any, default_url: str, job_id: str) ->
         spec = json.loads(raw) if raw else None
     except JobNotFound:
         pass
-    store = open_store(default_url)
     paths = JobPaths(job_id)
     manifest = None
     elsewhere = status is not None and status.storage_url not in (None, default_url)

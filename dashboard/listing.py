@@ -194,9 +194,6 @@ class StoreHistory:
         """Rows for the store's jobs that are not in ``known`` (Redis's)."""
         return [row for job_id, row in list(self._rows.items()) if job_id not in known]
 
-    def get(self, job_id: str) -> Optional[dict[str, Any]]:
-        return self._rows.get(job_id)
-
 
 @dataclass(frozen=True)
 class Query:

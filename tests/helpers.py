@@ -79,6 +79,17 @@ def start_baton(*args: str, env: Optional[dict] = None, log: Optional[Path] = No
                             cwd=REPO, start_new_session=True)
 
 
+def wait_for(predicate: Callable[[], Any], timeout: float = 90, what: str = "a condition", every: float = 0.05) -> Any:
+    """``predicate()``'s first true value, asked every ``every`` s; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def read_manifest(store: ObjectStore, job_id: str) -> Optional[dict]:
     found = store.read_versioned(JobPaths(job_id).manifest)
     return json.loads(found[0]) if found else None

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.helpers import REPO, start_baton
+from tests.helpers import REPO, start_baton, wait_for  # noqa: F401 - the dashboard's tests import it from here
 
 TOKEN = "dashboard-test-token-7f3a9c"
 ARTIFACTS = Path(os.environ.get("BATON_TEST_ARTIFACTS", REPO / "test-artifacts")) / "dashboard"
@@ -126,13 +126,3 @@ def screenshot(browser, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     browser.save_screenshot(str(path))
     return path
-
-
-def wait_for(condition, timeout: float = 60, what: str = "a condition", every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -13,20 +13,10 @@ import pytest
 from baton.schemas.settings import BatonSettings
 from baton.storage.records.messages import make_app, publish_run
 
-from tests.helpers import assert_same_training, descendants, kill_when, make_spec, read_manifest
+from tests.helpers import assert_same_training, descendants, kill_when, make_spec, read_manifest, wait_for
 from tests.workers.conftest import SPEC  # noqa: F401 (tests in other modules import it from here)
 
 # `reference`: SPEC run uninterrupted, once per session (tests/workers/conftest.py)
-
-
-def wait_for(predicate, timeout: float = 90, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not reached in time")
 
 
 def running_at_step(job, step: int):
