@@ -27,7 +27,9 @@ exception and traceback in its status, and not be retried. And a third (``--gang
 ``bench/chaos_gang.py``): a two-node job whose gang meets a Redis restart the moment it is admitted
 and whose every rendezvous meets a stranger: it must end bit-exact, the stranger never in.
 
-After each fault it waits until the job trains past the step it had reached. At the end: the
+After each fault it waits until the job trains past the step it had reached. Through the faults
+that run a process of their own (duprun, shmsweep) the job's data loading is held still, so a loaded
+machine cannot let the job train to its end before every fault is in. At the end: the
 final state compared bit for bit (torch.equal on every tensor, equal losses) with an
 uninterrupted `baton run` of the same spec. Watched throughout (manifest.json, polled):
 committed checkpoints that vanished while newer than the job's latest (not ones the harness
@@ -48,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -79,11 +82,19 @@ RANK_FAILURE = make_spec(data={"target": "tests.probes:failing_on_rank", "kwargs
                          retry={"max_attempts": 3})
 
 
-def chaos_spec(faults: int) -> dict:
-    """~0.1 s per optimizer step (slow data, as real data is), long enough for every fault."""
+HELD = ("duprun", "shmsweep")
+"""Faults the job is held still through (its data loading waits): each runs a process of its own,
+tens of seconds on a loaded machine, and training on through them would leave steps for none after."""
+HOLD_AT_MOST_S = 120.0
+
+
+def chaos_spec(faults: int, hold: Path) -> dict:
+    """~0.1 s per optimizer step (slow data, as real data is), long enough for every fault; loading
+    waits while the file ``hold`` exists."""
     steps_per_epoch = 23  # 720 training samples in batches of 32
     epochs = max(2, math.ceil((faults * 20 + 30) / steps_per_epoch))
-    return make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
+    return make_spec(data={"target": "tests.probes:slow_spiral",
+                           "kwargs": {"n_per_class": 300, "delay_s": 0.003, "hold": str(hold)}},
                      loop={"epochs": epochs}, checkpoint={"every_steps": 4, "keep_last": 3},
                      retry={"max_attempts": 100})  # the job is meant to lose its worker many times
 
@@ -144,7 +155,7 @@ class Harness:
 
     def start_pool(self) -> None:
         for worker in [self._new_worker() for _ in range(self.n_workers)]:
-            worker.wait_ready(60)
+            worker.wait_ready()
 
     def replace_exited(self) -> None:
         with self._lock:
@@ -228,7 +239,8 @@ def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optiona
     committed = read_manifest(h.store, JOB)
     step_at = max(status.step or 0, committed["checkpoints"][-1]["step"] if committed and committed["checkpoints"] else 0)
     fault = Fault(kind, status.attempt, step_at, time.monotonic())
-    fault.note = inject(h, kind, status)
+    with held(h.workdir / "hold", kind in HELD):
+        fault.note = inject(h, kind, status)
     first_seen: dict[int, Optional[int]] = {}
 
     def recovered_now():
@@ -262,6 +274,22 @@ def run_fault(h: Harness, kind: str, gap_steps: int, after_step: int) -> Optiona
     return fault
 
 
+@contextmanager
+def held(hold: Path, hold_still: bool):
+    """The job's data loading waits while this is open (``hold_still``), at most HOLD_AT_MOST_S."""
+    if not hold_still:
+        yield
+        return
+    hold.touch()
+    timer = threading.Timer(HOLD_AT_MOST_S, hold.unlink, kwargs={"missing_ok": True})
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        hold.unlink(missing_ok=True)
+
+
 def plan(faults: int, seed: int, kinds: tuple[str, ...]) -> list[tuple[str, int]]:
     """``faults`` (kind, gap in steps): every kind once per round, each round shuffled by ``seed``."""
     rng = random.Random(seed)
@@ -287,7 +315,7 @@ def reference_run(spec_path: Path, root: Path, job_id: str = "reference") -> tup
 def run_chaos(faults: int, seed: int, n_workers: int, kinds: tuple[str, ...], say: Callable[[str], None],
               gang: bool = True) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="baton-chaos-"))
-    spec = chaos_spec(faults)
+    spec = chaos_spec(faults, workdir / "hold")
     spec_path = write_spec(workdir, spec)
     reference, reference_s = reference_run(spec_path, workdir / "reference")
     say(f"reference `baton run`: {reference_s:.1f} s; logs in {workdir}")

@@ -141,7 +141,7 @@ def main() -> None:
         reference = reference_steps(root)
         workers = [WorkerProcess(f"pool-{n}@local", env, str(root / f"w{n}.log")).start() for n in range(2)]
         for worker in workers:
-            worker.wait_ready(120)  # (its forkserver imports torch: tens of seconds on a loaded machine)
+            worker.wait_ready()
         trials = []
         for index in range(args.trials):
             row = priority_trial(client, root, index, reference)

@@ -18,7 +18,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
 
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 120.0
+"""How long a started service or worker may take to become ready: a worker's forkserver imports torch,
+tens of seconds on a loaded machine."""
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Optional
 
 import torch
 from torch import nn
@@ -180,8 +181,8 @@ def eval_mode_mlp(**kwargs) -> nn.Module:
 
 
 class _Slow(Dataset):
-    def __init__(self, base: Dataset, delay_s: float):
-        self.base, self.delay_s = base, delay_s
+    def __init__(self, base: Dataset, delay_s: float, hold: Optional[str] = None):
+        self.base, self.delay_s, self.hold = base, delay_s, hold
         self.augment = getattr(base, "augment", None)
 
     def __len__(self) -> int:
@@ -189,12 +190,15 @@ class _Slow(Dataset):
 
     def __getitem__(self, index: int):
         time.sleep(self.delay_s)
+        while self.hold and os.path.exists(self.hold):
+            time.sleep(0.02)
         return self.base[index]
 
 
-def slow_spiral(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:
-    """The built-in spiral, loading each sample in ``delay_s``: training paced like real data."""
-    return _Slow(spiral(seed=seed, **kwargs), delay_s)
+def slow_spiral(seed: int = 0, delay_s: float = 0.001, hold: Optional[str] = None, **kwargs) -> Dataset:
+    """The built-in spiral, loading each sample in ``delay_s``: training paced like real data. While a
+    file ``hold`` exists, loading waits: a harness holds the job still (the same samples, later)."""
+    return _Slow(spiral(seed=seed, **kwargs), delay_s, hold)
 
 
 def slow_diabetes(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:

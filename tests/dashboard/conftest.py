@@ -59,16 +59,27 @@ class Dashboard:
 
 
 def start_dashboard(env: dict, log: Path, token: Optional[str] = TOKEN, *extra: str) -> Dashboard:
-    port = free_port()
+    """``baton ui`` on a free port; another port if a neighbour takes that one before the dashboard binds it."""
     env = dict(env)
     env.pop("BATON_UI_TOKEN", None)
     if token:
         env["BATON_UI_TOKEN"] = token
+    for _ in range(5):
+        board = _try_dashboard(env, log, extra)
+        if board is not None:
+            return board
+    raise AssertionError(f"baton ui found no free port in 5 tries: {log.read_text()}")
+
+
+def _try_dashboard(env: dict, log: Path, extra: tuple[str, ...]) -> Optional[Dashboard]:
+    port = free_port()
     proc = start_baton("ui", "--port", str(port), "--history-every-s", "0.5", *extra, env=env, log=log)
     board = Dashboard(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if proc.returncode == 2 and "Address already in use" in log.read_text():
+                return None
             raise AssertionError(f"baton ui exited with {proc.returncode}: {log.read_text()}")
         try:
             board.get("/api/info")
