@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
@@ -23,23 +22,25 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
-from baton.schemas.errors import CheckpointCorrupt, JobNotFound, LocalStoreWarning, PreconditionFailed, SpecError
+from baton.schemas.errors import JobNotFound, LocalStoreWarning, PreconditionFailed, SpecError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import NAME_PATTERN, JobSpec
 from baton.schemas.status import JobStatus
-from baton.storage.artifacts import download_checkpoint, download_verified, final_files, read_metrics, read_verified
+from baton.storage.artifacts import final_files, read_metrics, read_verified
 from baton.storage.stores.base import ObjectStore
-from baton.storage.layout import JobPaths, check_job_id, code_key, is_side_output, new_job_id
+from baton.storage.layout import JobPaths, check_job_id, new_job_id
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.open import open_client_store
 
 from baton.storage.job_log import FOLLOW_POLL_S, follow_log, read_log
 from baton.storage.records.job_records import JobRecords, spec_fields
 from baton.storage.records.connection import connect
+from baton.storage.records.pausing import continue_job
 from baton.storage.records.priority import set_priority
 from baton.jobs.code_ship import Shipper, code_dir, importable
+from baton.jobs.downloads import download
 from baton.jobs.specfile import SpecSource, load_spec, read_raw, with_overrides
 from baton.jobs.sweeps import SweepEntry, plan, rank
 from baton.jobs.pool import QueueView, check_quota, drain, queue_views
@@ -47,7 +48,6 @@ from baton.jobs.pool import QueueView, check_quota, drain, queue_views
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
 
-WHICH = ("best", "latest", "final", "tensorboard", "code")
 POLL_S = 0.5
 
 
@@ -65,7 +65,7 @@ class Job:
 
     def wait(self, timeout: Optional[float] = None, progress: bool = True,
              on_change: Optional[Callable[[JobStatus], None]] = None) -> JobStatus:
-        """Block until the job ends (succeeded, failed, cancelled); TimeoutError after ``timeout`` s.
+        """Block until the job ends (succeeded, failed, cancelled) or pauses; TimeoutError after ``timeout`` s.
         ``progress``: a live bar on a terminal (steps, loss, samples/s, attempt and worker).
         ``on_change``: called with the status whenever its state, attempt, worker or epoch changes, or
         the reason it waits (``status.waiting``: no live worker serves its queue)."""
@@ -80,7 +80,7 @@ class Job:
                 if on_change is not None and key != seen:
                     seen = key
                     on_change(status)
-                if status.state.terminal:
+                if status.state.at_rest:
                     return status
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {self.id} still {status.state.value} after {timeout}s")
@@ -96,11 +96,17 @@ class Job:
             raise JobNotFound(f"no job {self.id!r}")
         return result
 
-    def resume(self) -> int:
-        """Queue a cancelled (or failed) job again from its latest checkpoint; returns the attempt."""
-        attempt = self.client.records.resume(self.id)
+    def resume(self, pause_at: Optional[int] = None) -> int:
+        """Queue a cancelled, failed or paused job again from its latest checkpoint; returns the attempt.
+        ``pause_at``: the step whose validation (or the first validation after it) it pauses at next
+        (None: it trains to its end)."""
+        attempt = continue_job(self.client.records.redis, self.id, pause_at, "continued by the user")
         if attempt < 0:
-            raise ValueError(f"job {self.id} is {self.status().state.value}: only cancelled or failed jobs resume")
+            if pause_at is not None:
+                raise ValueError(f"job {self.id} is {self.status().state.value}: only a paused job resumes to pause again")
+            attempt = self.client.records.resume(self.id)
+        if attempt < 0:
+            raise ValueError(f"job {self.id} is {self.status().state.value}: only cancelled, failed or paused jobs resume")
         self.client._publish(self.id, attempt)
         return attempt
 
@@ -149,65 +155,6 @@ class Job:
         return download(self._store(), self.id, directory, which)
 
 
-def download(store: ObjectStore, job_id: str, directory: str | Path = ".", which: str = "best") -> Path:
-    """``Job.download`` from ``store`` itself, with no record in Redis (a ``baton run`` job):
-    FileNotFoundError when the store holds no such job."""
-    if which not in WHICH:
-        raise ValueError(f"which must be one of {WHICH} (got {which!r})")
-    paths = JobPaths(job_id)
-    if which == "code":
-        return _download_code(store, paths, Path(directory) / job_id)
-    if not store.exists(paths.manifest):
-        store.list(paths.root)  # (a missing bucket, or an endpoint that is not S3, says so here: not "no job")
-        raise FileNotFoundError(f"no job {job_id!r} under {store.url}/{paths.root}")
-    manifest = ManifestStore(store, paths).read()
-    out = Path(directory) / job_id
-    out.mkdir(parents=True, exist_ok=True)
-    if which == "final":
-        for name, ref in final_files(manifest).items():
-            download_verified(store, ref, out / name)
-        return out
-    if which == "tensorboard":
-        return _download_event_files(store, paths, out / "tensorboard")
-    entry = manifest.best if which == "best" else manifest.latest
-    if entry is None:
-        raise FileNotFoundError(f"job {job_id} has no {which} checkpoint yet")
-    name = Path(entry.key).name if which == "latest" else ("best" if entry.files is not None else "best.pt")
-    return download_checkpoint(store, entry, out / name)
-
-
-def _download_code(store: ObjectStore, paths: JobPaths, out: Path) -> Path:
-    """The archive of the code the job ships (checked against its digest), as ``code-<hex>.tar.gz``."""
-    try:
-        spec = JobSpec.model_validate_json(store.get_bytes(paths.spec))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no job {paths.job_id!r} under {store.url}/{paths.root}") from None
-    digest = spec.code.digest if spec.code is not None else None
-    if digest is None:
-        raise FileNotFoundError(f"job {paths.job_id} ships no code: it imports what its workers have installed")
-    data = store.get_bytes(code_key(digest))
-    if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
-        raise CheckpointCorrupt(f"{code_key(digest)}: does not match the job's code.digest {digest}")
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / f"code-{digest.split(':')[1]}.tar.gz"
-    target.write_bytes(data)
-    return target
-
-
-def _download_event_files(store: ObjectStore, paths: JobPaths, out: Path) -> Path:
-    """Every attempt's TensorBoard event files, one directory per attempt (``tensorboard --logdir``
-    on ``out`` shows the job's run whole: each step is in one attempt's file only)."""
-    keys = [key for key in store.list(paths.attempts) if is_side_output(key) and "/tensorboard/" in key]
-    if not keys:
-        raise FileNotFoundError(f"job {paths.job_id} has no TensorBoard event files (is baton[tensorboard] "
-                                "installed where it trained?)")
-    for key in keys:
-        attempt, name = key.split("/")[-3], key.rsplit("/", 1)[1]
-        (out / attempt).mkdir(parents=True, exist_ok=True)
-        store.get_file(key, out / attempt / name)
-    return out
-
-
 def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:
     if bar is None:
         bar = tqdm(total=status.total_steps or 0, unit="step", dynamic_ncols=True, desc=status.id)
@@ -252,13 +199,18 @@ class JobClient:
         self.records.publish_marked(job_id, attempt, lambda job, n, queue: publish_run(celery, job, n, queue))
 
     def submit(self, spec: SpecSource, job_id: Optional[str] = None, overrides: Overrides = None,
-               code: "str | Path | None" = None) -> Job:
+               code: "str | Path | None" = None, pause_at: Optional[int] = None) -> Job:
         """Validate, store the spec, create the record, queue attempt 1. SpecError (nothing queued)
         if the spec is invalid. ``overrides`` (``{"optimizer.lr": 1e-3}`` or ``["optimizer.lr=1e-3"]``)
         are applied to the spec's raw mapping before it is validated. ``code``: a directory of your code
-        to ship with the job (as ``code.dir`` in the spec), packed and stored once under its digest."""
+        to ship with the job (as ``code.dir`` in the spec), packed and stored once under its digest.
+        ``pause_at``: the job pauses at the first validation at or past this step (``Job.resume`` goes on)."""
+        if pause_at is not None and pause_at < 1:
+            raise SpecError([f"pause_at: must be a step of 1 or more (got {pause_at})"])
         wanted = normalize(overrides)
         parsed = load_spec(spec, self.settings.allowed_prefixes, wanted, code)
+        if pause_at is not None and parsed.resources.nodes > 1:
+            raise SpecError([f"pause_at: a job of {parsed.resources.nodes} nodes cannot pause (one node only)"])
         try:
             job_id = check_job_id(job_id or new_job_id(parsed.name))
         except ValueError as exc:
@@ -267,7 +219,8 @@ class JobClient:
         self._refuse_taken(store, [job_id])
         parsed = self._shipper(store).ship(parsed)
         _warn_if_local(store)  # (once the job will be stored: not before a refusal)
-        self._create(store, job_id, parsed, {"overrides": json.dumps(wanted, default=str)} if wanted else {})
+        self._create(store, job_id, parsed, {**({"overrides": json.dumps(wanted, default=str)} if wanted else {}),
+                                             **({"pause_at": str(pause_at)} if pause_at is not None else {})})
         self._publish(job_id, 1)
         return Job(self, job_id)
 

@@ -38,6 +38,7 @@ class Ending(str, Enum):
     CHECKPOINT_WRITE = "checkpoint_write"  # this machine's disk or memory: a worker loss, counted
     CRASHED = "crashed"  # the training process died without saying how: a worker loss, counted
     STALLED = "stalled"  # no optimizer step for the stall timeout: a worker loss, counted
+    PAUSED = "paused"  # at a validation at or past its pause_at, after its checkpoint: kept, not queued
     CODE = "code"  # the job's shipped code was refused here (digest, contents) or its package index unreachable: a loss
 
 
@@ -89,6 +90,7 @@ class AttemptOrder(Message):
     peers: Optional[PeersOrder] = None
     import_path: tuple[str, ...] = ()  # the job's shipped code and packages on this worker, imported first
     setup_log: tuple[str, ...] = ()  # what the worker did to have them (lines for the job's log)
+    pause_at: Optional[int] = None  # the loop pauses at the first validation at or past this step
 
 
 class GroupOrder(Message):
@@ -105,6 +107,7 @@ class GroupOrder(Message):
     resume_sha256: Optional[str] = None
     resume_dir: Optional[str] = None  # sharded: the directory this node downloaded and verified it to
     resume_entry: Optional[CheckpointEntry] = None  # sharded, for the other nodes: each downloads it
+    pause_at: Optional[int] = None  # every rank's loop pauses at the same validation
 
 
 class RankOrder(Message):

@@ -14,10 +14,16 @@ class JobState(str, Enum):
     succeeded = "succeeded"
     failed = "failed"  # its own code failed, or it was lost retry.max_attempts times
     cancelled = "cancelled"
+    paused = "paused"  # stopped at a validation (its pause_at), its checkpoint committed: resumable, not queued
 
     @property
     def terminal(self) -> bool:
         return self in (JobState.succeeded, JobState.failed, JobState.cancelled)
+
+    @property
+    def at_rest(self) -> bool:
+        """Ended, or paused: nothing will happen to it until someone acts."""
+        return self.terminal or self is JobState.paused
 
 
 class JobStatus(BaseModel):
@@ -56,6 +62,9 @@ class JobStatus(BaseModel):
     best_checkpoint: Optional[str] = None
     best_value: Optional[float] = None
     resumed_from: Optional[int] = Field(None, description="Step the current attempt resumed from.")
+    pause_at: Optional[int] = Field(
+        None, description="The step whose validation (or the first validation after it) the job pauses at, its "
+        "checkpoint committed (a search's rung); None: it trains to its end.")
     storage_url: Optional[str] = None
     sweep: Optional[str] = Field(None, description="The sweep (baton sweep) this job belongs to.")
     overrides: Optional[Json[dict[str, Any]]] = Field(

@@ -119,7 +119,7 @@ def _job(job_id: str):
 
 
 def _follow(job) -> int:
-    """Show a job until it ends; exit status 0 if it succeeded."""
+    """Show a job until it ends or pauses; exit status 0 if it succeeded."""
     from baton.jobs.display import progress_line
 
     tty = sys.stderr.isatty()

@@ -125,10 +125,11 @@ def priority(job_id: str, value: int = typer.Argument(..., metavar="PRIORITY", h
 
 
 @app.command()
-def resume(job_id: str) -> None:
-    """Queue a cancelled or failed job again, from its latest checkpoint."""
+def resume(job_id: str, pause_at: Optional[int] = typer.Option(
+        None, "--pause-at", min=1, help="Pause again at the first validation at or past this step (a paused job).")) -> None:
+    """Queue a cancelled, failed or paused job again, from its latest checkpoint."""
     try:
-        attempt = _job(job_id).resume()
+        attempt = _job(job_id).resume(pause_at)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1)
@@ -173,7 +174,7 @@ def fetch(
     from baton.storage.layout import JobPaths
     from baton.storage.stores.open import open_client_store
 
-    from baton.jobs.client import download
+    from baton.jobs.downloads import download
 
     import redis
 

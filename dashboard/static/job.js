@@ -160,7 +160,7 @@ async function refresh() {
     document.getElementById("actions").hidden = job.source !== "redis" || !actionsAllowed;
     const ended = ["succeeded", "failed", "cancelled"].includes(s.state);
     document.getElementById("cancel").hidden = ended;
-    document.getElementById("resume").hidden = !["failed", "cancelled"].includes(s.state);
+    document.getElementById("resume").hidden = !["failed", "cancelled", "paused"].includes(s.state);
     for (const id of ["priority", "set-priority"]) document.getElementById(id).hidden = ended;
     terminal = ["succeeded", "failed", "cancelled", "stored"].includes(s.state);
     await curves;

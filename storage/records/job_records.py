@@ -159,10 +159,10 @@ return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 _CANCEL = LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
-if state == 'queued' or state == 'retrying' then
+if state == 'queued' or state == 'retrying' or state == 'paused' then
   pool_unwait(KEYS[1], ARGV[1])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2])
-  job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled while waiting', '')
+  job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled while ' .. (state == 'paused' and 'paused' or 'waiting'), '')
   redis.call('DEL', KEYS[1] .. ':live')
   redis.call('HDEL', KEYS[1], 'publish_pending')
   redis.call('SREM', KEYS[2], ARGV[1])

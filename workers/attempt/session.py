@@ -46,7 +46,8 @@ def _ignore_commit(manifest: CheckpointManifest, stats: CheckpointStats) -> None
 @dataclass(frozen=True)
 class Attempt:
     """One attempt at a job: the job's spec and id, the attempt's number, the store its state is kept
-    in, the modules its code may import, and the nonce of the claim holding it (None: none to check)."""
+    in, the modules its code may import, the nonce of the claim holding it (None: none to check), and
+    the step whose validation it pauses at (None: it trains to its end)."""
 
     spec: JobSpec
     job_id: str
@@ -55,6 +56,7 @@ class Attempt:
     allowed_prefixes: tuple[str, ...] = ()
     claim: Optional[str] = None
     import_path: tuple[str, ...] = ()  # the job's shipped code and packages here (its ranks import them first)
+    pause_at: Optional[int] = None
 
     @property
     def paths(self) -> JobPaths:

@@ -45,11 +45,12 @@ def train_attempt(attempt: "Attempt", options: "AttemptOptions", manifest: Check
     configure(spec.loop.deterministic, threads)
     target = CheckpointTarget(attempt.store, attempt.paths, attempt.number, spec.checkpoint.keep_last, options.fence,
                               options.on_commit, options.upload_retry_s, log)
-    plan = RankPlan(spec, attempt.allowed_prefixes, threads, target, resume.state)
+    plan = RankPlan(spec, attempt.allowed_prefixes, threads, target, resume.state, attempt.pause_at)
     if spec.resources.single_process:
         return _train(plan, OneProcess(resolve_device(spec.resources.device)), resume, options, memory)
     order = group_order(spec, attempt.job_id, attempt.number, attempt.store.url, threads, attempt.allowed_prefixes,
-                        (resume.state, resume.entry)).model_copy(update={"import_path": attempt.import_path})
+                        (resume.state, resume.entry)).model_copy(update={"import_path": attempt.import_path,
+                                                                         "pause_at": attempt.pause_at})
     ranks, group = start_group(order, options.peers or ThisNode(spec.resources.nodes), log)
     try:
         trained = _train(plan, layout_for(group, spec.resources.strategy, spec.loop.precision), resume, options)

@@ -102,7 +102,7 @@ def run_rank(order: RankOrder, secret: str, report: Callable[[BaseException], bo
                               log=control.log)
     finished = False
     try:
-        plan = RankPlan(spec, group_order.allowed_prefixes, group_order.cpu_threads, target, state)
+        plan = RankPlan(spec, group_order.allowed_prefixes, group_order.cpu_threads, target, state, group_order.pause_at)
         run(assemble(plan, layout_for(group, spec.resources.strategy, spec.loop.precision), control))
         finished = True
     except BaseException as exc:  # noqa: BLE001 - a BaseException from the job's code is its failure too

@@ -39,7 +39,7 @@ from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
 from baton.storage.memory.memory_slots import JobMemory
-from baton.storage.records import leases
+from baton.storage.records import leases, pausing
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.nodes import ANNOUNCE, REMOTE_FAILURE
@@ -252,7 +252,7 @@ class Held:
         keeps_copies = spec.resources.single_process and spec.checkpoint.memory_every_steps != "off"
         return AttemptOrder(
             spec=spec, job_id=self.job_id, storage_url=storage_url, attempt=self.attempt, claim=self.nonce,
-            allowed_prefixes=ctx.settings.allowed_prefixes, worker=ctx.worker,
+            allowed_prefixes=ctx.settings.allowed_prefixes, worker=ctx.worker, pause_at=self.delivery.view.pause_at,
             memory=tuple(self.delivery.memory.get()) if keeps_copies else None,
             peers=None if leadership is None else PeersOrder(nodes=leadership.nodes, address=leadership.address,
                                                              loss_wait_s=leadership.loss_wait_s))
@@ -297,8 +297,8 @@ class Held:
                   outcome.reason)
         # progress goes with the renewals: the last one may be older than the checkpoint the job stopped with
         self.heartbeat.offer({"step": outcome.step})  # (written by end()'s flush)
-        if outcome.reason == "cancelled":
-            return self.end(Ending.CANCELLED, "cancelled")
+        if outcome.reason in ("cancelled", "paused"):  # (a pause: at the validation its pause_at asked for)
+            return self.end(Ending(outcome.reason), f"{outcome.reason} at step {outcome.step} on {self.ctx.worker}")
         if outcome.reason == "yielded":  # the scheduler's words: "yielded to job X (priority 10)"
             return self.end(Ending.STOPPED, f"{self.heartbeat.yield_requested} on {self.ctx.worker}")
         if outcome.reason == "preempted" and self.ctx.preemption.why:  # SIGTERM, or the machine's notice
@@ -321,6 +321,8 @@ class Held:
             _log.info("job %s: %s", job_id, action.word)
         elif action.kind == "fail":
             self._fail(failure, reason)
+        elif action.kind == "pause":
+            control.leased(lambda: pausing.pause(ctx.redis, job_id, control.token, reason), "recording the pause")
         else:
             self._requeue(action.kind == "lose", reason, action.retried or ending.value, stacks)
         return action.word

@@ -7,6 +7,8 @@
 - ``lose``: a worker loss, counted against ``retry.max_attempts``, queued at once as the next attempt
   (a rank or the training process died, this machine could not write a checkpoint, a hang, the job's
   shipped code arrived changed);
+- ``pause``: the job stopped at the validation its ``pause_at`` asked for, after its checkpoint: kept
+  paused, not queued, until someone continues it (``baton resume``; a search's promotion);
 - ``none``: fenced out: another attempt owns the job, nothing more is written.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from baton.schemas.status import JobState
 
 @dataclass(frozen=True)
 class Action:
-    kind: Literal["finish", "fail", "release", "lose", "none"]
+    kind: Literal["finish", "fail", "release", "lose", "pause", "none"]
     word: str  # how the delivery ended, in one word (worker logs, metrics, tests)
     state: Optional[JobState] = None  # finish: the job's final state
     retried: Optional[str] = None  # release, lose: the label of the jobs-retried metric
@@ -38,6 +40,7 @@ ACTIONS: dict[Ending, Action] = {
     Ending.CRASHED: Action("lose", "lost", retried="crashed"),
     Ending.STALLED: Action("lose", "stalled", retried="stalled"),
     Ending.CODE: Action("lose", "lost", retried="code"),
+    Ending.PAUSED: Action("pause", "paused"),
     Ending.FENCED: Action("none", "fenced"),
 }
 """Every ending's action (tests/workers/queue check that none is missing)."""

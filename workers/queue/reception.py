@@ -38,12 +38,14 @@ PASS_ON_WAIT_S = 10.0
 @dataclass(frozen=True)
 class JobView:
     """What a delivery reads of the job's record, once, before its claim: the spec (validated here; a
-    spec that does not validate fails the job at its claim), the store, the queue."""
+    spec that does not validate fails the job at its claim), the store, the queue, and the step whose
+    validation it pauses at (``pause_at``: a search's rung)."""
 
     spec: Optional[JobSpec]
     spec_error: Optional[SpecError]
     storage_url: Optional[str]
     queue: str
+    pause_at: Optional[int] = None
 
     @property
     def nodes(self) -> int:
@@ -54,7 +56,8 @@ def read_job(ctx: WorkerContext, job_id: str) -> Optional[JobView]:
     """The job's record as a delivery needs it; None when Redis cannot be read (claiming then could run
     a multi-node job on one node). A missing job reads as no spec: its claim drops the message."""
     try:
-        raw, storage_url, queue = ctx.redis.hmget(keys.job(job_id), ["spec", "storage_url", "queue"])
+        raw, storage_url, queue, pause_at = ctx.redis.hmget(keys.job(job_id), ["spec", "storage_url", "queue",
+                                                                              "pause_at"])
     except redis.RedisError:
         return None
     spec, error = None, None
@@ -65,7 +68,8 @@ def read_job(ctx: WorkerContext, job_id: str) -> Optional[JobView]:
             error = SpecError([f"spec: the job's record holds no readable spec (on worker {ctx.worker})"])
         except SpecError as exc:
             error = exc
-    return JobView(spec, error, maybe_text(storage_url), maybe_text(queue) or "default")
+    return JobView(spec, error, maybe_text(storage_url), maybe_text(queue) or "default",
+                   int(pause_at) if pause_at else None)
 
 
 @dataclass(frozen=True)

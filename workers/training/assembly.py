@@ -19,13 +19,15 @@ from baton.workers.training.loop import Outcome, TrainingLoop
 @dataclass(frozen=True)
 class RankPlan:
     """What one rank trains: the job's spec, the modules it may import, its intra-op threads, where its
-    checkpoints go, and the checkpoint state it resumes from (None: from the start)."""
+    checkpoints go, the checkpoint state it resumes from (None: from the start), and the step whose
+    validation it pauses at (None: it trains to its end)."""
 
     spec: JobSpec
     allowed_prefixes: tuple[str, ...]
     threads: int
     target: CheckpointTarget
     state: Optional[dict] = None
+    pause_at: Optional[int] = None
 
 
 def assemble(plan: RankPlan, layout: Layout, control: LoopControl,
@@ -44,7 +46,8 @@ def assemble(plan: RankPlan, layout: Layout, control: LoopControl,
     except BaseException:
         checkpointer.abandon()
         raise
-    loop = TrainingLoop(parts, checkpointer, layout.control(control), plan.threads, layout, memory, restored)
+    loop = TrainingLoop(parts, checkpointer, layout.control(control), plan.threads, layout, memory, restored,
+                        plan.pause_at)
     return loop
 
 

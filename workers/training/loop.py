@@ -48,12 +48,14 @@ the mean loss of ``total steps / CURVE_POINTS`` steps."""
 class TrainingLoop:
     """One rank's loop: ``parts`` trained under ``control``, checkpointed by ``checkpointer``, its work
     shared with the other ranks as ``layout`` says (None: one process), its last step copied to
-    ``memory`` where it has one, resumed from ``restored`` (its progress, best tracker and rows)."""
+    ``memory`` where it has one, resumed from ``restored`` (its progress, best tracker and rows), paused
+    at the first validation at or past step ``pause_at`` (None: trained to its end)."""
 
     def __init__(self, parts: Components, checkpointer: Checkpointer, control: LoopControl, cpu_threads: int,
                  layout: Optional[Layout] = None, memory: Optional[MemoryCopier] = None,
-                 restored: Optional[Restored] = None):
+                 restored: Optional[Restored] = None, pause_at: Optional[int] = None):
         spec = parts.spec
+        self.pause_at = pause_at
         self.parts, self.checkpointer, self.control, self.cpu_threads = parts, checkpointer, control, cpu_threads
         self.layout: Layout = layout if layout is not None else OneProcess(parts.device)
         self.memory = memory  # the last step in host memory, for a crash (storage/memory/memory_copy.py)
@@ -84,12 +86,14 @@ class TrainingLoop:
 
     def _run(self) -> Outcome:
         p = self.progress
+        if not self.finished() and self._paused_here():  # resumed from the very validation it pauses at
+            return Outcome(completed=False, reason="paused", step=p.global_step)
         while not self.finished():
             reason = self.train_pass()
             if not self.finished() and self._pass_complete():
                 self.end_pass()
                 if self._validated_at == p.global_step:
-                    reason = reason or self.control.stop_reason()
+                    reason = reason or self.control.stop_reason() or self._pause_due()
             if reason is not None and not self.finished():
                 if self._validated_at != p.global_step:
                     return self._stop(reason)
@@ -120,7 +124,7 @@ class TrainingLoop:
                 self.step()
                 if self._validation_due():
                     self.validate("eval")
-                reason = self.control.stop_reason()
+                reason = self.control.stop_reason() or self._pause_due()
                 if reason is not None or self.finished():
                     return reason
                 self._periodic_checkpoint()
@@ -264,6 +268,21 @@ class TrainingLoop:
         come moments later, so neither is taken here."""
         n = self._pass_length()
         return self.parts.spec.loop.epochs is not None and n is not None and self.progress.batch_in_epoch >= n
+
+    def _pause_due(self) -> Optional[str]:
+        """"paused" at a validation at or past ``pause_at`` (here, or at the epoch's end moments later), unless
+        the run ends there: a pause reuses that validation's checkpoint."""
+        p = self.progress
+        if self.pause_at is None or p.global_step < self.pause_at or self.finished():
+            return None
+        return "paused" if self._validated_at == p.global_step or self._epoch_end_follows() else None
+
+    def _paused_here(self) -> bool:
+        """Whether the loop resumed from the checkpoint of a validation at or past ``pause_at`` (an attempt
+        lost after that checkpoint's commit, before its pause was recorded)."""
+        p = self.progress
+        return (self.pause_at is not None and p.global_step >= self.pause_at and bool(self.metrics)
+                and self.metrics[-1]["step"] == p.global_step)
 
     # --- checkpoints -----------------------------------------------------------------------
     def _periodic_checkpoint(self) -> None:
