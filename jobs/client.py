@@ -98,8 +98,7 @@ class Job:
 
     def resume(self, pause_at: Optional[int] = None) -> int:
         """Queue a cancelled, failed or paused job again from its latest checkpoint; returns the attempt.
-        ``pause_at``: the step whose validation (or the first validation after it) it pauses at next
-        (None: it trains to its end)."""
+        ``pause_at``: where it pauses next, as in ``JobClient.submit`` (None: it trains to its end)."""
         attempt = continue_job(self.client.records.redis, self.id, pause_at, "continued by the user")
         if attempt < 0:
             if pause_at is not None:
@@ -204,9 +203,10 @@ class JobClient:
         if the spec is invalid. ``overrides`` (``{"optimizer.lr": 1e-3}`` or ``["optimizer.lr=1e-3"]``)
         are applied to the spec's raw mapping before it is validated. ``code``: a directory of your code
         to ship with the job (as ``code.dir`` in the spec), packed and stored once under its digest.
-        ``pause_at``: the job pauses at the first validation at or past this step (``Job.resume`` goes on)."""
+        ``pause_at``: the job pauses at the end of this epoch (an epoch-based run: ``loop.epochs``) or at the
+        first validation at or past this step (a step-based run: ``loop.max_steps``); ``Job.resume`` goes on."""
         if pause_at is not None and pause_at < 1:
-            raise SpecError([f"pause_at: must be a step of 1 or more (got {pause_at})"])
+            raise SpecError([f"pause_at: must be 1 or more (got {pause_at})"])
         wanted = normalize(overrides)
         parsed = load_spec(spec, self.settings.allowed_prefixes, wanted, code)
         if pause_at is not None and parsed.resources.nodes > 1:

@@ -67,7 +67,8 @@ def details(s: JobStatus) -> str:
     if s.starts_in_s is not None:
         rows.append(("estimated start", f"in {_duration(s.starts_in_s)}"))
     if s.pause_at is not None and not s.state.terminal:
-        rows.append(("pauses at", f"the first validation at or past step {s.pause_at}"))
+        rows.append(("pauses at", f"the end of epoch {s.pause_at}" if s.epochs else
+                     f"the first validation at or past step {s.pause_at}"))
     if s.last_event and not s.state.terminal:
         rows.append(("last event", s.last_event))
     if s.error:

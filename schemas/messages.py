@@ -38,7 +38,7 @@ class Ending(str, Enum):
     CHECKPOINT_WRITE = "checkpoint_write"  # this machine's disk or memory: a worker loss, counted
     CRASHED = "crashed"  # the training process died without saying how: a worker loss, counted
     STALLED = "stalled"  # no optimizer step for the stall timeout: a worker loss, counted
-    PAUSED = "paused"  # at a validation at or past its pause_at, after its checkpoint: kept, not queued
+    PAUSED = "paused"  # at the validation that reached its pause_at, after its checkpoint: kept, not queued
     CODE = "code"  # the job's shipped code was refused here (digest, contents) or its package index unreachable: a loss
 
 
@@ -90,7 +90,7 @@ class AttemptOrder(Message):
     peers: Optional[PeersOrder] = None
     import_path: tuple[str, ...] = ()  # the job's shipped code and packages on this worker, imported first
     setup_log: tuple[str, ...] = ()  # what the worker did to have them (lines for the job's log)
-    pause_at: Optional[int] = None  # the loop pauses at the first validation at or past this step
+    pause_at: Optional[int] = None  # the loop pauses at the validation that reaches it (epochs, or steps)
 
 
 class GroupOrder(Message):

@@ -63,8 +63,8 @@ class JobStatus(BaseModel):
     best_value: Optional[float] = None
     resumed_from: Optional[int] = Field(None, description="Step the current attempt resumed from.")
     pause_at: Optional[int] = Field(
-        None, description="The step whose validation (or the first validation after it) the job pauses at, its "
-        "checkpoint committed (a search's rung); None: it trains to its end.")
+        None, description="Where the job pauses, its checkpoint committed: at the end of this epoch (an epoch-based "
+        "run) or at the first validation at or past this step (a step-based run); None: it trains to its end.")
     storage_url: Optional[str] = None
     sweep: Optional[str] = Field(None, description="The sweep (baton sweep) this job belongs to.")
     overrides: Optional[Json[dict[str, Any]]] = Field(

@@ -126,7 +126,7 @@ def priority(job_id: str, value: int = typer.Argument(..., metavar="PRIORITY", h
 
 @app.command()
 def resume(job_id: str, pause_at: Optional[int] = typer.Option(
-        None, "--pause-at", min=1, help="Pause again at the first validation at or past this step (a paused job).")) -> None:
+        None, "--pause-at", min=1, help="A paused job: pause again at the end of this epoch (an epoch-based run) or at the first validation at or past this step (a step-based run).")) -> None:
     """Queue a cancelled, failed or paused job again, from its latest checkpoint."""
     try:
         attempt = _job(job_id).resume(pause_at)

@@ -47,7 +47,7 @@ def _ignore_commit(manifest: CheckpointManifest, stats: CheckpointStats) -> None
 class Attempt:
     """One attempt at a job: the job's spec and id, the attempt's number, the store its state is kept
     in, the modules its code may import, the nonce of the claim holding it (None: none to check), and
-    the step whose validation it pauses at (None: it trains to its end)."""
+    where it pauses (``pause_at``: epochs done, or steps; None: it trains to its end)."""
 
     spec: JobSpec
     job_id: str

@@ -7,7 +7,7 @@
 - ``lose``: a worker loss, counted against ``retry.max_attempts``, queued at once as the next attempt
   (a rank or the training process died, this machine could not write a checkpoint, a hang, the job's
   shipped code arrived changed);
-- ``pause``: the job stopped at the validation its ``pause_at`` asked for, after its checkpoint: kept
+- ``pause``: the job stopped at the validation that reached its ``pause_at``, after its checkpoint: kept
   paused, not queued, until someone continues it (``baton resume``; a search's promotion);
 - ``none``: fenced out: another attempt owns the job, nothing more is written.
 """

@@ -38,8 +38,8 @@ PASS_ON_WAIT_S = 10.0
 @dataclass(frozen=True)
 class JobView:
     """What a delivery reads of the job's record, once, before its claim: the spec (validated here; a
-    spec that does not validate fails the job at its claim), the store, the queue, and the step whose
-    validation it pauses at (``pause_at``: a search's rung)."""
+    spec that does not validate fails the job at its claim), the store, the queue, and where it pauses
+    (``pause_at``: a search's rung)."""
 
     spec: Optional[JobSpec]
     spec_error: Optional[SpecError]

@@ -19,8 +19,8 @@ from baton.workers.training.loop import Outcome, TrainingLoop
 @dataclass(frozen=True)
 class RankPlan:
     """What one rank trains: the job's spec, the modules it may import, its intra-op threads, where its
-    checkpoints go, the checkpoint state it resumes from (None: from the start), and the step whose
-    validation it pauses at (None: it trains to its end)."""
+    checkpoints go, the checkpoint state it resumes from (None: from the start), and where it pauses
+    (``pause_at``: epochs done, or steps; None: it trains to its end)."""
 
     spec: JobSpec
     allowed_prefixes: tuple[str, ...]

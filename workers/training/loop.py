@@ -49,7 +49,8 @@ class TrainingLoop:
     """One rank's loop: ``parts`` trained under ``control``, checkpointed by ``checkpointer``, its work
     shared with the other ranks as ``layout`` says (None: one process), its last step copied to
     ``memory`` where it has one, resumed from ``restored`` (its progress, best tracker and rows), paused
-    at the first validation at or past step ``pause_at`` (None: trained to its end)."""
+    at the validation that reaches ``pause_at`` (epochs done for an epoch-based run, steps for a step-based
+    one; None: trained to its end)."""
 
     def __init__(self, parts: Components, checkpointer: Checkpointer, control: LoopControl, cpu_threads: int,
                  layout: Optional[Layout] = None, memory: Optional[MemoryCopier] = None,
@@ -270,19 +271,25 @@ class TrainingLoop:
         return self.parts.spec.loop.epochs is not None and n is not None and self.progress.batch_in_epoch >= n
 
     def _pause_due(self) -> Optional[str]:
-        """"paused" at a validation at or past ``pause_at`` (here, or at the epoch's end moments later), unless
-        the run ends there: a pause reuses that validation's checkpoint."""
+        """"paused" at the validation that reaches ``pause_at`` (here, or at the epoch's end moments later),
+        unless the run ends there: a pause reuses that validation's checkpoint."""
         p = self.progress
-        if self.pause_at is None or p.global_step < self.pause_at or self.finished():
+        if self.pause_at is None or self.finished():
             return None
-        return "paused" if self._validated_at == p.global_step or self._epoch_end_follows() else None
+        if self._epoch_end_follows():
+            return "paused" if self._reached(p.epoch + 1) else None
+        return "paused" if self._validated_at == p.global_step and self._reached(p.epoch) else None
+
+    def _reached(self, epochs_done: int) -> bool:
+        """Whether ``pause_at`` is reached: in epochs done for an epoch-based run, in steps for a step-based one."""
+        done = epochs_done if self.parts.spec.loop.epochs is not None else self.progress.global_step
+        return self.pause_at is not None and done >= self.pause_at
 
     def _paused_here(self) -> bool:
-        """Whether the loop resumed from the checkpoint of a validation at or past ``pause_at`` (an attempt
+        """Whether the loop resumed from the checkpoint of a validation that reaches ``pause_at`` (an attempt
         lost after that checkpoint's commit, before its pause was recorded)."""
         p = self.progress
-        return (self.pause_at is not None and p.global_step >= self.pause_at and bool(self.metrics)
-                and self.metrics[-1]["step"] == p.global_step)
+        return bool(self.metrics) and self.metrics[-1]["step"] == p.global_step and self._reached(p.epoch)
 
     # --- checkpoints -----------------------------------------------------------------------
     def _periodic_checkpoint(self) -> None:

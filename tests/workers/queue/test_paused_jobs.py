@@ -26,18 +26,18 @@ def test_a_paused_job_leaves_the_pool_and_resumes_bit_equal(cluster, tmp_path, r
     client = cluster.client
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    job = client.submit(spec_counted(tmp_path / "a"), "rung", pause_at=7)
-    other = client.submit(spec_counted(tmp_path / "b"), "dropped", pause_at=7)
+    job = client.submit(spec_counted(tmp_path / "a"), "rung", pause_at=1)
+    other = client.submit(spec_counted(tmp_path / "b"), "dropped", pause_at=1)
 
     paused = job.wait(timeout=180, progress=False)
-    assert (paused.state.value, paused.step, paused.pause_at) == ("paused", 10, 7), paused
-    assert paused.last_event.startswith("paused at step 10 on w0@test"), paused.last_event
+    assert (paused.state.value, paused.step, paused.pause_at) == ("paused", STEPS_PER_EPOCH, 1), paused
+    assert paused.last_event.startswith(f"paused at step {STEPS_PER_EPOCH} on w0@test"), paused.last_event
     assert other.wait(timeout=180, progress=False).state.value == "paused"
 
-    done = run_baton("resume", "rung", "--pause-at", "21", env=cluster.env)
+    done = run_baton("resume", "rung", "--pause-at", "2", env=cluster.env)
     assert done.returncode == 0 and "rung: queued as attempt 2" in done.stdout, done.stdout + done.stderr
     again = job.wait(timeout=180, progress=False)
-    assert (again.state.value, again.step, again.pause_at) == ("paused", STEPS_PER_EPOCH, 21), again
+    assert (again.state.value, again.step, again.pause_at) == ("paused", 2 * STEPS_PER_EPOCH, 2), again
 
     assert other.cancel() == "cancelled"
     assert other.status().state.value == "cancelled"
@@ -52,6 +52,6 @@ def test_a_paused_job_leaves_the_pool_and_resumes_bit_equal(cluster, tmp_path, r
     kinds = [e.kind for e in events.events(client.records.redis, "rung")]
     assert kinds.count("paused") == 2 and kinds.count("continued") == 2, kinds
     with pytest.raises(ValueError, match="only a paused job resumes to pause again"):
-        job.resume(pause_at=50)
+        job.resume(pause_at=3)
     refused = run_baton("resume", "rung", "--pause-at", "0", env=cluster.env)
     assert refused.returncode == 2 and "--pause-at" in refused.stderr, refused.stderr
