@@ -17,9 +17,10 @@ COPY storage ./storage
 COPY workers ./workers
 COPY jobs ./jobs
 COPY dashboard ./dashboard
+COPY searches ./searches
 # mlflow: the client (mlflow-skinny), so setting MLFLOW_TRACKING_URI on a worker is enough to track its jobs;
-# ui: the same image serves the dashboard (`baton ui --host 0.0.0.0`, port 8265)
-RUN pip install ".[digits,mlflow,ui]" \
+# ui: the same image serves the dashboard (`baton ui --host 0.0.0.0`, port 8265); search: its workers decide searches
+RUN pip install ".[digits,mlflow,ui,search]" \
  && useradd --create-home --uid 10001 --shell /usr/sbin/nologin baton
 
 USER baton

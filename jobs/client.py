@@ -8,6 +8,8 @@
     client.submit("job.yaml", overrides={"optimizer.lr": 1e-3})       # or ["optimizer.lr=1e-3"]
     sweep = client.sweep("job.yaml", {"optimizer.lr": [1e-3, 3e-3], "seed": [1, 2, 3]})
     client.sweep_results(sweep.id)       # its jobs, best monitored value first
+    search = client.search("job.yaml", "search.yaml")                 # sampled trials, losers stopped at rungs
+    client.search_results(search.id)     # each trial's standing and metric per rung, and the best
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
-from baton.schemas.errors import JobNotFound, LocalStoreWarning, PreconditionFailed, SpecError
+from baton.schemas.errors import JobNotFound, LocalStoreWarning, SpecError
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
@@ -35,7 +37,8 @@ from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.open import open_client_store
 
 from baton.storage.job_log import FOLLOW_POLL_S, follow_log, read_log
-from baton.storage.records.job_records import JobRecords, spec_fields
+from baton.storage.records.creation import create_job
+from baton.storage.records.job_records import JobRecords
 from baton.storage.records.connection import connect
 from baton.storage.records.pausing import continue_job
 from baton.storage.records.priority import set_priority
@@ -47,6 +50,8 @@ from baton.jobs.pool import QueueView, check_quota, drain, queue_views
 
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
+    from baton.searches.driver import Driver
+    from baton.searches.results import SearchResults
 
 POLL_S = 0.5
 
@@ -266,6 +271,30 @@ class JobClient:
             raise JobNotFound(f"no sweep {sweep_id!r}")
         return rank(entries)
 
+    def search(self, spec: SpecSource, search: "str | Path | dict", overrides: Overrides = None,
+               search_id: Optional[str] = None, code: "str | Path | None" = None) -> "Sweep":
+        """Start a search over ``spec`` (a search file or mapping: ``baton.schemas.search``); its trials are
+        ordinary jobs, queued round by round, paused at rungs and promoted by successive halving as they
+        get there. SpecError (nothing queued) if the spec or the search is invalid. The trials queued so far."""
+        from baton.jobs.search_submit import submit_search
+
+        search_id = submit_search(self, spec, search, overrides, search_id, code)
+        return Sweep(search_id, [Job(self, job_id) for job_id in self.records.sweep_ids(search_id)])
+
+    def search_results(self, search_id: str) -> "SearchResults":
+        """Each trial's parameters, state, standing and metric at each rung, and the best trial (once the
+        search has finished). Reading it also takes any step of the search that is due. JobNotFound for an
+        unknown search."""
+        from baton.searches.results import search_results
+
+        self.search_driver(search_id).advance()
+        return search_results(self.records.redis, search_id)
+
+    def search_driver(self, search_id: str) -> "Driver":
+        from baton.searches.driver import Driver
+
+        return Driver(self.records.redis, search_id, self._publish, open_client_store)
+
     def _shipper(self, store: ObjectStore) -> Shipper:
         return Shipper(store, int(self.settings.code_limit_mb * 1e6))
 
@@ -275,21 +304,7 @@ class JobClient:
             raise SpecError([f"id: a job {job_id!r} already exists" for job_id in taken])
 
     def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
-        """Store spec.json and a queued record (marked for publishing). spec.json is a conditional
-        create: of two clients racing on one id, the one whose spec is stored is the one that goes on."""
-        paths = JobPaths(job_id)
-        try:  # the queue's mark first: a `baton run` of this id from now on refuses (it checks again once it holds the job)
-            store.put_if(paths.queued, json.dumps({"queue": parsed.resources.queue}).encode(), None)
-        except PreconditionFailed:
-            raise SpecError([f"id: a job {job_id!r} already exists"]) from None
-        try:
-            store.put_if(paths.spec, parsed.model_dump_json(indent=2).encode(), None)
-        except PreconditionFailed:  # a `baton run` of this id stored its spec first: the job is its
-            store.delete(paths.queued)
-            raise SpecError([f"id: a job {job_id!r} already exists"]) from None
-        created = self.records.create(job_id, {**spec_fields(parsed, store.url), **extra})
-        if not created:
-            raise SpecError([f"id: a job {job_id!r} already exists"])
+        create_job(self.records, store, job_id, parsed, extra)
 
     def recover(self, job_id: Optional[str] = None) -> "list[Recovered]":
         """Rebuild records lost with Redis from object storage (``job_id``, or every job the store

@@ -147,6 +147,23 @@ def sweep_table(entries: list) -> str:
     return "\n".join(_columns([["ID", "STATE", *axes, "STEP", best], *cells]))
 
 
+def search_table(results) -> str:
+    """A search (``baton.searches.results.SearchResults``): its rungs, then one row per trial (its
+    parameters, standing, metric at each rung and best value), then the best trial once it has finished."""
+    r = results
+    unit = r.unit[:-1]
+    head = (f"search {r.search_id}: {r.state}; {r.monitor} ({r.mode}) compared at {unit}s "
+            f"{', '.join(map(str, r.rungs))}; {len(r.trials)} trials, {r.search_steps} steps trained")
+    axes = list(r.trials[0].params) if r.trials else []
+    rungs = r.rungs[:-1]
+    cells = [[str(t.number), t.status.id, t.standing, *(_value(t.params.get(p, "-")) for p in axes),
+              *(_num(t.rung_values.get(at)) for at in rungs), _num(t.status.best_value)] for t in r.trials]
+    table = _columns([["TRIAL", "ID", "STANDING", *axes, *(f"@{unit} {at}" for at in rungs), "BEST"], *cells])
+    best = next((t for t in r.trials if t.status.id == r.best), None)
+    tail = [f"best: {best.status.id} ({r.monitor} {_num(best.status.best_value)})"] if best is not None else []
+    return "\n".join([head, *table, *tail])
+
+
 def quota_table(rows: list[list[str]]) -> str:
     """``baton quota list``: one row per (queue, team, quota, slots in use)."""
     return "\n".join(_columns([["QUEUE", "TEAM", "QUOTA", "IN USE"], *rows]))

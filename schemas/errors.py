@@ -18,11 +18,12 @@ class BatonError(Exception):
 
 
 class SpecError(BatonError):
-    """A job spec is invalid. ``problems`` holds one ``"dotted.path: message"`` line per wrong field."""
+    """A job spec (or ``what`` else: a search) is invalid. ``problems`` holds one ``"dotted.path: message"``
+    line per wrong field."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], what: str = "job spec"):
         self.problems = list(problems)
-        super().__init__("invalid job spec:\n" + "\n".join(f"  {p}" for p in self.problems))
+        super().__init__(f"invalid {what}:\n" + "\n".join(f"  {p}" for p in self.problems))
 
 
 class UserCodeError(BatonError):

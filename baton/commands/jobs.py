@@ -47,23 +47,50 @@ def _warn_if_unserved(job) -> None:
 @app.command()
 def sweep(
     spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
-    grid: List[str] = typer.Option(..., "--grid", help="An axis: dotted.path=V1,V2,... (YAML values); repeatable, "
-                                   "every combination is queued."),
+    grid: Optional[List[str]] = typer.Option(None, "--grid", help="An axis: dotted.path=V1,V2,... (YAML values); "
+                                             "repeatable, every combination is queued."),
+    search: Optional[Path] = typer.Option(None, "--search", help="A search file (space, sampler, trials, halving) "
+                                          "instead of a grid: trials sampled, the losers stopped at rungs."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
     sweep_id: Optional[str] = typer.Option(None, "--id", help="Sweep id (default: NAME-sweep-TIME-XXXX); jobs are ID-N."),
     code: Optional[Path] = typer.Option(None, "--code", help="A directory of your code to ship with the job (as "
                                         "code.dir): packed, stored once, first on the import path on every worker."),
 ) -> None:
     """Queue one job per grid point, sharing a sweep id; all are validated first (exit 2 and nothing
-    queued if any is invalid). Compare them with `baton list --sweep ID`."""
+    queued if any is invalid). Compare them with `baton list --sweep ID`. With --search, a search:
+    follow it with `baton sweep-status ID`."""
     _id_or_exit(sweep_id)
+    if (grid is None) == (search is None):
+        typer.echo("baton sweep: give --grid (a full grid) or --search FILE (a search), not both or neither", err=True)
+        raise typer.Exit(EXIT_BAD_SPEC)
     try:
-        queued = _client().sweep(spec, grid, overrides=sets, sweep_id=sweep_id, code=code)
+        if search is not None:
+            queued = _client().search(spec, search, overrides=sets, search_id=sweep_id, code=code)
+        else:
+            queued = _client().sweep(spec, grid or [], overrides=sets, sweep_id=sweep_id, code=code)
     except SpecError as exc:
         raise _bad_spec(exc)
+    if search is not None:
+        typer.echo(f"search {queued.id}: {len(queued.jobs)} trials queued (follow it: baton sweep-status {queued.id})")
+        return
     typer.echo(f"sweep {queued.id}: {len(queued.jobs)} jobs queued")
     for job in queued.jobs:
         typer.echo(job.id)
+
+
+@app.command("sweep-status")
+def sweep_status(search_id: str = typer.Argument(..., help="The search's id (baton sweep --search printed it).")) -> None:
+    """A search's trials: their parameters, standing (running, stopped at a rung, finished), metric at each
+    rung and best value, and the best trial once it has finished."""
+    from baton.schemas.errors import JobNotFound
+
+    from baton.jobs.display import search_table
+
+    try:
+        typer.echo(search_table(_client().search_results(search_id)))
+    except JobNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -34,15 +34,17 @@ ROOMS = {
     "baton.workers.tracking": {"baton.workers.training", "baton.schemas", *STORAGE},
     "baton.workers.attempt": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
                               "baton.schemas", *STORAGE},
+    "baton.searches": {"baton.schemas", *STORAGE},
     "baton.workers.queue": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
-                            "baton.workers.attempt", "baton.schemas", *STORAGE},
-    "baton.jobs": {"baton.schemas", *STORAGE},
+                            "baton.workers.attempt", "baton.searches", "baton.schemas", *STORAGE},
+    "baton.jobs": {"baton.searches", "baton.schemas", *STORAGE},
     "baton.dashboard": {"baton.jobs", "baton.schemas", *STORAGE},
-    "baton": {"baton.jobs", "baton.dashboard", "baton.schemas", *STORAGE, *WORKERS},
+    "baton": {"baton.jobs", "baton.dashboard", "baton.searches", "baton.schemas", *STORAGE, *WORKERS},
 }
 """What each room may import (itself always), module level or inside a function: the user's side
 (``baton.jobs``) and the workers meet only in the rooms below both, and the command line (``baton``)
-sees everything."""
+sees everything. A search (``baton.searches``) is decided from either side: by the client that submits it
+and by the worker whose trial pauses."""
 
 
 def modules() -> dict[str, Path]:

@@ -46,8 +46,23 @@ def job_live(job_id: str) -> str:
 
 
 def sweep(sweep_id: str) -> str:
-    """Sorted set of the ids of a sweep's jobs, scored by their place in the grid."""
+    """Sorted set of the ids of a sweep's jobs, scored by their place in the grid (a search's: by trial number)."""
     return f"{PREFIX}:sweep:{sweep_id}"
+
+
+SEARCHES = f"{PREFIX}:searches"
+"""Set of the ids of searches not yet finished: what the reaper pokes."""
+
+
+def search(search_id: str) -> str:
+    """Hash: a search's base spec, search file, unit, end, state and best trial (``storage/records/searches.py``)."""
+    return f"{PREFIX}:search:{search_id}"
+
+
+def search_part(search_id: str, part: str) -> str:
+    """A search's ``rungs`` (hash: rung -> its decision), ``values`` (hash: "trial:rung" -> metric), ``lock``
+    (string: whoever decides its next step) and ``pokes`` (counter: a trial changed since)."""
+    return f"{PREFIX}:search:{search_id}:{part}"
 
 
 def worker_stopping(worker: str) -> str:

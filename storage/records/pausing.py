@@ -36,9 +36,11 @@ job_event(KEYS[1], ARGV[2], 'paused', ARGV[3])
 return 1
 """
 
-# KEYS: job, active. ARGV: job id, now, pause_at ('' for none), why. The next attempt, or -1 when not paused.
+# KEYS: job, active. ARGV: job id, now, pause_at ('' for none), why, the pause_at it must have paused at ('': any).
+# The next attempt, or -1 when not paused (there).
 _CONTINUE = LUA + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'paused' then return -1 end
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'pause_at') ~= ARGV[5] then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
            'last_event', ARGV[4])
 if ARGV[3] == '' then redis.call('HDEL', KEYS[1], 'pause_at') else redis.call('HSET', KEYS[1], 'pause_at', ARGV[3]) end
@@ -56,8 +58,10 @@ def pause(client: redis.Redis, job_id: str, token: str, reason: str) -> int:
                                               args=[token, now(), reason, job_id]))
 
 
-def continue_job(client: redis.Redis, job_id: str, pause_at: Optional[int], why: str) -> int:
+def continue_job(client: redis.Redis, job_id: str, pause_at: Optional[int], why: str,
+                 paused_at: Optional[int] = None) -> int:
     """Queue a paused job again, to pause next at ``pause_at`` (None: to train to its end): the attempt to
-    publish (the record is marked for it), or -1 when the job is not paused."""
-    return int(client.register_script(_CONTINUE)(keys=[keys.job(job_id), keys.ACTIVE],
-                                                 args=[job_id, now(), "" if pause_at is None else str(pause_at), why]))
+    publish (the record is marked for it), or -1 when the job is not paused (or, given ``paused_at``, not
+    paused at that pause_at: a search continues a trial from one rung only once)."""
+    return int(client.register_script(_CONTINUE)(keys=[keys.job(job_id), keys.ACTIVE], args=[
+        job_id, now(), "" if pause_at is None else str(pause_at), why, "" if paused_at is None else str(paused_at)]))

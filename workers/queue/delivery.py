@@ -43,7 +43,7 @@ from baton.storage.records import leases, pausing
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.nodes import ANNOUNCE, REMOTE_FAILURE
-from baton.workers.queue import gang_follower, gang_leader
+from baton.workers.queue import gang_follower, gang_leader, search_steps
 from baton.workers.queue.claims import catch_up_with_manifest, release_if_still_mine
 from baton.workers.queue.endings import ACTIONS
 from baton.workers.queue import reception
@@ -325,6 +325,8 @@ class Held:
             control.leased(lambda: pausing.pause(ctx.redis, job_id, control.token, reason), "recording the pause")
         else:
             self._requeue(action.kind == "lose", reason, action.retried or ending.value, stacks)
+        if action.kind in ("finish", "fail", "pause"):
+            search_steps.after_ending(ctx.redis, job_id, ctx.publish)
         return action.word
 
     def _fail(self, failure: Optional[Failure], what: str) -> None:

@@ -19,6 +19,7 @@ from baton.storage.records import presence
 from baton.storage.records.reaping import (UNCLAIMED_AFTER_S, OnAction, Publish, reap_due, reap_once, redis_restarted,
                                            sweep_due, take_turn)
 from baton.storage.records.scheduling import Scheduler, Yield
+from baton.workers.queue import search_steps
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 
 _log = logging.getLogger("baton.reaper")
@@ -83,6 +84,7 @@ class Reaper(threading.Thread):
         if sweep_due(self._client, self._worker):
             acted += reap_once(self._client, self._publish, self._records, self._lease_ttl_s, outage)
             presence.prune(self._client)
+            search_steps.advance_running(self._client, self._publish)
         for job_id, action in acted:
             self._on_action(job_id, action)
         yields = self._scheduler.turn()

@@ -1,0 +1,87 @@
+"""Submitting a search (``JobClient.search``, ``baton sweep SPEC --search FILE``): the job spec and the
+search file validated together (every bound and choice of the space applied to the spec alone, and the
+rungs against the run's length), the spec's code shipped once for every trial, the search's record
+written, and its first round of trials created and queued."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from baton.schemas.errors import SpecError
+from baton.schemas.overrides import Overrides, normalize
+from baton.schemas.search import SearchSpec
+from baton.schemas.spec import NAME_PATTERN, JobSpec
+from baton.storage.layout import check_job_id, new_job_id
+from baton.storage.records import searches
+from baton.storage.stores.open import open_client_store
+
+from baton.jobs.code_ship import code_dir, importable
+from baton.jobs.specfile import SpecSource, check_spec, read_raw, with_overrides
+
+if TYPE_CHECKING:
+    from baton.jobs.client import JobClient
+
+
+def read_search(source: "str | Path | dict") -> SearchSpec:
+    """A search file (YAML or JSON) or mapping, validated; SpecError naming every wrong field."""
+    if isinstance(source, dict):
+        return SearchSpec.parse(source)
+    import yaml
+
+    path = Path(source)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SpecError([f"search: cannot read {path}: {exc.strerror or exc}"], "search") from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"search: {path} is not YAML ({str(exc).splitlines()[0]})"], "search") from None
+    return SearchSpec.parse(raw)
+
+
+def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...]) -> tuple[JobSpec, str, int]:
+    """The spec, its unit (epochs or steps) and its end; SpecError naming every problem: each choice and
+    bound of the space applied to the spec alone, and halving's first rung against the run's end."""
+    spec = check_spec(raw, allowed_prefixes)
+    problems: list[str] = []
+    for path, dimension in search.space.items():
+        for value in dimension.choice if dimension.choice is not None else list(dimension.bounds or ()):
+            try:
+                check_spec(with_overrides(raw, {path: value}), allowed_prefixes)
+            except SpecError as exc:
+                problems += [f"search.space.{path} ({value!r}): {p}" for p in exc.problems if p not in problems]
+    unit, end = ("epochs", spec.loop.epochs) if spec.loop.epochs is not None else ("steps", spec.loop.max_steps)
+    assert end is not None  # (a spec sets one or the other)
+    if search.halving is not None and search.halving.min_resource >= end:
+        problems.append(f"search.halving.min_resource: {search.halving.min_resource} is not below the run's {end} "
+                        f"{unit} (loop.{'epochs' if unit == 'epochs' else 'max_steps'}): no rung to stop at")
+    if problems:
+        raise SpecError(problems, "search")
+    return spec, unit, end
+
+
+def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | dict", overrides: Overrides = None,
+                  search_id: Optional[str] = None, code: "str | Path | None" = None) -> str:
+    """The search's id, once its record is written and its first trials are queued."""
+    found = read_search(search)
+    raw = read_raw(spec)
+    given = raw.get("name") if isinstance(raw, dict) else None
+    name = given if isinstance(given, str) and re.match(NAME_PATTERN, given) else "job"
+    try:
+        search_id = check_job_id(search_id or new_job_id(f"{name}-search"))
+    except ValueError as exc:
+        raise SpecError([f"search_id: {exc}"]) from None
+    wanted = {**normalize(overrides), **({"code.dir": str(code)} if code is not None else {})}
+    raw = with_overrides(raw, wanted)
+    with importable(code_dir(raw)):
+        parsed, unit, end = check_search(raw, found, client.settings.allowed_prefixes)
+    store = open_client_store(client.settings.storage_url)
+    shipped = client._shipper(store).ship(parsed)  # once: every trial's spec names the same archive
+    if not searches.create(client.records.redis, search_id, {
+            "spec": shipped.model_dump_json(), "search": found.model_dump_json(by_alias=True, exclude_none=True),
+            "monitor": parsed.checkpoint.monitor, "mode": parsed.monitor_mode, "unit": unit, "end": str(end),
+            "storage_url": store.url, "overrides": json.dumps(wanted, default=str)}):
+        raise SpecError([f"id: a search {search_id!r} already exists"])
+    client.search_driver(search_id).advance()
+    return search_id

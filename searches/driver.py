@@ -1,0 +1,233 @@
+"""A search's next step, decided on complete information: whoever sees a trial change (the client that
+submitted the search, the worker whose trial paused or ended, the reaper's pass, a status read) calls
+``advance``; one of them at a time decides (a lock, and a poke counter so that no change goes unseen).
+
+A step: sample the next round of trials once every earlier trial has reached the first rung (or ended);
+at rung k, once every trial promoted into it is paused there (or ended), rank them by their metric at
+that validation (ties by trial number), record the decision once, and continue the best 1/factor to the
+next rung (the last to the run's end); the rest stay paused there, resumable. When every trial of the
+last rung has ended, the best by its best value is the search's best. Nothing depends on which trial
+got there first: the same search gives the same trials, stops, promotions and best."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import redis
+
+from baton.schemas.overrides import apply_overrides
+from baton.schemas.search import SearchSpec
+from baton.schemas.spec import JobSpec
+from baton.schemas.status import JobState, JobStatus
+from baton.storage.artifacts import read_metrics
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
+from baton.storage.records import keys, searches
+from baton.storage.records.connection import text
+from baton.storage.records.creation import create_job
+from baton.storage.records.job_records import JobRecords
+from baton.storage.records.pausing import continue_job
+from baton.storage.stores.base import ObjectStore
+
+from baton.searches.sampling import Told, sample_round
+
+_log = logging.getLogger("baton.search")
+Publish = Callable[[str, int], None]
+"""``(job id, attempt)``: publish the attempt a record was marked for."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A search as its record holds it."""
+
+    search_id: str
+    search: SearchSpec
+    base: dict[str, Any]  # the job spec every trial overrides (its code shipped once)
+    monitor: str
+    mode: str  # min | max
+    unit: str  # epochs | steps
+    end: int
+    storage_url: str
+    state: str
+
+    @property
+    def rungs(self) -> list[int]:
+        return self.search.halving.rungs(self.end) if self.search.halving else [self.end]
+
+    def trial_id(self, number: int) -> str:
+        return f"{self.search_id}-{number:0{len(str(self.search.size))}d}"
+
+    def pause_at(self, rung: int) -> Optional[int]:
+        """Where a trial going into ``rung`` pauses (None: the last rung is the run's end)."""
+        return self.rungs[rung] if rung < len(self.rungs) - 1 else None
+
+    @classmethod
+    def load(cls, client: redis.Redis, search_id: str) -> Optional["Plan"]:
+        held = searches.meta(client, search_id)
+        if "search" not in held:
+            return None
+        return cls(search_id, SearchSpec.model_validate_json(held["search"]), json.loads(held["spec"]), held["monitor"],
+                   held["mode"], held["unit"], int(held["end"]), held["storage_url"], held["state"])
+
+
+@dataclass(frozen=True)
+class Trial:
+    number: int
+    status: JobStatus
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.status.overrides or {})
+
+
+class Driver:
+    def __init__(self, client: redis.Redis, search_id: str, publish: Publish, open_store: Callable[[str], ObjectStore]):
+        self.redis, self.search_id, self.publish, self._open_store = client, search_id, publish, open_store
+        self.records = JobRecords(client)
+        self._store: Optional[ObjectStore] = None
+
+    def advance(self) -> None:
+        """Take the search's next steps if no one else is taking them (then that one sees this poke)."""
+        searches.poke(self.redis, self.search_id)
+        while True:
+            token = searches.lock(self.redis, self.search_id)
+            if token is None:
+                return
+            try:
+                seen = searches.pokes(self.redis, self.search_id)
+                self.step()
+            finally:
+                searches.unlock(self.redis, self.search_id, token)
+            if searches.pokes(self.redis, self.search_id) == seen:
+                return
+
+    def step(self) -> None:
+        plan = Plan.load(self.redis, self.search_id)
+        if plan is None or plan.state != "running":
+            return
+        trials = self.trials(plan)
+        if self._sample(plan, trials):
+            trials = self.trials(plan)
+        population = sorted(trials)
+        for rung in range(len(plan.rungs) - 1):
+            if rung == 0 and len(trials) < plan.search.size:
+                return
+            decided = searches.decision(self.redis, plan.search_id, rung) or self._decide(plan, trials, population, rung)
+            if decided is None:
+                return
+            self._promote(plan, trials, rung, decided["promoted"])
+            population = decided["promoted"]
+        last = [trials[n] for n in population]
+        if all(t.status.state.terminal for t in last):
+            searches.finish(self.redis, plan.search_id, best_of(plan, last))
+
+    def trials(self, plan: Plan) -> dict[int, Trial]:
+        """The search's trials so far, by number (from 1)."""
+        indexed: list = self.redis.zrange(keys.sweep(plan.search_id), 0, -1, withscores=True)  # type: ignore[assignment]
+        return {int(score): Trial(int(score), self.records.status(text(job_id))) for job_id, score in indexed}
+
+    # --- rounds of trials ---------------------------------------------------------------------
+    def _sample(self, plan: Plan, trials: dict[int, Trial]) -> bool:
+        """Create the next round when every trial so far has reached the first rung; whether it did."""
+        size, created = plan.search.size, len(trials)
+        if created >= size or not all(self.reached(plan, t, 0) for t in trials.values()):
+            return False
+        history = [Told(trials[n].params, self.value(plan, trials[n], 0)) for n in sorted(trials)]
+        rounds = sample_round(plan.search, created // plan.search.round_size, history, plan.mode)
+        for offset, params in enumerate(rounds):
+            self._create(plan, created + 1 + offset, params)  # (trials count from 1, as people do)
+        return bool(rounds)
+
+    def _create(self, plan: Plan, number: int, params: dict[str, Any]) -> None:
+        job_id = plan.trial_id(number)
+        if not self.redis.exists(keys.job(job_id)):  # (a decider that crashed may have created it)
+            raw = apply_overrides(plan.base, params)
+            raw["name"] = f"{plan.base.get('name')}-{job_id.rsplit('-', 1)[1]}"
+            extra = {"sweep": plan.search_id, "overrides": json.dumps(params, default=str)}
+            pause_at = plan.pause_at(0)
+            if pause_at is not None:
+                extra["pause_at"] = str(pause_at)
+            create_job(self.records, self.store(plan), job_id, JobSpec.parse(raw), extra)
+        self.redis.zadd(keys.sweep(plan.search_id), {job_id: number})
+        self.publish(job_id, 1)
+
+    # --- rungs ----------------------------------------------------------------------------------
+    def reached(self, plan: Plan, trial: Trial, rung: int) -> bool:
+        """Whether the trial is paused at ``rung`` or has ended (nothing more will come of it)."""
+        status = trial.status
+        if status.state is JobState.paused:
+            return status.pause_at == plan.pause_at(rung)
+        return status.state.terminal
+
+    def value(self, plan: Plan, trial: Trial, rung: int) -> Optional[float]:
+        """The trial's monitored metric at the rung's validation (at the last rung: its best value); None
+        for a trial that failed or was cancelled before it. Read once from its committed metrics."""
+        if rung == len(plan.rungs) - 1:
+            return _finite(trial.status.best_value) if trial.status.state is JobState.succeeded else None
+        cached = searches.value(self.redis, plan.search_id, trial.number, rung)
+        if cached is not None:
+            return _finite(float(cached))
+        found = None
+        if trial.status.state is JobState.paused or trial.status.state is JobState.succeeded:
+            store = self.store(plan)
+            rows = read_metrics(store, ManifestStore(store, JobPaths(trial.status.id)).read())
+            row = rung_row(rows, plan.unit, plan.rungs[rung])
+            found = _finite(row.get(plan.monitor)) if row is not None else None
+        searches.keep_value(self.redis, plan.search_id, trial.number, rung, found)
+        return found
+
+    def _decide(self, plan: Plan, trials: dict[int, Trial], population: list[int], rung: int) -> Optional[dict]:
+        if not all(self.reached(plan, trials[n], rung) for n in population):
+            return None
+        values = {n: self.value(plan, trials[n], rung) for n in population}
+        sign = 1.0 if plan.mode == "min" else -1.0
+        scored = {n: v for n, v in values.items() if v is not None}
+        ranked = sorted(scored, key=lambda n: (sign * scored[n], n))
+        keep = plan.search.halving.survivors(plan.search.size, rung + 1) if plan.search.halving else len(ranked)
+        return searches.decide(self.redis, plan.search_id, rung, {
+            "rung": plan.rungs[rung], "values": {str(n): values[n] for n in population}, "ranked": ranked,
+            "promoted": ranked[:keep]})
+
+    def _promote(self, plan: Plan, trials: dict[int, Trial], rung: int, promoted: list[int]) -> None:
+        """Continue each promoted trial still paused at ``rung`` (once: a continued one is not paused there)."""
+        for place, number in enumerate(promoted, start=1):
+            status = trials[number].status
+            if status.state is not JobState.paused or status.pause_at != plan.pause_at(rung):
+                continue
+            why = f"promoted at {plan.unit[:-1]} {plan.rungs[rung]} ({place} of {len(promoted)})"
+            attempt = continue_job(self.redis, status.id, plan.pause_at(rung + 1), why, plan.pause_at(rung))
+            if attempt > 0:
+                self.publish(status.id, attempt)
+
+    def store(self, plan: Plan) -> ObjectStore:
+        if self._store is None:
+            self._store = self._open_store(plan.storage_url)
+        return self._store
+
+
+def rung_row(rows: list[dict], unit: str, at: int) -> Optional[dict]:
+    """The metrics row of the validation a rung paused at: the end of epoch ``at`` (its last row), or the
+    first validation at or past step ``at``."""
+    if unit == "epochs":
+        return next((row for row in reversed(rows) if row.get("epoch") == at), None)
+    return next((row for row in rows if row.get("step", -1) >= at), None)
+
+
+def best_of(plan: Plan, last: list[Trial]) -> Optional[str]:
+    """The job id of the last rung's best trial by its best value (ties: the lower number)."""
+    sign = 1.0 if plan.mode == "min" else -1.0
+    scored = [(sign * v, t.number, t.status.id) for t in last if (v := _finite(t.status.best_value)) is not None
+              and t.status.state is JobState.succeeded]
+    return min(scored)[2] if scored else None
+
+
+def _finite(value: Any) -> Optional[float]:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
