@@ -283,11 +283,9 @@ class JobClient:
 
     def search_results(self, search_id: str) -> "SearchResults":
         """Each trial's parameters, state, standing and metric at each rung, and the best trial (once the
-        search has finished). Reading it also takes any step of the search that is due. JobNotFound for an
-        unknown search."""
+        search has finished). JobNotFound for an unknown search."""
         from baton.searches.results import search_results
 
-        self.search_driver(search_id).advance()
         return search_results(self.records.redis, search_id)
 
     def search_driver(self, search_id: str) -> "Driver":

@@ -53,12 +53,52 @@ def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...]
                 problems += [f"search.space.{path} ({value!r}): {p}" for p in exc.problems if p not in problems]
     unit, end = ("epochs", spec.loop.epochs) if spec.loop.epochs is not None else ("steps", spec.loop.max_steps)
     assert end is not None  # (a spec sets one or the other)
-    if search.halving is not None and search.halving.min_resource >= end:
-        problems.append(f"search.halving.min_resource: {search.halving.min_resource} is not below the run's {end} "
-                        f"{unit} (loop.{'epochs' if unit == 'epochs' else 'max_steps'}): no rung to stop at")
+    if search.halving is not None:
+        problems += _halving_problems(raw, search, spec, unit, end)
     if problems:
         raise SpecError(problems, "search")
     return spec, unit, end
+
+
+def _halving_problems(raw: Any, search: SearchSpec, spec: JobSpec, unit: str, end: int) -> list[str]:
+    """A trial stopped at a rung pauses there: one node only, at a validation of its own."""
+    assert search.halving is not None
+    problems = []
+    if search.halving.min_resource >= end:
+        problems.append(f"search.halving.min_resource: {search.halving.min_resource} is not below the run's {end} "
+                        f"{unit} (loop.{'epochs' if unit == 'epochs' else 'max_steps'}): no rung to stop at")
+    if unit == "steps" and spec.loop.eval_every_steps is None:
+        problems.append("search.halving: a run of loop.max_steps validates only at its end: set loop.eval_every_steps "
+                        "(a trial pauses at the first validation at or past each rung)")
+    searched = search.space.get("resources.nodes")
+    nodes: list[float] = [spec.resources.nodes]
+    if searched is not None:
+        nodes += [v for v in searched.values() or list(searched.bounds or ()) if isinstance(v, (int, float))]
+    if max(nodes) > 1:
+        problems.append(f"search.halving: a trial of {max(nodes)} nodes cannot pause at a rung (one node only)")
+    return problems
+
+
+def check_trials(raw: dict, search: SearchSpec, mode: str, search_id: str) -> None:
+    """Every trial that can be known before any has trained (a grid's, random sampling's; TPE's first round),
+    as its spec and id: SpecError naming each that would be invalid."""
+    from baton.searches.driver import trial_spec
+    from baton.searches.sampling import known_trials
+
+    problems: list[str] = []
+    width = len(str(search.size))
+    try:
+        check_job_id(f"{search_id}-{search.size:0{width}d}")
+    except ValueError as exc:
+        problems.append(f"id: {search_id!r} leaves no room for its trials' numbers ({exc})")
+    for number, params in enumerate(known_trials(search, mode), start=1):
+        job_id = f"{search_id}-{number:0{width}d}"
+        try:
+            JobSpec.parse(trial_spec(raw, params, job_id))
+        except SpecError as exc:
+            problems += [f"search trial {number} {params}: {p}" for p in exc.problems]
+    if problems:
+        raise SpecError(problems[:20], "search")
 
 
 def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | dict", overrides: Overrides = None,
@@ -76,6 +116,11 @@ def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | d
     raw = with_overrides(raw, wanted)
     with importable(code_dir(raw)):
         parsed, unit, end = check_search(raw, found, client.settings.allowed_prefixes)
+    try:
+        check_trials(raw, found, parsed.monitor_mode, search_id)
+    except ImportError as exc:
+        raise SpecError([f"sampler: {found.sampler} sampling needs Optuna here ({exc}): pip install 'baton[search]'"],
+                        "search") from None
     store = open_client_store(client.settings.storage_url)
     shipped = client._shipper(store).ship(parsed)  # once: every trial's spec names the same archive
     if not searches.create(client.records.redis, search_id, {

@@ -1,6 +1,5 @@
 """A search's next step, decided on complete information: whoever sees a trial change (the client that
-submitted the search, the worker whose trial paused or ended, the reaper's pass, a status read) calls
-``advance``; one of them at a time decides (a lock, and a poke counter so that no change goes unseen).
+submitted the search, the worker whose trial paused or ended, the reaper's pass) calls ``advance``; one of them at a time decides (a lock, and a poke counter so that no change goes unseen).
 
 A step: sample the next round of trials once every earlier trial has reached the first rung (or ended);
 at rung k, once every trial promoted into it is paused there (or ended), rank them by their metric at
@@ -18,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import redis
 
+from baton.schemas.errors import SpecError
 from baton.schemas.overrides import apply_overrides
 from baton.schemas.search import SearchSpec
 from baton.schemas.spec import JobSpec
@@ -28,7 +28,8 @@ from baton.storage.manifest_store import ManifestStore
 from baton.storage.records import keys, searches
 from baton.storage.records.connection import text
 from baton.storage.records.creation import create_job
-from baton.storage.records.job_records import JobRecords
+from baton.storage import failpoints
+from baton.storage.records.job_records import JobRecords, spec_fields
 from baton.storage.records.pausing import continue_job
 from baton.storage.stores.base import ObjectStore
 
@@ -88,19 +89,29 @@ class Driver:
         self.redis, self.search_id, self.publish, self._open_store = client, search_id, publish, open_store
         self.records = JobRecords(client)
         self._store: Optional[ObjectStore] = None
+        self._token: Optional[str] = None  # the lock this driver holds while it steps
+
+    def _hold(self) -> None:
+        """Keep the lock through a long step (each trial created or read renews it); LockLost if it lapsed
+        and another decider may be stepping: this one stops, that one goes on."""
+        if self._token is not None and not searches.relock(self.redis, self.search_id, self._token):
+            raise searches.LockLost(f"search {self.search_id}: another decider took over")
 
     def advance(self) -> None:
         """Take the search's next steps if no one else is taking them (then that one sees this poke)."""
         searches.poke(self.redis, self.search_id)
         while True:
-            token = searches.lock(self.redis, self.search_id)
+            token = self._token = searches.lock(self.redis, self.search_id)
             if token is None:
                 return
             try:
                 seen = searches.pokes(self.redis, self.search_id)
                 self.step()
+            except searches.LockLost:  # this step ran past the lock: whoever took it over goes on
+                return
             finally:
                 searches.unlock(self.redis, self.search_id, token)
+                self._token = None
             if searches.pokes(self.redis, self.search_id) == seen:
                 return
 
@@ -131,28 +142,55 @@ class Driver:
 
     # --- rounds of trials ---------------------------------------------------------------------
     def _sample(self, plan: Plan, trials: dict[int, Trial]) -> bool:
-        """Create the next round when every trial so far has reached the first rung; whether it did."""
-        size, created = plan.search.size, len(trials)
-        if created >= size or not all(self.reached(plan, t, 0) for t in trials.values()):
-            return False
-        history = [Told(trials[n].params, self.value(plan, trials[n], 0)) for n in sorted(trials)]
-        rounds = sample_round(plan.search, created // plan.search.round_size, history, plan.mode)
-        for offset, params in enumerate(rounds):
-            self._create(plan, created + 1 + offset, params)  # (trials count from 1, as people do)
-        return bool(rounds)
+        """Create the current round's missing trials (a decider that died mid-round left some), or the next
+        round once every trial so far has reached the first rung; whether it created any. A round is sampled
+        from the earlier rounds alone: the same trials whoever samples it, whenever."""
+        size, per = plan.search.size, plan.search.round_size
+        round_ = (max(trials) - 1) // per if trials else 0
+        numbers = range(round_ * per + 1, min((round_ + 1) * per, size) + 1)
+        if all(n in trials for n in numbers):
+            if numbers.stop > size or not all(self.reached(plan, t, 0) for t in trials.values()):
+                return False
+            round_ += 1
+            numbers = range(round_ * per + 1, min((round_ + 1) * per, size) + 1)
+        history = [Told(trials[n].params, self.value(plan, trials[n], 0)) for n in range(1, numbers.start)]
+        for number, params in zip(numbers, sample_round(plan.search, round_, history, plan.mode)):
+            if number not in trials:
+                self._create(plan, number, params)
+        return True
 
     def _create(self, plan: Plan, number: int, params: dict[str, Any]) -> None:
         job_id = plan.trial_id(number)
-        if not self.redis.exists(keys.job(job_id)):  # (a decider that crashed may have created it)
-            raw = apply_overrides(plan.base, params)
-            raw["name"] = f"{plan.base.get('name')}-{job_id.rsplit('-', 1)[1]}"
+        created = bool(self.redis.exists(keys.job(job_id)))  # (a decider that died may have created it)
+        if not created:
+            self._hold()
             extra = {"sweep": plan.search_id, "overrides": json.dumps(params, default=str)}
             pause_at = plan.pause_at(0)
             if pause_at is not None:
                 extra["pause_at"] = str(pause_at)
-            create_job(self.records, self.store(plan), job_id, JobSpec.parse(raw), extra)
+            created = self._create_job(plan, job_id, trial_spec(plan.base, params, job_id), extra)
+            failpoints.pause("trial-created", job_id)  # a test's hold (failpoints.py); nothing otherwise
         self.redis.zadd(keys.sweep(plan.search_id), {job_id: number})
-        self.publish(job_id, 1)
+        if created:
+            self.publish(job_id, 1)
+
+    def _create_job(self, plan: Plan, job_id: str, raw: dict, extra: dict[str, str]) -> bool:
+        """The trial's job; a trial whose parameters make no valid spec is recorded failed, saying why
+        (it ranks nowhere). Whether it was queued."""
+        try:
+            parsed = JobSpec.parse(raw)
+        except SpecError as exc:
+            self.records.restore(job_id, {**extra, "name": str(raw.get("name")), "error": "; ".join(exc.problems)},
+                                 JobState.failed, 0)
+            return False
+        store = self.store(plan)
+        try:
+            create_job(self.records, store, job_id, parsed, extra)
+        except SpecError:  # its spec was stored by a decider that died before the record: the trial is still ours
+            if self.redis.exists(keys.job(job_id)):
+                return False
+            self.records.create(job_id, {**spec_fields(parsed, store.url), **extra})
+        return True
 
     # --- rungs ----------------------------------------------------------------------------------
     def reached(self, plan: Plan, trial: Trial, rung: int) -> bool:
@@ -164,7 +202,9 @@ class Driver:
 
     def value(self, plan: Plan, trial: Trial, rung: int) -> Optional[float]:
         """The trial's monitored metric at the rung's validation (at the last rung: its best value); None
-        for a trial that failed or was cancelled before it. Read once from its committed metrics."""
+        for a trial that failed or was cancelled (wherever it was). Read once from its committed metrics."""
+        if trial.status.state in (JobState.failed, JobState.cancelled):
+            return None
         if rung == len(plan.rungs) - 1:
             return _finite(trial.status.best_value) if trial.status.state is JobState.succeeded else None
         cached = searches.value(self.redis, plan.search_id, trial.number, rung)
@@ -172,6 +212,7 @@ class Driver:
             return _finite(float(cached))
         found = None
         if trial.status.state is JobState.paused or trial.status.state is JobState.succeeded:
+            self._hold()
             store = self.store(plan)
             rows = read_metrics(store, ManifestStore(store, JobPaths(trial.status.id)).read())
             row = rung_row(rows, plan.unit, plan.rungs[rung])
@@ -206,6 +247,13 @@ class Driver:
         if self._store is None:
             self._store = self._open_store(plan.storage_url)
         return self._store
+
+
+def trial_spec(base: dict[str, Any], params: dict[str, Any], job_id: str) -> dict[str, Any]:
+    """A trial's raw spec: the search's spec with its parameters, named for its number."""
+    raw = apply_overrides(base, params)
+    raw["name"] = f"{base.get('name')}-{job_id.rsplit('-', 1)[1]}"
+    return raw
 
 
 def rung_row(rows: list[dict], unit: str, at: int) -> Optional[dict]:

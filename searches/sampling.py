@@ -34,6 +34,15 @@ def sample_round(search: SearchSpec, round_: int, history: list[Told], mode: str
     return _optuna_round(search, round_, history, mode, count)
 
 
+def known_trials(search: SearchSpec, mode: str) -> list[dict[str, Any]]:
+    """The trials known before any has trained: a grid's and random sampling's all (neither learns), TPE's
+    first round. Needs Optuna for random and TPE sampling (ImportError without it)."""
+    if search.sampler == "tpe":
+        return sample_round(search, 0, [], mode)
+    rounds = -(-search.size // search.round_size)
+    return [params for r in range(rounds) for params in sample_round(search, r, [], mode)]
+
+
 def grid(search: SearchSpec) -> list[dict[str, Any]]:
     """Every grid point in the file's order; ``trials`` fewer than the grid: that many, drawn by the seed."""
     points = grid_points({path: d.values() or [] for path, d in search.space.items()})

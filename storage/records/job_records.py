@@ -185,7 +185,7 @@ if state ~= 'cancelled' and state ~= 'failed' then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'lost', '0', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
            'last_event', 'resumed by the user')
 job_event(KEYS[1], ARGV[2], 'requeued', 'resumed by the user', '')
-redis.call('HDEL', KEYS[1], 'error', 'traceback', 'cancel_requested', 'finished_at')
+redis.call('HDEL', KEYS[1], 'error', 'traceback', 'cancel_requested', 'finished_at', 'pause_at')
 redis.call('SADD', KEYS[2], ARGV[1])
 pool_wait(KEYS[1], ARGV[1])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1

@@ -15,9 +15,14 @@ from baton.storage.records import keys
 from baton.storage.records.connection import maybe_text, text, texts
 from baton.storage.records.job_records import now
 
-LOCK_TTL_MS = 60_000
-"""How long one decider may hold a search (a crashed one's lock lapses after it)."""
+LOCK_TTL_MS = 15_000
+"""How long a decider's lock lives unless renewed (it renews it with every trial it creates or reads): a
+decider that died holds its search up for this long, then the next poke or reaper pass goes on."""
 
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -83,6 +88,15 @@ def lock(client: redis.Redis, search_id: str) -> Optional[str]:
     """A token when this caller now decides the search's next step, None when another does."""
     token = secrets.token_hex(8)
     return token if client.set(keys.search_part(search_id, "lock"), token, nx=True, px=LOCK_TTL_MS) else None
+
+
+class LockLost(Exception):
+    """A decider's lock lapsed (its step ran past ``LOCK_TTL_MS`` without renewing it)."""
+
+
+def relock(client: redis.Redis, search_id: str, token: str) -> bool:
+    """Renew the lock this token holds; False when it has lapsed."""
+    return bool(client.eval(_RENEW, 1, keys.search_part(search_id, "lock"), token, LOCK_TTL_MS))
 
 
 def unlock(client: redis.Redis, search_id: str, token: str) -> None:

@@ -202,4 +202,5 @@ def test_a_place_freed_while_a_gang_forms_is_offered_again_at_once(cluster):
     admitted = wait_for(lambda: (gang := gang_of(cluster, "refill")) is not None and gang.state in ("admitted", "running")
                         and gang, timeout=60, every=0.05)
     assert follower.name not in admitted.workers.values() and len(admitted.workers) == 3, admitted
-    assert job.cancel() == "requested"
+    # (the end of the test: an admitted gang's job is running, or about to be once its leader claims it)
+    assert job.cancel() in ("requested", "cancelled")
