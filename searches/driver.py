@@ -129,7 +129,7 @@ class Driver:
             decided = searches.decision(self.redis, plan.search_id, rung) or self._decide(plan, trials, population, rung)
             if decided is None:
                 return
-            self._promote(plan, trials, rung, decided["promoted"])
+            self._promote(plan, trials, rung, decided)
             population = decided["promoted"]
         last = [trials[n] for n in population]
         if all(t.status.state.terminal for t in last):
@@ -228,17 +228,24 @@ class Driver:
         scored = {n: v for n, v in values.items() if v is not None}
         ranked = sorted(scored, key=lambda n: (sign * scored[n], n))
         keep = plan.search.halving.survivors(plan.search.size, rung + 1) if plan.search.halving else len(ranked)
-        return searches.decide(self.redis, plan.search_id, rung, {
+        decided = searches.decide(self.redis, plan.search_id, rung, {
             "rung": plan.rungs[rung], "values": {str(n): values[n] for n in population}, "ranked": ranked,
             "promoted": ranked[:keep]})
+        for place, number in enumerate(decided["ranked"], start=1):  # (baton status of a trial says so)
+            if number not in decided["promoted"] and trials[number].status.state is JobState.paused:
+                self.redis.hset(keys.job(trials[number].status.id), "last_event",
+                                f"stopped by search {plan.search_id} at {plan.unit[:-1]} {plan.rungs[rung]} "
+                                f"({plan.monitor} {place} of {len(decided['ranked'])})")
+        return decided
 
-    def _promote(self, plan: Plan, trials: dict[int, Trial], rung: int, promoted: list[int]) -> None:
+    def _promote(self, plan: Plan, trials: dict[int, Trial], rung: int, decided: dict) -> None:
         """Continue each promoted trial still paused at ``rung`` (once: a continued one is not paused there)."""
-        for place, number in enumerate(promoted, start=1):
+        for place, number in enumerate(decided["promoted"], start=1):
             status = trials[number].status
             if status.state is not JobState.paused or status.pause_at != plan.pause_at(rung):
                 continue
-            why = f"promoted at {plan.unit[:-1]} {plan.rungs[rung]} ({place} of {len(promoted)})"
+            why = (f"promoted by search {plan.search_id} at {plan.unit[:-1]} {plan.rungs[rung]} "
+                   f"({plan.monitor} {place} of {len(decided['ranked'])})")
             attempt = continue_job(self.redis, status.id, plan.pause_at(rung + 1), why, plan.pause_at(rung))
             if attempt > 0:
                 self.publish(status.id, attempt)

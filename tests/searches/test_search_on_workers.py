@@ -47,6 +47,8 @@ def test_a_search_halves_on_complete_rungs_and_gives_the_same_answer_through_kil
     assert [t.standing for t in first.trials].count("stopped at epoch 3") == 2
     finished = [t for t in first.trials if t.standing == "finished"]
     assert len(finished) == 1 and first.best == finished[0].status.id
+    stopped = [t.status.last_event for t in first.trials if t.standing == "stopped at epoch 1"]
+    assert all(e.startswith("stopped by search calm at epoch 1 (val_loss ") and e.endswith(" of 9)") for e in stopped)
     store = cluster.store()
     for rung, survivors in ((1, 3), (3, 1)):  # the promoted are the best of each rung, read from the metrics
         ranked = sorted((rung_row(metrics_rows(store, t.status.id), "epochs", rung)["val_loss"], t.number)
