@@ -70,3 +70,17 @@ def test_resume_on_cuda_is_bit_exact(tmp_path, precision):
     resumed = run_attempt(Attempt(spec, "cut", 2, store), AttemptOptions(StopAt(-1)))
     assert resumed.outcome.completed and resumed.resumed_from_step == 7
     assert_same_training(store, "reference", store, "cut")
+
+
+def test_a_run_paused_at_a_rung_on_cuda_and_continued_is_bit_exact(tmp_path):
+    """A search's rung on a GPU: paused at the end of epoch 1 (fp16, its GradScaler, CUDA RNG), continued in a
+    new attempt, equal to the same run never paused."""
+    spec = JobSpec.parse(make_spec(loop={"epochs": 2, "precision": "fp16"},
+                                   resources={"device": "cuda", "cpu_threads": 1}))
+    store = FileStore(tmp_path)
+    assert run_attempt(Attempt(spec, "reference", 1, store), AttemptOptions(StopAt(-1))).outcome.completed
+    paused = run_attempt(Attempt(spec, "trial", 1, store, pause_at=1), AttemptOptions(StopAt(-1))).outcome
+    assert (paused.completed, paused.reason) == (False, "paused")
+    continued = run_attempt(Attempt(spec, "trial", 2, store), AttemptOptions(StopAt(-1)))
+    assert continued.outcome.completed and continued.resumed_from_step == paused.step
+    assert_same_training(store, "reference", store, "trial")
