@@ -16,6 +16,7 @@ hidden width x dropout). Three ways through it, side by side in one run on this 
 *best*: the best trial's best validation loss (its best checkpoint's), lower is better.
 
     python bench/search.py [--workers 2] [--quick] [--out bench/results/search.json]
+    python bench/search.py --shaken [--quick]     # reproducibility through kills: bench/search_shaken.py
 
 ``--quick``: 9 points (learning rate x width), 9 epochs, rungs at 1 and 3 (tests/bench: minutes).
 """
@@ -151,50 +152,74 @@ def optuna_direct(root: Path, spec: dict, axes: dict, epochs: int, first: int) -
 
 
 # --- on workers: baton's search -------------------------------------------------------------------
-def baton_search(spec: dict, axes: dict, first: int, n_workers: int, root: Path) -> dict:
-    redis, s3 = RedisServer().start(), S3Server().start()
-    s3.create_bucket("search")
-    env = {**os.environ, **s3.env(), "BATON_REDIS_URL": redis.url, "BATON_STORAGE_URL": "s3://search/bench",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    os.environ.update(env)
-    workers = []
-    try:
-        workers = [WorkerProcess(f"search-{n}@local", env, str(root / f"w{n}.log")).start() for n in range(n_workers)]
-        for worker in workers:
-            worker.wait_ready()
-        client = JobClient()
-        search = {"space": {path: {"choice": values} for path, values in axes.items()}, "sampler": "grid",
-                  "halving": {"min_resource": first, "factor": 3}}
-        started = time.monotonic()
-        found = client.search(spec, search, search_id="bench")
-        while (results := client.search_results(found.id)).state != "finished":
-            if time.monotonic() - started > 3600:
-                raise TimeoutError("the search did not finish in an hour")
-            time.sleep(1.0)
-        wall = time.monotonic() - started
-        best = next(t for t in results.trials if t.status.id == results.best)
-        stopped = {}
-        for t in results.trials:
-            stopped[t.standing] = stopped.get(t.standing, 0) + 1
-        return {"steps": results.search_steps, "best": best.status.best_value, "trials": len(results.trials),
-                "standings": stopped, "best_trial": best.params, "wall_s": wall,
-                "attempts": sum(t.status.attempt for t in results.trials)}
-    finally:
-        for worker in workers:
+class Cluster:
+    """redis-server, moto's S3 and ``baton worker`` processes, for as long as the ``with`` lasts."""
+
+    def __init__(self, root: Path, n_workers: int):
+        self.root, self.n_workers, self.workers = root, n_workers, {}
+
+    def __enter__(self) -> "Cluster":
+        self.redis, self.s3 = RedisServer().start(), S3Server().start()
+        self.s3.create_bucket("search")
+        self.env = {**os.environ, **self.s3.env(), "BATON_REDIS_URL": self.redis.url,
+                    "BATON_STORAGE_URL": "s3://search/bench", "BATON_ALLOWED_MODULES": "tests",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        os.environ.update(self.env)
+        for _ in range(self.n_workers):
+            self.add_worker()
+        return self
+
+    def add_worker(self, wait: bool = True) -> None:
+        name = f"search-{len(self.workers)}@local"
+        self.workers[name] = WorkerProcess(name, self.env, str(self.root / f"w{len(self.workers)}.log")).start()
+        if wait:
+            self.workers[name].wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        for worker in self.workers.values():
             worker.stop()
-        redis.stop()
-        s3.stop()
+        self.redis.stop()
+        self.s3.stop()
 
 
-def main() -> None:
+def baton_search(client: JobClient, spec: dict, axes: dict, first: int, search_id: str = "bench") -> tuple[dict, Any]:
+    search = {"space": {path: {"choice": values} for path, values in axes.items()}, "sampler": "grid",
+              "halving": {"min_resource": first, "factor": 3}}
+    started = time.monotonic()
+    found = client.search(spec, search, search_id=search_id)
+    while (results := client.search_results(found.id)).state == "running":
+        if time.monotonic() - started > 3600:
+            raise TimeoutError("the search did not finish in an hour")
+        time.sleep(1.0)
+    wall = time.monotonic() - started
+    assert results.state == "finished", f"search {search_id} {results.state}: {results.error}"
+    best = next(t for t in results.trials if t.status.id == results.best)
+    stopped: dict[str, int] = {}
+    for t in results.trials:
+        stopped[t.standing] = stopped.get(t.standing, 0) + 1
+    return {"steps": results.search_steps, "best": best.status.best_value, "trials": len(results.trials),
+            "standings": stopped, "best_trial": best.params, "wall_s": wall,
+            "attempts": sum(t.status.attempt for t in results.trials)}, results
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default="bench/results/search.json")
+    parser.add_argument("--shaken", action="store_true", help="the search twice, once with workers killed "
+                        "(bench/search_shaken.py): the same trials, stops and best, bit for bit")
+    parser.add_argument("--seed", type=int, default=0, help="--shaken: the faults' order and moments")
+    parser.add_argument("--out", default=None, help="default bench/results/search.json (--shaken: search_shaken.json)")
     args = parser.parse_args()
     spec, axes, epochs, first = case(args.quick)
     root = Path(tempfile.mkdtemp(prefix="baton-search-"))
-    search = baton_search(spec, axes, first, args.workers, root)
+    if args.shaken:
+        from bench.search_shaken import shaken
+
+        return shaken(spec, axes, first, Cluster(root, args.workers), args.out or "bench/results/search_shaken.json",
+                      args.seed)
+    with Cluster(root, args.workers):
+        search, _ = baton_search(JobClient(), spec, axes, first)
     print(f"baton search: {search['steps']} steps, best {search['best']:.4f} ({search['wall_s']:.0f} s)", flush=True)
     grid = full_grid(root / "grid", spec, axes)
     print(f"full grid: {grid['steps']} steps, best {grid['best']:.4f} ({grid['wall_s']:.0f} s)", flush=True)
@@ -216,8 +241,9 @@ def main() -> None:
                   "search_steps": search["steps"], "grid_steps": grid["steps"], "search_best": search["best"],
                   "grid_best": grid["best"], "optuna_steps": direct["steps"], "optuna_best": direct["best"],
                   "best_equals_grid_run": same,
-                  "search": search, "grid": grid, "optuna": direct}, args.out)
+                  "search": search, "grid": grid, "optuna": direct}, args.out or "bench/results/search.json")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,7 +7,7 @@
     job.logs(); job.follow_logs()        # the job's own output, every attempt (or attempt=N)
     client.submit("job.yaml", overrides={"optimizer.lr": 1e-3})       # or ["optimizer.lr=1e-3"]
     sweep = client.sweep("job.yaml", {"optimizer.lr": [1e-3, 3e-3], "seed": [1, 2, 3]})
-    client.sweep_results(sweep.id)       # its jobs, best monitored value first
+    client.sweep_results(sweep.id)       # its jobs, best monitored value first (a search's: its results)
     search = client.search("job.yaml", "search.yaml")                 # sampled trials, losers stopped at rungs
     client.search_results(search.id)     # each trial's standing and metric per rung, and the best
 """
@@ -39,6 +39,7 @@ from baton.storage.stores.open import open_client_store
 from baton.storage.job_log import FOLLOW_POLL_S, follow_log, read_log
 from baton.storage.records.creation import create_job
 from baton.storage.records.job_records import JobRecords
+from baton.storage.records import searches as search_records
 from baton.storage.records.connection import connect
 from baton.storage.records.pausing import continue_job
 from baton.storage.records.priority import set_priority
@@ -180,11 +181,11 @@ class Sweep:
     jobs: list[Job]
 
 
-def _warn_if_local(store: ObjectStore) -> None:
+def warn_if_local(store: ObjectStore, stacklevel: int = 3) -> None:
     if store.url.startswith("file://"):
         warnings.warn(f"the job is stored under {store.url}, a directory of this machine: only workers here whose "
                       "BATON_STORAGE_URL is that directory will run it (the others pass it on); to queue jobs for "
-                      "workers elsewhere, use a store they all share (s3://...)", LocalStoreWarning, stacklevel=3)
+                      "workers elsewhere, use a store they all share (s3://...)", LocalStoreWarning, stacklevel=stacklevel)
 
 
 class JobClient:
@@ -223,7 +224,7 @@ class JobClient:
         store = open_client_store(self.settings.storage_url)
         self._refuse_taken(store, [job_id])
         parsed = self._shipper(store).ship(parsed)
-        _warn_if_local(store)  # (once the job will be stored: not before a refusal)
+        warn_if_local(store)  # (once the job will be stored: not before a refusal)
         self._create(store, job_id, parsed, {**({"overrides": json.dumps(wanted, default=str)} if wanted else {}),
                                              **({"pause_at": str(pause_at)} if pause_at is not None else {})})
         self._publish(job_id, 1)
@@ -244,11 +245,13 @@ class JobClient:
         wanted = {**normalize(overrides), **({"code.dir": str(code)} if code is not None else {})}
         with importable(code_dir(with_overrides(raw, wanted))):
             jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, wanted)
+        if self.records.sweep_taken(sweep_id):
+            raise SpecError([f"sweep_id: a sweep or search {sweep_id!r} already exists"])
         store = open_client_store(self.settings.storage_url)
         self._refuse_taken(store, [job.job_id for job in jobs])
         shipper = self._shipper(store)  # one archive for every trial that ships the same directory
         shipped = [shipper.ship(job.spec) for job in jobs]
-        _warn_if_local(store)
+        warn_if_local(store)
         self.records.add_to_sweep(sweep_id, [job.job_id for job in jobs])
         for job, spec in zip(jobs, shipped):
             self._create(store, job.job_id, spec, {"sweep": sweep_id, "overrides": json.dumps(job.overrides, default=str)})
@@ -256,9 +259,12 @@ class JobClient:
             self._publish(job.job_id, 1)
         return Sweep(sweep_id, [Job(self, job.job_id) for job in jobs])
 
-    def sweep_results(self, sweep_id: str) -> list[SweepEntry]:
-        """A sweep's jobs, best monitored value first (min or max by each spec's checkpoint monitor);
-        jobs without a best value yet come last. JobNotFound for an unknown sweep."""
+    def sweep_results(self, sweep_id: str) -> "list[SweepEntry] | SearchResults":
+        """A grid sweep's jobs, best monitored value first (min or max by each spec's checkpoint monitor;
+        jobs without a best value yet come last); a search's results (``search_results``) when the id is a
+        search's. JobNotFound for an unknown sweep."""
+        if search_records.exists(self.records.redis, sweep_id):
+            return self.search_results(sweep_id)
         entries = []
         for job_id in self.records.sweep_ids(sweep_id):
             try:
@@ -281,12 +287,35 @@ class JobClient:
         search_id = submit_search(self, spec, search, overrides, search_id, code)
         return Sweep(search_id, [Job(self, job_id) for job_id in self.records.sweep_ids(search_id)])
 
+    def cancel_sweep(self, sweep_id: str) -> dict[str, str]:
+        """Cancel a sweep or a search: a search takes no further step (its state: cancelled), and each of its
+        jobs is cancelled as ``Job.cancel`` does; each job's answer by its id. JobNotFound for an unknown id."""
+        redis = self.records.redis
+        searched = search_records.exists(redis, sweep_id)
+        if not searched and not self.records.sweep_ids(sweep_id):
+            raise JobNotFound(f"no sweep or search {sweep_id!r}")
+        token = None
+        if searched and search_records.stop(redis, sweep_id):
+            token = search_records.wait_for_lock(redis, sweep_id)  # a step under way ends first: no trial after this
+        try:
+            return {job_id: self.records.cancel(job_id) for job_id in self.records.sweep_ids(sweep_id)}
+        finally:
+            if token is not None:
+                search_records.unlock(redis, sweep_id, token)
+
     def search_results(self, search_id: str) -> "SearchResults":
         """Each trial's parameters, state, standing and metric at each rung, and the best trial (once the
         search has finished). JobNotFound for an unknown search."""
         from baton.searches.results import search_results
 
         return search_results(self.records.redis, search_id)
+
+    def search_report(self, search_id: str, dest: "str | Path") -> list[Path]:
+        """Write the search's report into ``dest``: report.md (its table and best trial) and rungs.png (each
+        trial's metric across the rungs); the files written. JobNotFound for an unknown search."""
+        from baton.searches.report import write_report
+
+        return write_report(self.search_results(search_id), dest)
 
     def search_driver(self, search_id: str) -> "Driver":
         from baton.searches.driver import Driver
@@ -296,10 +325,10 @@ class JobClient:
     def _shipper(self, store: ObjectStore) -> Shipper:
         return Shipper(store, int(self.settings.code_limit_mb * 1e6))
 
-    def _refuse_taken(self, store: ObjectStore, job_ids: list[str]) -> None:
+    def _refuse_taken(self, store: ObjectStore, job_ids: list[str], what: str = "job spec") -> None:
         taken = [job_id for job_id in job_ids if self.records.exists(job_id) or store.exists(JobPaths(job_id).spec)]
         if taken:
-            raise SpecError([f"id: a job {job_id!r} already exists" for job_id in taken])
+            raise SpecError([f"id: a job {job_id!r} already exists" for job_id in taken], what)
 
     def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
         create_job(self.records, store, job_id, parsed, extra)

@@ -161,6 +161,7 @@ def search_table(results) -> str:
     table = _columns([["TRIAL", "ID", "STANDING", *axes, *(f"@{unit} {at}" for at in rungs), "BEST"], *cells])
     best = next((t for t in r.trials if t.status.id == r.best), None)
     tail = [f"best: {best.status.id} ({r.monitor} {_num(best.status.best_value)})"] if best is not None else []
+    tail += [f"failed: {r.error}"] if r.error else []
     return "\n".join([head, *table, *tail])
 
 

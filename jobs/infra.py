@@ -43,7 +43,7 @@ def explain(exc: BaseException, redis_url: str) -> Optional[str]:
     if isinstance(exc, ValidationError) and exc.title == "BatonSettings":
         return settings_line(exc)
     if isinstance(exc, _redis_errors()):
-        return (f"error: cannot use Redis at {redis_url}: {type(exc).__name__}: {exc}; check BATON_REDIS_URL "
+        return (f"error: cannot use Redis at {redis_url}: {type(exc).__name__}: {str(exc).rstrip('.')}; check BATON_REDIS_URL "
                 "and that redis-server runs there")
     if isinstance(exc, AccessDenied):
         return f"error: the store refused the credentials: {exc}"

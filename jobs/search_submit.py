@@ -40,17 +40,23 @@ def read_search(source: "str | Path | dict") -> SearchSpec:
     return SearchSpec.parse(raw)
 
 
-def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...]) -> tuple[JobSpec, str, int]:
+def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...],
+                 fixed: tuple[str, ...] = ()) -> tuple[JobSpec, str, int]:
     """The spec, its unit (epochs or steps) and its end; SpecError naming every problem: each choice and
-    bound of the space applied to the spec alone, and halving's first rung against the run's end."""
+    bound of the space applied to the spec alone (a problem once per path), a path both searched and
+    ``fixed`` (set by an override: every trial would overwrite it), and halving's first rung against the
+    run's end."""
     spec = check_spec(raw, allowed_prefixes)
-    problems: list[str] = []
+    problems = [f"search.space.{path}: also set by --set/overrides ({path}); the search would overwrite it in "
+                f"every trial: drop one" for path in search.space if path in fixed]
     for path, dimension in search.space.items():
+        seen: set[str] = set()
         for value in dimension.choice if dimension.choice is not None else list(dimension.bounds or ()):
             try:
                 check_spec(with_overrides(raw, {path: value}), allowed_prefixes)
             except SpecError as exc:
-                problems += [f"search.space.{path} ({value!r}): {p}" for p in exc.problems if p not in problems]
+                problems += [f"search.space.{path} ({value!r}): {p}" for p in exc.problems if p not in seen]
+                seen.update(exc.problems)
     unit, end = ("epochs", spec.loop.epochs) if spec.loop.epochs is not None else ("steps", spec.loop.max_steps)
     assert end is not None  # (a spec sets one or the other)
     if search.halving is not None:
@@ -82,17 +88,16 @@ def _halving_problems(raw: Any, search: SearchSpec, spec: JobSpec, unit: str, en
 def check_trials(raw: dict, search: SearchSpec, mode: str, search_id: str) -> None:
     """Every trial that can be known before any has trained (a grid's, random sampling's; TPE's first round),
     as its spec and id: SpecError naming each that would be invalid."""
-    from baton.searches.driver import trial_spec
+    from baton.searches.driver import trial_id, trial_spec
     from baton.searches.sampling import known_trials
 
     problems: list[str] = []
-    width = len(str(search.size))
     try:
-        check_job_id(f"{search_id}-{search.size:0{width}d}")
+        check_job_id(trial_id(search_id, search.size, search.size))
     except ValueError as exc:
         problems.append(f"id: {search_id!r} leaves no room for its trials' numbers ({exc})")
     for number, params in enumerate(known_trials(search, mode), start=1):
-        job_id = f"{search_id}-{number:0{width}d}"
+        job_id = trial_id(search_id, search.size, number)
         try:
             JobSpec.parse(trial_spec(raw, params, job_id))
         except SpecError as exc:
@@ -104,6 +109,9 @@ def check_trials(raw: dict, search: SearchSpec, mode: str, search_id: str) -> No
 def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | dict", overrides: Overrides = None,
                   search_id: Optional[str] = None, code: "str | Path | None" = None) -> str:
     """The search's id, once its record is written and its first trials are queued."""
+    from baton.jobs.client import warn_if_local
+    from baton.searches.driver import trial_id
+
     found = read_search(search)
     raw = read_raw(spec)
     given = raw.get("name") if isinstance(raw, dict) else None
@@ -111,22 +119,26 @@ def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | d
     try:
         search_id = check_job_id(search_id or new_job_id(f"{name}-search"))
     except ValueError as exc:
-        raise SpecError([f"search_id: {exc}"]) from None
+        raise SpecError([f"search_id: {exc}"], "search") from None
     wanted = {**normalize(overrides), **({"code.dir": str(code)} if code is not None else {})}
     raw = with_overrides(raw, wanted)
     with importable(code_dir(raw)):
-        parsed, unit, end = check_search(raw, found, client.settings.allowed_prefixes)
+        parsed, unit, end = check_search(raw, found, client.settings.allowed_prefixes, tuple(wanted))
     try:
         check_trials(raw, found, parsed.monitor_mode, search_id)
     except ImportError as exc:
         raise SpecError([f"sampler: {found.sampler} sampling needs Optuna here ({exc}): pip install 'baton[search]'"],
                         "search") from None
+    if client.records.sweep_taken(search_id):
+        raise SpecError([f"id: a sweep or search {search_id!r} already exists"], "search")
     store = open_client_store(client.settings.storage_url)
+    client._refuse_taken(store, [trial_id(search_id, found.size, n) for n in range(1, found.size + 1)], "search")
     shipped = client._shipper(store).ship(parsed)  # once: every trial's spec names the same archive
+    warn_if_local(store, stacklevel=4)  # (once the search will be stored: not before a refusal)
     if not searches.create(client.records.redis, search_id, {
             "spec": shipped.model_dump_json(), "search": found.model_dump_json(by_alias=True, exclude_none=True),
             "monitor": parsed.checkpoint.monitor, "mode": parsed.monitor_mode, "unit": unit, "end": str(end),
             "storage_url": store.url, "overrides": json.dumps(wanted, default=str)}):
-        raise SpecError([f"id: a search {search_id!r} already exists"])
+        raise SpecError([f"id: a sweep or search {search_id!r} already exists"], "search")
     client.search_driver(search_id).advance()
     return search_id

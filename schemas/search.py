@@ -10,7 +10,7 @@ how many trials, and when to stop the losers (successive halving).
     seed: 0
     trials: 27
     concurrency: 9        # trials sampled (and running) at once; default: all
-    halving: {min_resource: 2, factor: 3}
+    halving: {min_resource: 2, factor: 3}     # asynchronous: true for ASHA (timing-dependent)
 
 Pure: no I/O. Rungs are in the spec's own unit: epochs for a run of ``loop.epochs``, steps for one of
 ``loop.max_steps``; the last rung is the run's end.
@@ -76,6 +76,9 @@ class Halving(BaseModel):
 
     min_resource: int = Field(..., ge=1, description="The first rung: epochs (or steps, for a run of loop.max_steps).")
     factor: int = Field(3, ge=2, description="At each rung, one trial in `factor` goes on.")
+    asynchronous: bool = Field(False, description="ASHA: a trial goes on as soon as it is among the best 1/factor "
+                               "of the trials at its rung so far, and a new trial starts whenever one stops; "
+                               "no rung waits for its slowest trial, and which trials go on depends on timing.")
 
     def rungs(self, end: int) -> list[int]:
         """The rungs before the run's ``end`` (epochs or steps), then ``end``."""
@@ -107,7 +110,8 @@ class SearchSpec(BaseModel):
         if self.sampler == "grid":
             continuous = [path for path, d in self.space.items() if d.values() is None]
             if continuous:
-                raise ValueError(f"a grid takes choice and int ranges only ({', '.join(continuous)} are continuous)")
+                verb = "is" if len(continuous) == 1 else "are"
+                raise ValueError(f"a grid takes choice and int ranges only ({', '.join(continuous)} {verb} continuous)")
             size = self.grid_size
             if self.trials is not None and self.trials > size:
                 raise ValueError(f"trials: {self.trials} is more than the grid's {size} points")

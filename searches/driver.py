@@ -59,7 +59,7 @@ class Plan:
         return self.search.halving.rungs(self.end) if self.search.halving else [self.end]
 
     def trial_id(self, number: int) -> str:
-        return f"{self.search_id}-{number:0{len(str(self.search.size))}d}"
+        return trial_id(self.search_id, self.search.size, number)
 
     def pause_at(self, rung: int) -> Optional[int]:
         """Where a trial going into ``rung`` pauses (None: the last rung is the run's end)."""
@@ -72,6 +72,10 @@ class Plan:
             return None
         return cls(search_id, SearchSpec.model_validate_json(held["search"]), json.loads(held["spec"]), held["monitor"],
                    held["mode"], held["unit"], int(held["end"]), held["storage_url"], held["state"])
+
+
+class TrialTaken(Exception):
+    """A trial's id belongs to a job of someone else's (created after the search was submitted)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,16 @@ class Driver:
         if plan is None or plan.state != "running":
             return
         trials = self.trials(plan)
-        if self._sample(plan, trials):
+        try:
+            if plan.search.halving is not None and plan.search.halving.asynchronous:
+                from baton.searches import asynchronous
+
+                return asynchronous.step(self, plan, trials)
+            sampled = self._sample(plan, trials)
+        except TrialTaken as exc:
+            searches.finish(self.redis, plan.search_id, None, f"{exc}: the search cannot go on")
+            return
+        if sampled:
             trials = self.trials(plan)
         population = sorted(trials)
         for rung in range(len(plan.rungs) - 1):
@@ -133,12 +146,15 @@ class Driver:
             population = decided["promoted"]
         last = [trials[n] for n in population]
         if all(t.status.state.terminal for t in last):
-            searches.finish(self.redis, plan.search_id, best_of(plan, last))
+            best = best_of(plan, last)
+            searches.finish(self.redis, plan.search_id, best, None if best else
+                            f"no trial of the last rung succeeded with a finite {plan.monitor}")
 
     def trials(self, plan: Plan) -> dict[int, Trial]:
         """The search's trials so far, by number (from 1)."""
         indexed: list = self.redis.zrange(keys.sweep(plan.search_id), 0, -1, withscores=True)  # type: ignore[assignment]
-        return {int(score): Trial(int(score), self.records.status(text(job_id))) for job_id, score in indexed}
+        return {int(score): Trial(int(score), self.records.status(text(job_id))) for job_id, score in indexed
+                if 1 <= score <= plan.search.size and text(job_id) == plan.trial_id(int(score))}  # (nothing else)
 
     # --- rounds of trials ---------------------------------------------------------------------
     def _sample(self, plan: Plan, trials: dict[int, Trial]) -> bool:
@@ -156,12 +172,16 @@ class Driver:
         history = [Told(trials[n].params, self.value(plan, trials[n], 0)) for n in range(1, numbers.start)]
         for number, params in zip(numbers, sample_round(plan.search, round_, history, plan.mode)):
             if number not in trials:
-                self._create(plan, number, params)
+                self.create(plan, number, params)
         return True
 
-    def _create(self, plan: Plan, number: int, params: dict[str, Any]) -> None:
+    def create(self, plan: Plan, number: int, params: dict[str, Any]) -> None:
+        """Trial ``number`` with ``params``, indexed and queued (a record a dead decider left of it: adopted)."""
         job_id = plan.trial_id(number)
-        created = bool(self.redis.exists(keys.job(job_id)))  # (a decider that died may have created it)
+        owner = self.redis.hget(keys.job(job_id), "sweep")  # (a decider that died may have created it)
+        if owner is not None and text(owner) != plan.search_id or owner is None and self.records.exists(job_id):
+            raise TrialTaken(f"trial {number}'s id {job_id!r} was taken by a job that is not this search's")
+        created = owner is not None
         if not created:
             self._hold()
             extra = {"sweep": plan.search_id, "overrides": json.dumps(params, default=str)}
@@ -206,17 +226,17 @@ class Driver:
         if trial.status.state in (JobState.failed, JobState.cancelled):
             return None
         if rung == len(plan.rungs) - 1:
-            return _finite(trial.status.best_value) if trial.status.state is JobState.succeeded else None
+            return finite(trial.status.best_value) if trial.status.state is JobState.succeeded else None
         cached = searches.value(self.redis, plan.search_id, trial.number, rung)
         if cached is not None:
-            return _finite(float(cached))
+            return finite(float(cached))
         found = None
         if trial.status.state is JobState.paused or trial.status.state is JobState.succeeded:
             self._hold()
             store = self.store(plan)
             rows = read_metrics(store, ManifestStore(store, JobPaths(trial.status.id)).read())
             row = rung_row(rows, plan.unit, plan.rungs[rung])
-            found = _finite(row.get(plan.monitor)) if row is not None else None
+            found = finite(row.get(plan.monitor)) if row is not None else None
         searches.keep_value(self.redis, plan.search_id, trial.number, rung, found)
         return found
 
@@ -256,6 +276,11 @@ class Driver:
         return self._store
 
 
+def trial_id(search_id: str, size: int, number: int) -> str:
+    """A trial's job id: the search's and its number, zero-padded to the search's size."""
+    return f"{search_id}-{number:0{len(str(size))}d}"
+
+
 def trial_spec(base: dict[str, Any], params: dict[str, Any], job_id: str) -> dict[str, Any]:
     """A trial's raw spec: the search's spec with its parameters, named for its number."""
     raw = apply_overrides(base, params)
@@ -274,12 +299,12 @@ def rung_row(rows: list[dict], unit: str, at: int) -> Optional[dict]:
 def best_of(plan: Plan, last: list[Trial]) -> Optional[str]:
     """The job id of the last rung's best trial by its best value (ties: the lower number)."""
     sign = 1.0 if plan.mode == "min" else -1.0
-    scored = [(sign * v, t.number, t.status.id) for t in last if (v := _finite(t.status.best_value)) is not None
+    scored = [(sign * v, t.number, t.status.id) for t in last if (v := finite(t.status.best_value)) is not None
               and t.status.state is JobState.succeeded]
     return min(scored)[2] if scored else None
 
 
-def _finite(value: Any) -> Optional[float]:
+def finite(value: Any) -> Optional[float]:
     try:
         number = float(value)
     except (TypeError, ValueError):

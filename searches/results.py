@@ -13,7 +13,7 @@ from baton.schemas.status import JobState, JobStatus
 from baton.storage.records import searches
 from baton.storage.stores.base import ObjectStore
 
-from baton.searches.driver import Driver, Plan, Trial
+from baton.searches.driver import Driver, Plan, Trial, finite
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,14 @@ class TrialRow:
 @dataclass(frozen=True)
 class SearchResults:
     search_id: str
-    state: str  # running | finished
+    state: str  # running | finished | failed
     monitor: str
     mode: str
     unit: str
     rungs: list[int]
     trials: list[TrialRow]
     best: Optional[str]  # the best trial's job id, once the search has finished
+    error: Optional[str] = None  # why it failed (no trial of its last rung succeeded, a trial's id was taken)
 
     @property
     def search_steps(self) -> int:
@@ -57,10 +58,12 @@ def search_results(client: redis.Redis, search_id: str) -> SearchResults:
         for rung, made in decided.items():
             if made is not None and str(number) in made["values"]:
                 values[plan.rungs[rung]] = made["values"][str(number)]
+            elif _asynchronous(plan) and (cached := searches.value(client, search_id, number, rung)) is not None:
+                values[plan.rungs[rung]] = finite(cached)  # (asynchronous: no decision, the value read at its pause)
         rows.append(TrialRow(number, trial.status, trial.params, standing(plan, trial, decided), values))
     held = searches.meta(client, search_id)
     return SearchResults(search_id, plan.state, plan.monitor, plan.mode, plan.unit, plan.rungs, rows,
-                         held.get("best") or None)
+                         held.get("best") or None, held.get("error") or None)
 
 
 def _no_publish(job_id: str, attempt: int) -> None:
@@ -77,6 +80,8 @@ def standing(plan: Plan, trial: Trial, decided: dict[int, Optional[dict]]) -> st
         return "finished"
     if status.state.terminal:
         return status.state.value
+    if status.state is JobState.paused and _asynchronous(plan):
+        return f"{'paused' if plan.state == 'running' else 'stopped'} at {unit} {status.pause_at}"
     if status.state is JobState.paused:
         rung = plan.rungs.index(status.pause_at) if status.pause_at in plan.rungs else None
         made = decided.get(rung) if rung is not None else None
@@ -85,3 +90,7 @@ def standing(plan: Plan, trial: Trial, decided: dict[int, Optional[dict]]) -> st
         return f"paused at {unit} {status.pause_at}" + ("" if made is not None else ", waiting for its rung")
     to = status.pause_at if status.pause_at is not None else plan.end
     return f"{'running' if status.state is JobState.running else 'waiting'} to {unit} {to}"
+
+
+def _asynchronous(plan: Plan) -> bool:
+    return plan.search.halving is not None and plan.search.halving.asynchronous

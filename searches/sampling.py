@@ -34,9 +34,20 @@ def sample_round(search: SearchSpec, round_: int, history: list[Told], mode: str
     return _optuna_round(search, round_, history, mode, count)
 
 
+def sample_one(search: SearchSpec, number: int, history: list[Told], mode: str) -> dict[str, Any]:
+    """Trial ``number``'s parameters (from 1) for an asynchronous search: told every earlier trial's value at
+    the first rung known now (timing-dependent, as the mode is); a grid's point ``number`` as ever."""
+    if search.sampler == "grid":
+        return grid(search)[number - 1]
+    return _optuna_round(search, 1_000_000 + number, history, mode, 1)[0]  # (a seed no round of the other mode has)
+
+
 def known_trials(search: SearchSpec, mode: str) -> list[dict[str, Any]]:
     """The trials known before any has trained: a grid's and random sampling's all (neither learns), TPE's
     first round. Needs Optuna for random and TPE sampling (ImportError without it)."""
+    if search.halving is not None and search.halving.asynchronous:
+        first = search.round_size if search.sampler == "tpe" else search.size  # (the first to start learn nothing)
+        return [sample_one(search, number, [], mode) for number in range(1, first + 1)]
     if search.sampler == "tpe":
         return sample_round(search, 0, [], mode)
     rounds = -(-search.size // search.round_size)

@@ -71,15 +71,18 @@ def sweep(
     except SpecError as exc:
         raise _bad_spec(exc)
     if search is not None:
-        typer.echo(f"search {queued.id}: {len(queued.jobs)} trials queued (follow it: baton sweep-status {queued.id})")
+        many = "s" if len(queued.jobs) != 1 else ""
+        typer.echo(f"search {queued.id}: {len(queued.jobs)} trial{many} queued (follow it: baton sweep-status {queued.id})")
         return
-    typer.echo(f"sweep {queued.id}: {len(queued.jobs)} jobs queued")
+    typer.echo(f"sweep {queued.id}: {len(queued.jobs)} job{'s' if len(queued.jobs) != 1 else ''} queued")
     for job in queued.jobs:
         typer.echo(job.id)
 
 
 @app.command("sweep-status")
-def sweep_status(search_id: str = typer.Argument(..., help="The search's id (baton sweep --search printed it).")) -> None:
+def sweep_status(search_id: str = typer.Argument(..., help="The search's id (baton sweep --search printed it)."),
+                 report: Optional[Path] = typer.Option(None, "--report", help="Also write the search's report into "
+                                                       "this directory: report.md (the table) and rungs.png.")) -> None:
     """A search's trials: their parameters, standing (running, stopped at a rung, finished), metric at each
     rung and best value, and the best trial once it has finished."""
     from baton.schemas.errors import JobNotFound
@@ -87,10 +90,38 @@ def sweep_status(search_id: str = typer.Argument(..., help="The search's id (bat
     from baton.jobs.display import search_table
 
     try:
-        typer.echo(search_table(_client().search_results(search_id)))
+        results = _client().search_results(search_id)
     except JobNotFound as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1)
+    typer.echo(search_table(results))
+    if report is not None:
+        from baton.searches.report import write_report
+
+        try:
+            written = write_report(results, report)
+        except OSError as exc:
+            typer.echo(f"cannot write the report into {report}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"report: {', '.join(str(p) for p in written)}")
+
+
+@app.command("sweep-cancel")
+def sweep_cancel(sweep_id: str = typer.Argument(..., help="A sweep's or search's id.")) -> None:
+    """Cancel a sweep or a search: every job of it that has not ended (waiting, running, paused), and a search
+    takes no further step."""
+    from baton.schemas.errors import JobNotFound
+
+    try:
+        answers = _client().cancel_sweep(sweep_id)
+    except JobNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    counts: dict[str, int] = {}
+    for answer in answers.values():
+        counts[answer] = counts.get(answer, 0) + 1
+    said = {"cancelled": "cancelled", "requested": "stopping at their next step"}
+    typer.echo(f"{sweep_id}: " + ", ".join(f"{n} {said.get(a, 'already ' + a)}" for a, n in sorted(counts.items())))
 
 
 @app.command()
@@ -112,13 +143,14 @@ def list_jobs(
     """Recent jobs as a table; with --sweep, a sweep's jobs compared by their best monitored value."""
     from baton.schemas.errors import JobNotFound
 
-    from baton.jobs.display import sweep_table, table
+    from baton.jobs.display import search_table, sweep_table, table
 
     if sweep_id is None:
         typer.echo(table(_client().list(limit)))
         return
     try:
-        typer.echo(sweep_table(_client().sweep_results(sweep_id)))
+        found = _client().sweep_results(sweep_id)
+        typer.echo(sweep_table(found) if isinstance(found, list) else search_table(found))
     except JobNotFound as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1)

@@ -314,6 +314,10 @@ class JobRecords:
         """Index a sweep's jobs (before their records exist: a listing skips ids without one)."""
         self.redis.zadd(keys.sweep(sweep_id), {job_id: i for i, job_id in enumerate(job_ids)})
 
+    def sweep_taken(self, sweep_id: str) -> bool:
+        """Whether a sweep or a search already has this id (their jobs share one index)."""
+        return bool(self.redis.exists(keys.sweep(sweep_id), keys.search(sweep_id)))
+
     def sweep_ids(self, sweep_id: str) -> list[str]:
         """A sweep's job ids in grid order; empty for an unknown sweep."""
         return [text(job_id) for job_id in self.redis.zrange(keys.sweep(sweep_id), 0, -1)]

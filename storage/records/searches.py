@@ -39,6 +39,10 @@ def create(client: redis.Redis, search_id: str, fields: dict[str, str]) -> bool:
     return True
 
 
+def exists(client: redis.Redis, search_id: str) -> bool:
+    return bool(client.exists(keys.search(search_id)))
+
+
 def meta(client: redis.Redis, search_id: str) -> dict[str, str]:
     """The search's record ({} for none)."""
     return texts(client.hgetall(keys.search(search_id)))
@@ -48,9 +52,33 @@ def running(client: redis.Redis) -> list[str]:
     return sorted(map(text, client.smembers(keys.SEARCHES)))
 
 
-def finish(client: redis.Redis, search_id: str, best: Optional[str]) -> None:
-    client.hset(keys.search(search_id), mapping={"state": "finished", "best": best or "", "finished_at": now()})
+def finish(client: redis.Redis, search_id: str, best: Optional[str], error: Optional[str] = None) -> None:
+    """The search has ended: finished with its best trial, or failed (``error`` says why)."""
+    ended: dict = {"state": "failed", "error": error} if error else {"state": "finished"}
+    client.hset(keys.search(search_id), mapping={**ended, "best": best or "", "finished_at": now()})
     client.srem(keys.SEARCHES, search_id)
+
+
+def stop(client: redis.Redis, search_id: str) -> bool:
+    """Mark a running search cancelled (no decider takes another step of it); False if it was not running."""
+    if maybe_text(client.hget(keys.search(search_id), "state")) != "running":
+        return False
+    client.hset(keys.search(search_id), mapping={"state": "cancelled", "finished_at": now()})
+    client.srem(keys.SEARCHES, search_id)
+    return True
+
+
+def wait_for_lock(client: redis.Redis, search_id: str, poll_s: float = 0.1) -> Optional[str]:
+    """The lock, once whoever holds it lets go (or it lapses: at most ``LOCK_TTL_MS``); None if it never came."""
+    import time
+
+    deadline = time.monotonic() + LOCK_TTL_MS / 1000 + 5
+    while time.monotonic() < deadline:
+        token = lock(client, search_id)
+        if token is not None:
+            return token
+        time.sleep(poll_s)
+    return None
 
 
 def decision(client: redis.Redis, search_id: str, rung: int) -> Optional[dict]:

@@ -108,3 +108,19 @@ def test_the_documented_example_search_is_valid():
     spec, unit, end = check_search(raw, found, ())
     assert (found.size, found.round_size, unit, end) == (27, 9, "epochs", 20)
     assert found.halving is not None and found.halving.rungs(end) == [2, 6, 18, 20]
+
+
+def test_the_first_search_in_the_docs_is_valid_with_its_set():
+    import re
+
+    import yaml
+
+    from baton.jobs.search_submit import read_search
+    from baton.jobs.specfile import with_overrides
+    from tests.helpers import REPO
+
+    page = (REPO / "docs" / "searches.md").read_text()
+    found = read_search(yaml.safe_load(re.search(r"<<'YAML'\n(.*?)YAML\n", page, re.S).group(1)))
+    raw = with_overrides(yaml.safe_load((REPO / "examples" / "spiral.yaml").read_text()), {"loop.epochs": 6})
+    spec, unit, end = check_search(raw, found, (), ("loop.epochs",))
+    assert found.halving is not None and found.halving.rungs(end) == [2, 6] and found.halving.survivors(4, 1) == 1

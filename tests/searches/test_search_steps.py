@@ -1,12 +1,15 @@
 """A search's steps against a real Redis and store, without workers: a decider SIGKILLed in the middle of
 creating a round (a trial's record written, not yet indexed) leaves a search that the next decider
 completes with the very trials an undisturbed search has, and no more; a trial whose sampled parameters
-make no valid spec is recorded failed, saying why, instead of stopping the search; a search whose known
-trials would be invalid is refused before anything is written."""
+make no valid spec is recorded failed, saying why, instead of stopping the search (which fails when no
+trial succeeds); a search whose known trials would be invalid, whose id a sweep or search has, whose
+trials' ids jobs have, or which searches a path its overrides set, is refused before anything is written;
+a job that takes a trial's id after the submit is never adopted as that trial."""
 from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 import subprocess
 import sys
 
@@ -90,7 +93,8 @@ def test_a_sampled_trial_that_makes_no_valid_spec_is_recorded_failed_and_the_sea
     results = client.search_results("unchecked")
     assert [t.status.state.value for t in results.trials] == ["failed", "failed"]
     assert all("warmup" in (t.status.error or "") for t in results.trials), [t.status.error for t in results.trials]
-    assert (results.state, results.best) == ("finished", None)
+    assert (results.state, results.best) == ("failed", None)  # not "finished": nothing came of it
+    assert results.error == "no trial of the last rung succeeded with a finite val_loss"
 
 
 def test_a_combination_no_single_value_shows_is_refused_before_anything_is_written(client):
@@ -104,3 +108,104 @@ def test_a_combination_no_single_value_shows_is_refused_before_anything_is_writt
     assert any(p.startswith("search trial 4 ") and "warmup_fraction" in p for p in caught.value.problems), \
         caught.value.problems
     assert not client.records.redis.exists(keys.search("combo")) and client.records.sweep_ids("combo") == []
+
+
+def written(client: JobClient, search_id: str, search: dict = SEARCH) -> None:
+    """A search's record as a submit writes it, without the submit's checks (the driver's side alone)."""
+    from baton.schemas.search import SearchSpec
+    from baton.schemas.spec import JobSpec
+
+    assert searches.create(client.records.redis, search_id, {
+        "spec": JobSpec.parse(SPEC).model_dump_json(), "search": SearchSpec.parse(search).model_dump_json(by_alias=True),
+        "monitor": "val_loss", "mode": "min", "unit": "epochs", "end": "3", "storage_url": client.settings.storage_url})
+
+
+def test_an_id_a_sweep_search_or_job_holds_refuses_the_search_or_sweep_and_writes_nothing(client):
+    client.sweep(SPEC, {"seed": [1, 2]}, sweep_id="grid")
+    with pytest.raises(SpecError, match="invalid search") as caught:
+        client.search(SPEC, SEARCH, search_id="grid")
+    assert caught.value.problems == ["id: a sweep or search 'grid' already exists"]
+    assert not client.records.redis.exists(keys.search("grid")) and client.records.sweep_ids("grid") == ["grid-1", "grid-2"]
+
+    client.search(SPEC, SEARCH, search_id="found")
+    with pytest.raises(SpecError, match="a sweep or search 'found' already exists"):
+        client.sweep(SPEC, {"seed": [1, 2]}, sweep_id="found")
+    assert client.records.sweep_ids("found") == ["found-1", "found-2", "found-3"]
+
+    client.submit(SPEC, job_id="mine-5")  # a job of its own, whose id a search "mine" of 6 trials would give trial 5
+    with pytest.raises(SpecError, match="invalid search") as caught:
+        client.search(SPEC, SEARCH, search_id="mine")
+    assert caught.value.problems == ["id: a job 'mine-5' already exists"]
+    assert not client.records.redis.exists(keys.search("mine")) and client.records.sweep_ids("mine") == []
+
+
+def test_a_job_that_took_a_trials_id_after_the_submit_is_not_adopted_and_the_search_fails_saying_so(client):
+    client.submit(SPEC, job_id="late-2")
+    written(client, "late")
+    client.search_driver("late").advance()
+    results = client.search_results("late")
+    assert (results.state, [t.number for t in results.trials]) == ("failed", [1])
+    assert results.error == "trial 2's id 'late-2' was taken by a job that is not this search's: the search cannot go on"
+    mine = client.records.raw("late-2")
+    assert "sweep" not in mine and "pause_at" not in mine and client.records.sweep_ids("late") == ["late-1"]
+
+
+def test_a_stranger_in_the_searchs_index_is_no_trial(client):
+    client.records.add_to_sweep("mixed", ["stranger", "other"])  # scores 0 and 1: neither is this search's trial
+    written(client, "mixed")
+    client.search_driver("mixed").advance()
+    assert [t.status.id for t in client.search_results("mixed").trials] == ["mixed-1", "mixed-2", "mixed-3"]
+
+
+def test_a_searched_path_that_an_override_also_sets_is_refused(client):
+    with pytest.raises(SpecError, match="invalid search") as caught:
+        client.search(SPEC, SEARCH, overrides={"optimizer.lr": 0.01}, search_id="twice")
+    assert caught.value.problems == ["search.space.optimizer.lr: also set by --set/overrides (optimizer.lr); the "
+                                     "search would overwrite it in every trial: drop one"]
+    assert not client.records.redis.exists(keys.search("twice"))
+
+
+def test_a_misspelled_path_is_named_once_not_once_per_bound(client):
+    wrong = {**SEARCH, "space": {"optimizer.lrr": {"uniform": [0.001, 0.1]}}}
+    with pytest.raises(SpecError) as caught:
+        client.search(SPEC, wrong, search_id="typo")
+    assert len([p for p in caught.value.problems if p.startswith("search.space.optimizer.lrr")]) == 1, caught.value.problems
+
+
+def test_sweep_results_of_a_search_id_is_the_searchs_results(client):
+    client.search(SPEC, SEARCH, search_id="either")
+    results = client.sweep_results("either")
+    assert (type(results).__name__, results.state, [t.number for t in results.trials]) == ("SearchResults", "running",
+                                                                                             [1, 2, 3])
+
+
+def test_a_cancelled_search_cancels_its_trials_and_takes_no_further_step(client):
+    from baton.schemas.errors import JobNotFound
+
+    client.search(SPEC, SEARCH, search_id="stopme")
+    assert client.cancel_sweep("stopme") == {"stopme-1": "cancelled", "stopme-2": "cancelled", "stopme-3": "cancelled"}
+    client.search_driver("stopme").advance()  # a worker's or the reaper's step after the cancel
+    results = client.search_results("stopme")
+    assert results.state == "cancelled" and [t.standing for t in results.trials] == ["cancelled"] * 3
+    assert client.cancel_sweep("stopme") == {f"stopme-{n}": "cancelled" for n in (1, 2, 3)}  # (already: said so)
+
+    client.sweep(SPEC, {"seed": [1, 2]}, sweep_id="plain")
+    assert client.cancel_sweep("plain") == {"plain-1": "cancelled", "plain-2": "cancelled"}
+    with pytest.raises(JobNotFound, match="no sweep or search 'nothing'"):
+        client.cancel_sweep("nothing")
+
+
+def test_the_sweep_commands_answer_an_unknown_id_in_one_line_with_exit_1(client):
+    from tests.helpers import run_baton
+
+    env = baton_env(BATON_REDIS_URL=client.settings.redis_url, BATON_STORAGE_URL=client.settings.storage_url)
+    for command in ("sweep-status", "sweep-cancel"):
+        done = run_baton(command, "nothing", env=env)
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, (command, done.stderr)
+    client.search(SPEC, SEARCH, search_id="byline")
+    done = run_baton("sweep-cancel", "byline", env=env)
+    assert (done.returncode, done.stdout.strip()) == (0, "byline: 3 cancelled")
+    shown = run_baton("sweep-status", "byline", "--report", str(client.settings.storage_url[7:] + "-report"), env=env)
+    assert shown.returncode == 0 and shown.stdout.startswith("search byline: cancelled;"), shown.stderr
+    page = Path(client.settings.storage_url[7:] + "-report") / "report.md"
+    assert "| 3 | byline-3 | cancelled |" in page.read_text() and page.with_name("rungs.png").read_bytes()[:4] == b"\x89PNG"
