@@ -6,6 +6,8 @@ hidden width x dropout). Three ways through it, side by side in one run on this 
 - **baton search**: ``baton sweep --search`` with the grid sampler over the same 27 points and
   successive halving by 3 at epochs 2 and 6 (rungs 2, 6, 18), on real ``baton worker`` processes
   (redis-server, moto's S3). Steps counted from the trials' records.
+- **baton ASHA**: the same with ``halving.asynchronous`` and as many trials at once as workers: no rung
+  waits, so which trials go on (and so its figures) depend on timing.
 - **full grid**: every point trained to the end. Run in this process with baton's loop (a trial's bits
   do not depend on where it trains), so the grid's best is the best any of the 27 reaches.
 - **Optuna direct**: what a user would write with Optuna: a study over the same grid (GridSampler,
@@ -182,9 +184,15 @@ class Cluster:
         self.s3.stop()
 
 
-def baton_search(client: JobClient, spec: dict, axes: dict, first: int, search_id: str = "bench") -> tuple[dict, Any]:
-    search = {"space": {path: {"choice": values} for path, values in axes.items()}, "sampler": "grid",
-              "halving": {"min_resource": first, "factor": 3}}
+def baton_search(client: JobClient, spec: dict, axes: dict, first: int, search_id: str = "bench",
+                 concurrency: Optional[int] = None) -> tuple[dict, Any]:
+    """The search on the workers; ``concurrency``: asynchronous halving (ASHA) with that many trials at once."""
+    halving: dict[str, Any] = {"min_resource": first, "factor": 3}
+    search: dict[str, Any] = {"space": {path: {"choice": values} for path, values in axes.items()}, "sampler": "grid",
+                              "halving": halving}
+    if concurrency is not None:
+        halving["asynchronous"] = True
+        search["concurrency"] = concurrency
     started = time.monotonic()
     found = client.search(spec, search, search_id=search_id)
     while (results := client.search_results(found.id)).state == "running":
@@ -220,7 +228,10 @@ def main() -> int:
                       args.seed)
     with Cluster(root, args.workers):
         search, _ = baton_search(JobClient(), spec, axes, first)
-    print(f"baton search: {search['steps']} steps, best {search['best']:.4f} ({search['wall_s']:.0f} s)", flush=True)
+        print(f"baton search: {search['steps']} steps, best {search['best']:.4f} ({search['wall_s']:.0f} s)", flush=True)
+        asha, _ = baton_search(JobClient(), spec, axes, first, "bench-async", concurrency=args.workers)
+        print(f"baton asynchronous search: {asha['steps']} steps, best {asha['best']:.4f} ({asha['wall_s']:.0f} s)",
+              flush=True)
     grid = full_grid(root / "grid", spec, axes)
     print(f"full grid: {grid['steps']} steps, best {grid['best']:.4f} ({grid['wall_s']:.0f} s)", flush=True)
     direct = optuna_direct(root / "optuna", spec, axes, epochs, first)
@@ -229,7 +240,8 @@ def main() -> int:
     same = grid["bests"][repr(sorted(search["best_trial"].items()))] == search["best"]
     print(f"the search's best trial, trained on workers and paused at each rung, equals the grid's run of its "
           f"point bit for bit in its best value: {same}")
-    rows = [("baton search (sync halving, 3)", search), ("full grid", grid), ("Optuna SuccessiveHalvingPruner", direct)]
+    rows = [("baton search (sync halving, 3)", search), (f"baton ASHA ({args.workers} at once)", asha),
+            ("full grid", grid), ("Optuna SuccessiveHalvingPruner", direct)]
     print(f"\n{len(points(axes))} trials, {epochs} epochs, rungs from epoch {first}, factor 3 "
           f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
     print(f"{'way':<32} {'steps':>7} {'of grid':>8} {'best val_loss':>14} {'vs grid best':>13}")
@@ -240,8 +252,8 @@ def main() -> int:
                   "epochs": epochs, "first_rung": first, "factor": 3, "workers": args.workers,
                   "search_steps": search["steps"], "grid_steps": grid["steps"], "search_best": search["best"],
                   "grid_best": grid["best"], "optuna_steps": direct["steps"], "optuna_best": direct["best"],
-                  "best_equals_grid_run": same,
-                  "search": search, "grid": grid, "optuna": direct}, args.out or "bench/results/search.json")
+                  "best_equals_grid_run": same, "asha_steps": asha["steps"], "asha_best": asha["best"],
+                  "search": search, "asha": asha, "grid": grid, "optuna": direct}, args.out or "bench/results/search.json")
     return 0
 
 

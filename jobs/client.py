@@ -29,7 +29,7 @@ from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import NAME_PATTERN, JobSpec
-from baton.schemas.status import JobStatus
+from baton.schemas.status import JobState, JobStatus
 from baton.storage.artifacts import final_files, read_metrics, read_verified
 from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id, new_job_id
@@ -288,20 +288,26 @@ class JobClient:
         return Sweep(search_id, [Job(self, job_id) for job_id in self.records.sweep_ids(search_id)])
 
     def cancel_sweep(self, sweep_id: str) -> dict[str, str]:
-        """Cancel a sweep or a search: a search takes no further step (its state: cancelled), and each of its
-        jobs is cancelled as ``Job.cancel`` does; each job's answer by its id. JobNotFound for an unknown id."""
+        """Cancel a sweep or a search: a running search takes no further step (its state: cancelled), and each of
+        its jobs is cancelled as ``Job.cancel`` does (the trials an ended search stopped stay paused, resumable);
+        each job's answer by its id. JobNotFound for an unknown id."""
+        from baton.searches.driver import own_trials
+
         redis = self.records.redis
-        searched = search_records.exists(redis, sweep_id)
-        if not searched and not self.records.sweep_ids(sweep_id):
+        job_ids, ended = self.records.sweep_ids(sweep_id), False
+        if search_records.exists(redis, sweep_id):
+            ended = not search_records.stop(redis, sweep_id)  # first: a decider creating a trial after this cancels it
+            job_ids += [job_id for job_id in own_trials(redis, sweep_id) if job_id not in job_ids]
+        elif not job_ids:
             raise JobNotFound(f"no sweep or search {sweep_id!r}")
-        token = None
-        if searched and search_records.stop(redis, sweep_id):
-            token = search_records.wait_for_lock(redis, sweep_id)  # a step under way ends first: no trial after this
-        try:
-            return {job_id: self.records.cancel(job_id) for job_id in self.records.sweep_ids(sweep_id)}
-        finally:
-            if token is not None:
-                search_records.unlock(redis, sweep_id, token)
+        answers = {}
+        for job_id in job_ids:
+            state = self.records.state(job_id)
+            if state is not None and (state.terminal or ended and state is JobState.paused):
+                answers[job_id] = f"already {'stopped by its search' if state is JobState.paused else state.value}"
+            else:
+                answers[job_id] = self.records.cancel(job_id)
+        return answers
 
     def search_results(self, search_id: str) -> "SearchResults":
         """Each trial's parameters, state, standing and metric at each rung, and the best trial (once the
@@ -326,9 +332,14 @@ class JobClient:
         return Shipper(store, int(self.settings.code_limit_mb * 1e6))
 
     def _refuse_taken(self, store: ObjectStore, job_ids: list[str], what: str = "job spec") -> None:
-        taken = [job_id for job_id in job_ids if self.records.exists(job_id) or store.exists(JobPaths(job_id).spec)]
+        from baton.searches.driver import searches_claiming
+
+        existing = [job_id for job_id in job_ids if self.records.exists(job_id) or store.exists(JobPaths(job_id).spec)]
+        taken = [f"id: a job {job_id!r} already exists" for job_id in existing]
+        taken += [f"id: {job_id!r} is a trial's of the running search {search_id!r}" for job_id, search_id
+                  in searches_claiming(self.records.redis, [j for j in job_ids if j not in existing]).items()]
         if taken:
-            raise SpecError([f"id: a job {job_id!r} already exists" for job_id in taken], what)
+            raise SpecError(taken, what)
 
     def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
         create_job(self.records, store, job_id, parsed, extra)

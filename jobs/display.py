@@ -152,8 +152,10 @@ def search_table(results) -> str:
     parameters, standing, metric at each rung and best value), then the best trial once it has finished."""
     r = results
     unit = r.unit[:-1]
-    head = (f"search {r.search_id}: {r.state}; {r.monitor} ({r.mode}) compared at {unit}s "
-            f"{', '.join(map(str, r.rungs))}; {len(r.trials)} trials, {r.search_steps} steps trained")
+    rungs = (f"compared at {unit}{'s' if len(r.rungs) > 2 else ''} {', '.join(map(str, r.rungs[:-1]))}, "
+             if len(r.rungs) > 1 else "no halving, ")
+    head = (f"search {r.search_id}: {r.state}; {r.monitor} ({r.mode}) {rungs}the run ends at {unit} {r.rungs[-1]}; "
+            f"{len(r.trials)} trials, {r.search_steps} steps trained")
     axes = list(r.trials[0].params) if r.trials else []
     rungs = r.rungs[:-1]
     cells = [[str(t.number), t.status.id, t.standing, *(_value(t.params.get(p, "-")) for p in axes),

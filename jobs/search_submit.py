@@ -47,8 +47,8 @@ def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...]
     ``fixed`` (set by an override: every trial would overwrite it), and halving's first rung against the
     run's end."""
     spec = check_spec(raw, allowed_prefixes)
-    problems = [f"search.space.{path}: also set by --set/overrides ({path}); the search would overwrite it in "
-                f"every trial: drop one" for path in search.space if path in fixed]
+    problems = [f"search.space.{path}: also set by --set/overrides ({given}); the search would overwrite it in "
+                f"every trial: drop one" for path in search.space for given in fixed if _overlap(path, given)]
     for path, dimension in search.space.items():
         seen: set[str] = set()
         for value in dimension.choice if dimension.choice is not None else list(dimension.bounds or ()):
@@ -66,10 +66,19 @@ def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...]
     return spec, unit, end
 
 
+def _overlap(path: str, other: str) -> bool:
+    """Whether one dotted path is the other or holds it (``optimizer`` holds ``optimizer.lr``)."""
+    return path == other or path.startswith(other + ".") or other.startswith(path + ".")
+
+
 def _halving_problems(raw: Any, search: SearchSpec, spec: JobSpec, unit: str, end: int) -> list[str]:
     """A trial stopped at a rung pauses there: one node only, at a validation of its own."""
     assert search.halving is not None
     problems = []
+    for path in search.space:
+        if _overlap(path, "loop.epochs") or _overlap(path, "loop.max_steps"):
+            problems.append(f"search.space.{path}: a search that halves cannot search the run's length (its rungs are "
+                            f"the spec's: {unit} up to {end}); search it without halving, or fix it with --set")
     if search.halving.min_resource >= end:
         problems.append(f"search.halving.min_resource: {search.halving.min_resource} is not below the run's {end} "
                         f"{unit} (loop.{'epochs' if unit == 'epochs' else 'max_steps'}): no rung to stop at")
@@ -129,8 +138,8 @@ def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | d
     except ImportError as exc:
         raise SpecError([f"sampler: {found.sampler} sampling needs Optuna here ({exc}): pip install 'baton[search]'"],
                         "search") from None
-    if client.records.sweep_taken(search_id):
-        raise SpecError([f"id: a sweep or search {search_id!r} already exists"], "search")
+    if client.records.sweep_taken(search_id) or client.records.exists(search_id):
+        raise SpecError([f"id: a sweep, search or job {search_id!r} already exists"], "search")
     store = open_client_store(client.settings.storage_url)
     client._refuse_taken(store, [trial_id(search_id, found.size, n) for n in range(1, found.size + 1)], "search")
     shipped = client._shipper(store).ship(parsed)  # once: every trial's spec names the same archive

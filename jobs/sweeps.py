@@ -14,6 +14,7 @@ from baton.schemas.errors import SpecError
 from baton.schemas.overrides import grid_points
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobStatus
+from baton.storage.layout import check_job_id
 
 from baton.jobs.specfile import check_spec, with_overrides
 
@@ -30,6 +31,10 @@ def plan(raw: Any, axes: dict[str, list[Any]], sweep_id: str, allowed_prefixes: 
     """Every grid point as a validated job; SpecError with every distinct problem if any is invalid."""
     points = grid_points(axes)
     width = len(str(len(points)))
+    try:
+        check_job_id(f"{sweep_id}-{len(points)}")
+    except ValueError as exc:
+        raise SpecError([f"sweep_id: {sweep_id!r} leaves no room for its jobs' numbers ({exc})"]) from None
     planned, problems = [], []
     for i, point in enumerate(points, start=1):
         number = f"{i:0{width}d}"

@@ -100,7 +100,7 @@ class SearchSpec(BaseModel):
 
     space: dict[str, Dimension] = Field(..., min_length=1, description="Dotted spec paths and their ranges.")
     sampler: Literal["random", "grid", "tpe"] = "random"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="The sampler's seed (0 to 2**32 - 1).")
     trials: Optional[int] = Field(None, ge=1, le=MAX_TRIALS, description="Trials in all (default: a grid's size).")
     concurrency: Optional[int] = Field(None, ge=1, description="Trials sampled and queued at once (default: all).")
     halving: Optional[Halving] = None

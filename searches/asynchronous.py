@@ -28,15 +28,17 @@ def step(driver: "Driver", plan: Plan, trials: dict[int, Trial]) -> None:
     while free > 0 and (_promote(driver, plan, trials) or _start(driver, plan, trials)):
         free -= 1
         trials = driver.trials(plan)
-    if (len(trials) < plan.search.size or any(_training(t) for t in trials.values())
-            or _promotable(driver, plan, trials) is not None):
+    if len(trials) < plan.search.size or any(_training(t) for t in trials.values()):
+        return
+    if _promote(driver, plan, trials, settled=True):  # nothing more will arrive: each rung's best goes on
         return
     for number, trial in trials.items():  # (baton status of a trial says so)
         if trial.status.state is JobState.paused:
             driver.redis.hset(keys.job(trial.status.id), "last_event",
                               f"stopped by search {plan.search_id} at {plan.unit[:-1]} {trial.status.pause_at} "
                               f"(asynchronous: not among the best 1/{plan.search.halving.factor} at its rung)")
-    best = best_of(plan, list(trials.values()))
+    sent = searches.finalists(driver.redis, plan.search_id)  # (not a trial resumed to its end by hand)
+    best = best_of(plan, [t for n, t in trials.items() if n in sent])
     searches.finish(driver.redis, plan.search_id, best, None if best else
                     f"no trial reached the run's end with a finite {plan.monitor}")
 
@@ -45,12 +47,14 @@ def _training(trial: Trial) -> bool:
     return not (trial.status.state is JobState.paused or trial.status.state.terminal)
 
 
-def _promote(driver: "Driver", plan: Plan, trials: dict[int, Trial]) -> bool:
+def _promote(driver: "Driver", plan: Plan, trials: dict[int, Trial], settled: bool = False) -> bool:
     """Continue the best promotable trial to its next rung; whether there was one (its place is taken)."""
-    found = _promotable(driver, plan, trials)
+    found = _promotable(driver, plan, trials, settled)
     if found is None:
         return False
     trial, rung, place, count = found
+    if rung + 1 == len(plan.rungs) - 1:
+        searches.promote_to_end(driver.redis, plan.search_id, trial.number)
     why = (f"promoted by search {plan.search_id} at {plan.unit[:-1]} {plan.rungs[rung]} "
            f"({plan.monitor} {place} of {count} so far)")
     attempt = continue_job(driver.redis, trial.status.id, plan.pause_at(rung + 1), why, plan.pause_at(rung))
@@ -59,15 +63,19 @@ def _promote(driver: "Driver", plan: Plan, trials: dict[int, Trial]) -> bool:
     return True
 
 
-def _promotable(driver: "Driver", plan: Plan, trials: dict[int, Trial]) -> Optional[tuple[Trial, int, int, int]]:
+def _promotable(driver: "Driver", plan: Plan, trials: dict[int, Trial],
+                settled: bool = False) -> Optional[tuple[Trial, int, int, int]]:
     """(trial, its rung, its place there, how many are there) of the first paused trial among the best
-    1/factor of its rung so far, the highest rung first; None when there is none."""
+    1/factor of its rung so far, the highest rung first; None when there is none. ``settled`` (every trial
+    exists and none trains): at least one of each rung, as the synchronous mode keeps, so that a few trials
+    still reach the end."""
     assert plan.search.halving is not None
     sign = 1.0 if plan.mode == "min" else -1.0
     for rung in reversed(range(len(plan.rungs) - 1)):
         scored = {n: v for n, t in trials.items() if (v := value_at(driver, plan, t, rung)) is not None}
         ranked = sorted(scored, key=lambda n: (sign * scored[n], n))
-        for place, number in enumerate(ranked[:len(ranked) // plan.search.halving.factor], start=1):
+        keep = len(ranked) // plan.search.halving.factor
+        for place, number in enumerate(ranked[:max(1, keep) if settled else keep], start=1):
             status = trials[number].status
             if status.state is JobState.paused and status.pause_at == plan.pause_at(rung):
                 return trials[number], rung, place, len(ranked)

@@ -191,6 +191,9 @@ class Driver:
             created = self._create_job(plan, job_id, trial_spec(plan.base, params, job_id), extra)
             failpoints.pause("trial-created", job_id)  # a test's hold (failpoints.py); nothing otherwise
         self.redis.zadd(keys.sweep(plan.search_id), {job_id: number})
+        if not searches.is_running(self.redis, plan.search_id):  # cancelled meanwhile (its scan may have missed this)
+            self.records.cancel(job_id)
+            raise searches.LockLost(f"search {plan.search_id} was cancelled")
         if created:
             self.publish(job_id, 1)
 
@@ -274,6 +277,36 @@ class Driver:
         if self._store is None:
             self._store = self._open_store(plan.storage_url)
         return self._store
+
+
+def searches_claiming(client: redis.Redis, job_ids: list[str]) -> dict[str, str]:
+    """Of ``job_ids``, those that a running search will give to its trials: {job id: search id}."""
+    plans: dict[str, Optional[Plan]] = {}
+    claimed = {}
+    for job_id in job_ids:
+        search_id, _, number = job_id.rpartition("-")
+        if not (search_id and number.isdigit()):
+            continue
+        if search_id not in plans:
+            plans[search_id] = Plan.load(client, search_id)
+        plan = plans[search_id]
+        if (plan is not None and plan.state == "running" and 1 <= int(number) <= plan.search.size
+                and plan.trial_id(int(number)) == job_id):
+            claimed[job_id] = search_id
+    return claimed
+
+
+def own_trials(client: redis.Redis, search_id: str) -> list[str]:
+    """The job ids of the search's trials whose records exist, indexed or not (a decider that died between a
+    trial's record and its index left one unindexed)."""
+    plan = Plan.load(client, search_id)
+    if plan is None:
+        return []
+    ids = [plan.trial_id(n) for n in range(1, plan.search.size + 1)]
+    pipe = client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(keys.job(job_id), "sweep")
+    return [job_id for job_id, owner in zip(ids, pipe.execute()) if owner is not None and text(owner) == search_id]
 
 
 def trial_id(search_id: str, size: int, number: int) -> str:

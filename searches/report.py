@@ -4,6 +4,7 @@ table of its trials (parameters, standing, metric at each rung, best value) and 
 best trial drawn bold. Written from what ``search_results`` reads; the search is not changed."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def markdown(results: SearchResults, plot: str) -> str:
     best = next((t for t in r.trials if t.status.id == r.best), None)
     lines = [f"# Search {r.search_id}", "",
              f"{r.state}; {len(r.trials)} trials, {r.search_steps} steps trained; {r.monitor} ({r.mode}) compared at "
-             f"{unit}s {', '.join(map(str, r.rungs))}.", ""]
+             f"{unit}s {', '.join(map(str, r.rungs[:-1])) or '(none)'}; the run ends at {unit} {r.rungs[-1]}.", ""]
     if best is not None:
         lines += [f"**Best trial: {best.status.id}** ({r.monitor} {_number(best.status.best_value)}), "
                   f"{', '.join(f'{k} = {_cell(v)}' for k, v in best.params.items())}.", ""]
@@ -49,15 +50,18 @@ def _plot(results: SearchResults, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for t in results.trials:
-        points = sorted((at, v) for at, v in t.rung_values.items() if v is not None)
-        if t.status.best_value is not None and t.standing == "finished":
+    colours = plt.get_cmap("tab20")
+    for i, t in enumerate(results.trials):
+        points = sorted((at, v) for at, v in t.rung_values.items() if v is not None and math.isfinite(v))
+        if t.status.best_value is not None and math.isfinite(t.status.best_value) and t.standing == "finished":
             points.append((results.rungs[-1], t.status.best_value))
         if not points:
             continue
         best = t.status.id == results.best
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linewidth=2.5 if best else 1,
-                alpha=1.0 if best else 0.45, label=f"{t.status.id} (best)" if best else None)
+                color=colours(i % 20), alpha=1.0 if best else 0.55, label=f"{t.status.id} (best)" if best else None)
+        ax.annotate(str(t.number), points[-1], textcoords="offset points", xytext=(5, 0), fontsize=7,
+                    va="center", color=colours(i % 20))  # (which trial each line is: its number)
     ax.set_xscale("log")
     ax.set_xticks(results.rungs, [str(at) for at in results.rungs])
     ax.minorticks_off()
@@ -76,4 +80,5 @@ def _number(value: Any) -> str:
 
 
 def _cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A parameter as a table cell (a choice may be any YAML value: its pipes would split the row)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value).replace("|", "\\|")

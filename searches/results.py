@@ -28,7 +28,7 @@ class TrialRow:
 @dataclass(frozen=True)
 class SearchResults:
     search_id: str
-    state: str  # running | finished | failed
+    state: str  # running | finished | failed | cancelled
     monitor: str
     mode: str
     unit: str

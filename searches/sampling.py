@@ -67,7 +67,7 @@ def _optuna_round(search: SearchSpec, round_: int, history: list[Told], mode: st
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    seed = search.seed * 100_003 + round_  # one seed per round: a round never depends on how many asked before
+    seed = (search.seed * 100_003 + round_) % 2**32  # one seed per round: a round never depends on how many asked
     sampler = (optuna.samplers.TPESampler(seed=seed) if search.sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=seed))
     study = optuna.create_study(direction="minimize" if mode == "min" else "maximize", sampler=sampler)

@@ -89,10 +89,12 @@ def sweep_status(search_id: str = typer.Argument(..., help="The search's id (bat
 
     from baton.jobs.display import search_table
 
+    client = _client()
     try:
-        results = _client().search_results(search_id)
+        results = client.search_results(search_id)
     except JobNotFound as exc:
-        typer.echo(str(exc), err=True)
+        grid = f"; {search_id!r} is a grid sweep: baton list --sweep {search_id}" if client.records.sweep_ids(search_id) else ""
+        typer.echo(f"{exc}{grid}", err=True)
         raise typer.Exit(1)
     typer.echo(search_table(results))
     if report is not None:
@@ -101,7 +103,7 @@ def sweep_status(search_id: str = typer.Argument(..., help="The search's id (bat
         try:
             written = write_report(results, report)
         except OSError as exc:
-            typer.echo(f"cannot write the report into {report}: {exc.strerror or exc}", err=True)
+            typer.echo(f"error: cannot write the report into {report}: {exc.strerror or exc}", err=True)
             raise typer.Exit(1)
         typer.echo(f"report: {', '.join(str(p) for p in written)}")
 
@@ -121,7 +123,7 @@ def sweep_cancel(sweep_id: str = typer.Argument(..., help="A sweep's or search's
     for answer in answers.values():
         counts[answer] = counts.get(answer, 0) + 1
     said = {"cancelled": "cancelled", "requested": "stopping at their next step"}
-    typer.echo(f"{sweep_id}: " + ", ".join(f"{n} {said.get(a, 'already ' + a)}" for a, n in sorted(counts.items())))
+    typer.echo(f"{sweep_id}: " + ", ".join(f"{n} {said.get(a, a)}" for a, n in sorted(counts.items())))
 
 
 @app.command()

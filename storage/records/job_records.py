@@ -269,6 +269,11 @@ class JobRecords:
     def exists(self, job_id: str) -> bool:
         return bool(self.redis.exists(keys.job(job_id)))
 
+    def state(self, job_id: str) -> Optional[JobState]:
+        """The job's state (None: no such job)."""
+        found = maybe_text(self.redis.hget(keys.job(job_id), "state"))
+        return JobState(found) if found else None
+
     def raw(self, job_id: str) -> dict[str, str]:
         record = self.redis.hgetall(keys.job(job_id))
         if not record:

@@ -52,33 +52,42 @@ def running(client: redis.Redis) -> list[str]:
     return sorted(map(text, client.smembers(keys.SEARCHES)))
 
 
+_END = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'best', ARGV[3], 'error', ARGV[4], 'finished_at', ARGV[5])
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+def _end(client: redis.Redis, search_id: str, state: str, best: Optional[str], error: Optional[str]) -> bool:
+    """A running search ends (one script: an end never overwrites another); False if it was not running."""
+    return bool(client.eval(_END, 2, keys.search(search_id), keys.SEARCHES, search_id, state, best or "", error or "",
+                            now()))
+
+
 def finish(client: redis.Redis, search_id: str, best: Optional[str], error: Optional[str] = None) -> None:
     """The search has ended: finished with its best trial, or failed (``error`` says why)."""
-    ended: dict = {"state": "failed", "error": error} if error else {"state": "finished"}
-    client.hset(keys.search(search_id), mapping={**ended, "best": best or "", "finished_at": now()})
-    client.srem(keys.SEARCHES, search_id)
+    _end(client, search_id, "failed" if error else "finished", best, error)
 
 
 def stop(client: redis.Redis, search_id: str) -> bool:
     """Mark a running search cancelled (no decider takes another step of it); False if it was not running."""
-    if maybe_text(client.hget(keys.search(search_id), "state")) != "running":
-        return False
-    client.hset(keys.search(search_id), mapping={"state": "cancelled", "finished_at": now()})
-    client.srem(keys.SEARCHES, search_id)
-    return True
+    return _end(client, search_id, "cancelled", None, None)
 
 
-def wait_for_lock(client: redis.Redis, search_id: str, poll_s: float = 0.1) -> Optional[str]:
-    """The lock, once whoever holds it lets go (or it lapses: at most ``LOCK_TTL_MS``); None if it never came."""
-    import time
+def is_running(client: redis.Redis, search_id: str) -> bool:
+    return maybe_text(client.hget(keys.search(search_id), "state")) == "running"
 
-    deadline = time.monotonic() + LOCK_TTL_MS / 1000 + 5
-    while time.monotonic() < deadline:
-        token = lock(client, search_id)
-        if token is not None:
-            return token
-        time.sleep(poll_s)
-    return None
+
+def promote_to_end(client: redis.Redis, search_id: str, trial: int) -> None:
+    """Say the search itself sent this trial to the run's end (an asynchronous search's best is one of these:
+    a trial resumed to its end by hand is not)."""
+    client.sadd(keys.search_part(search_id, "finalists"), str(trial))
+
+
+def finalists(client: redis.Redis, search_id: str) -> set[int]:
+    return {int(text(n)) for n in client.smembers(keys.search_part(search_id, "finalists"))}
 
 
 def decision(client: redis.Redis, search_id: str, rung: int) -> Optional[dict]:

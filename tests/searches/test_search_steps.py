@@ -124,7 +124,7 @@ def test_an_id_a_sweep_search_or_job_holds_refuses_the_search_or_sweep_and_write
     client.sweep(SPEC, {"seed": [1, 2]}, sweep_id="grid")
     with pytest.raises(SpecError, match="invalid search") as caught:
         client.search(SPEC, SEARCH, search_id="grid")
-    assert caught.value.problems == ["id: a sweep or search 'grid' already exists"]
+    assert caught.value.problems == ["id: a sweep, search or job 'grid' already exists"]
     assert not client.records.redis.exists(keys.search("grid")) and client.records.sweep_ids("grid") == ["grid-1", "grid-2"]
 
     client.search(SPEC, SEARCH, search_id="found")
@@ -187,7 +187,7 @@ def test_a_cancelled_search_cancels_its_trials_and_takes_no_further_step(client)
     client.search_driver("stopme").advance()  # a worker's or the reaper's step after the cancel
     results = client.search_results("stopme")
     assert results.state == "cancelled" and [t.standing for t in results.trials] == ["cancelled"] * 3
-    assert client.cancel_sweep("stopme") == {f"stopme-{n}": "cancelled" for n in (1, 2, 3)}  # (already: said so)
+    assert client.cancel_sweep("stopme") == {f"stopme-{n}": "already cancelled" for n in (1, 2, 3)}
 
     client.sweep(SPEC, {"seed": [1, 2]}, sweep_id="plain")
     assert client.cancel_sweep("plain") == {"plain-1": "cancelled", "plain-2": "cancelled"}
@@ -209,3 +209,80 @@ def test_the_sweep_commands_answer_an_unknown_id_in_one_line_with_exit_1(client)
     assert shown.returncode == 0 and shown.stdout.startswith("search byline: cancelled;"), shown.stderr
     page = Path(client.settings.storage_url[7:] + "-report") / "report.md"
     assert "| 3 | byline-3 | cancelled |" in page.read_text() and page.with_name("rungs.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_trial_a_decider_creates_after_the_cancel_is_cancelled_and_one_it_left_unindexed_too(client, tmp_path):
+    """The cancel marks the search first, then cancels every trial record of it, indexed or not: a decider held
+    between a trial's record and its index (or killed there) cannot leave a trial to train."""
+    held = tmp_path / "held"
+    held.mkdir()
+    env = baton_env(BATON_REDIS_URL=client.settings.redis_url, BATON_STORAGE_URL=client.settings.storage_url,
+                    BATON_FAILPOINT_PAUSE=str(held))
+    code = ("import json, sys\nfrom baton.jobs.client import JobClient\n"
+            "JobClient().search(json.loads(sys.argv[1]), json.loads(sys.argv[2]), search_id=sys.argv[3])")
+    for search_id, kill in (("late", False), ("dead", True)):
+        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(SPEC), json.dumps(SEARCH), search_id],
+                                env=env, cwd=REPO)
+        try:
+            for first in wait_for(lambda: list(held.glob(f"trial-created.{search_id}-1.*")), timeout=120,
+                                  what="trial 1"):
+                first.unlink()
+            second = wait_for(lambda: list(held.glob(f"trial-created.{search_id}-2.*")), timeout=60, what="trial 2")
+            if kill:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            answers = client.cancel_sweep(search_id)  # trial 2's record exists, not indexed
+            assert answers == {f"{search_id}-1": "cancelled", f"{search_id}-2": "cancelled"}, answers
+            for hold in second:
+                hold.unlink(missing_ok=True)  # the held decider goes on: it indexes trial 2, sees the cancel
+            assert proc.wait(timeout=60) in (0, -signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert client.records.state(f"{search_id}-2").value == "cancelled"
+        assert not client.records.exists(f"{search_id}-3")  # no trial after it
+        assert searches.meta(client.records.redis, search_id)["state"] == "cancelled"
+    assert client.cancel_sweep("late")["late-1"] == "already cancelled"
+
+
+def test_a_job_id_a_running_searchs_trial_will_have_is_refused(client):
+    client.search(SPEC, SEARCH, search_id="claim")  # 6 trials: claim-1 .. claim-6; 3 queued so far
+    with pytest.raises(SpecError) as caught:
+        client.submit(SPEC, job_id="claim-5")
+    assert caught.value.problems == ["id: 'claim-5' is a trial's of the running search 'claim'"]
+    with pytest.raises(SpecError, match="'claim-1' already exists"):
+        client.submit(SPEC, job_id="claim-1")
+    client.submit(SPEC, job_id="claim-7")  # no trial of it: free
+    client.cancel_sweep("claim")
+    client.submit(SPEC, job_id="claim-5")  # a search that no longer runs claims nothing
+
+
+def test_a_searched_path_holding_a_set_one_is_refused_too(client):
+    whole = {**SEARCH, "space": {"optimizer": {"choice": [{"name": "adamw", "lr": 0.01}, {"name": "sgd", "lr": 0.1}]}}}
+    with pytest.raises(SpecError) as caught:
+        client.search(SPEC, whole, overrides={"optimizer.lr": 0.01}, search_id="holds")
+    assert caught.value.problems == ["search.space.optimizer: also set by --set/overrides (optimizer.lr); the search "
+                                     "would overwrite it in every trial: drop one"]
+
+
+def test_a_halving_search_of_the_runs_length_a_bad_seed_or_a_jobs_id_is_refused_and_a_large_seed_samples(client):
+    lengths = {**SEARCH, "space": {"loop.epochs": {"int": [2, 6]}}}
+    with pytest.raises(SpecError) as caught:
+        client.search(SPEC, lengths, search_id="lengths")
+    assert [p.split(":")[0] for p in caught.value.problems] == ["search.space.loop.epochs"], caught.value.problems
+    with pytest.raises(SpecError, match="search.seed"):
+        client.search(SPEC, {**SEARCH, "seed": -1}, search_id="negative")
+    client.search(SPEC, {**SEARCH, "seed": 50_000}, search_id="large")  # (its rounds' seeds wrap below 2**32)
+    client.submit(SPEC, job_id="mine")
+    with pytest.raises(SpecError, match="a sweep, search or job 'mine' already exists"):
+        client.search(SPEC, SEARCH, search_id="mine")
+
+
+def test_cancelling_an_ended_search_leaves_the_trials_it_stopped_paused(client):
+    written(client, "over")
+    client.search_driver("over").advance()
+    client.records.redis.hset(keys.job("over-2"), "state", "paused")  # (as a rung would leave it: stopped there)
+    searches.finish(client.records.redis, "over", "over-1")
+    answers = client.cancel_sweep("over")
+    assert answers["over-2"] == "already stopped by its search" and client.records.state("over-2").value == "paused"
+    assert searches.meta(client.records.redis, "over")["state"] == "finished"  # (an end is never overwritten)
