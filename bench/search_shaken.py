@@ -1,8 +1,9 @@
 """A search's answer through kills: bench/search.py's search (27 grid points halved by 3 at epochs 2 and 6
 of 18; ``--quick``: 9 points, rungs 1 and 3 of 9) run twice on the same workers, once undisturbed and
-once while 4 workers are SIGKILLed and 2 SIGTERMed, in a seeded random order, each at a random moment
-(0.5-3 s after the last) when it trains a trial mid-epoch; a new worker is started after each, so the
-pool keeps its size. Both runs must end with the same trials stopped at the same rungs with the same metric
+once while 4 workers are SIGKILLed and 2 SIGTERMed, in a seeded random order, at seeded random moments
+spread over the first 70 % of the undisturbed run's time (from the first round to the last rungs), each
+on a worker training a trial mid-epoch (the first after that moment); a new worker is started after
+each, so the pool keeps its size. Both runs must end with the same trials stopped at the same rungs with the same metric
 at each, and the same best trial with its final state bit-equal (torch.equal on every tensor, equal
 losses, identical exported weights).
 
@@ -52,18 +53,19 @@ class Shaker(threading.Thread):
     """Signals the workers while a search runs: each fault at a random moment, on a worker training a
     trial of ``search_id`` mid-epoch (one it has not signalled before), then starts a new worker."""
 
-    def __init__(self, cluster, search_id: str, seed: int):
+    def __init__(self, cluster, search_id: str, seed: int, span_s: float):
         super().__init__(daemon=True)
         self.cluster, self.search_id, self.rng = cluster, search_id, random.Random(seed)
         self.faults = FAULTS[:]
         self.rng.shuffle(self.faults)
+        self.moments = sorted(self.rng.uniform(0.0, span_s) for _ in self.faults)  # s after the search starts
         self.sent: list[dict[str, Any]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
-        client, hit = JobClient(), set()
-        for signum in self.faults:
-            time.sleep(self.rng.uniform(0.5, 3.0))
+        client, hit, started = JobClient(), set(), time.monotonic()
+        for signum, moment in zip(self.faults, self.moments):
+            self.done.wait(max(0.0, started + moment - time.monotonic()))
             target = None
             while target is None and not self.done.is_set():
                 target = self._holder(client, hit)
@@ -73,8 +75,9 @@ class Shaker(threading.Thread):
             worker, job_id, step = target
             self.cluster.workers[worker].signal(signum)
             hit.add(worker)
-            self.sent.append({"signal": signum.name, "worker": worker, "trial": job_id, "step": step})
-            print(f"  {signum.name} {worker} while it trained {job_id} at step {step}", flush=True)
+            at = time.monotonic() - started
+            self.sent.append({"signal": signum.name, "worker": worker, "trial": job_id, "step": step, "at_s": round(at, 1)})
+            print(f"  {at:5.1f} s: {signum.name} {worker} while it trained {job_id} at step {step}", flush=True)
             self.cluster.add_worker(wait=False)  # (it joins when it is ready; the next fault need not wait)
         self.done.wait()  # (a worker started here dies with this thread: die_with_parent)
 
@@ -95,7 +98,7 @@ def shaken(spec: dict, axes: dict, first: int, cluster, out: str, seed: int = 0)
         client = JobClient()
         calm, calm_results = baton_search(client, spec, axes, first, "calm")
         print(f"calm search: {calm['steps']} steps, best {calm['best']:.4f} ({calm['wall_s']:.0f} s)", flush=True)
-        shaker = Shaker(cluster, "shaken", seed)
+        shaker = Shaker(cluster, "shaken", seed, span_s=0.7 * calm["wall_s"])  # spread over the rounds and rungs
         shaker.start()
         try:
             shook, shook_results = baton_search(client, spec, axes, first, "shaken")

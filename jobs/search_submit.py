@@ -36,7 +36,9 @@ def read_search(source: "str | Path | dict") -> SearchSpec:
     except OSError as exc:
         raise SpecError([f"search: cannot read {path}: {exc.strerror or exc}"], "search") from None
     except yaml.YAMLError as exc:
-        raise SpecError([f"search: {path} is not YAML ({str(exc).splitlines()[0]})"], "search") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        raise SpecError([f"search: {path} is not YAML{where} ({str(exc).splitlines()[0]})"], "search") from None
     return SearchSpec.parse(raw)
 
 

@@ -48,6 +48,8 @@ def _message(err: dict) -> str:
         return f"must be a mapping (got {type(err.get('input')).__name__})"
     if kind == "string_pattern_mismatch":
         return f"must match {ctx['pattern']} (got {err.get('input')!r})"
+    if kind == "too_short":
+        return f"must have at least {ctx['min_length']} item{'s' if ctx['min_length'] != 1 else ''}"
     if kind == "finite_number":
         return "must be a finite number"
     return err["msg"]

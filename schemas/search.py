@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from baton.schemas.errors import SpecError
+from baton.schemas.problems import problems_from
 
 MAX_TRIALS = 1000
 KINDS = ("choice", "uniform", "loguniform", "int")
@@ -143,5 +144,4 @@ class SearchSpec(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise SpecError([f"{'.'.join(['search', *map(str, e['loc'])])}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors()], "search") from None
+            raise SpecError(problems_from(exc, "search", cls), "search") from None

@@ -22,16 +22,19 @@ def search(**fields) -> SearchSpec:
 
 
 @pytest.mark.parametrize("raw, named", [
-    ({"space": {}, "trials": 2}, "search.space: "),
-    ({"space": {"optimizer.lr": {"uniform": [1, 0]}}, "trials": 2}, "search.space.optimizer.lr: uniform: the low bound"),
-    ({"space": {"optimizer.lr": {"loguniform": [0, 1]}}, "trials": 2}, "search.space.optimizer.lr: loguniform: bounds"),
+    ({"space": {}, "trials": 2}, "search.space: must have at least 1 item"),
+    ({"space": {"optimizer.lr": {"uniform": [1, 0]}}, "trials": 2}, "search.space.optimizer.lr.uniform: the low bound"),
+    ({"space": {"optimizer.lr": {"loguniform": [0, 1]}}, "trials": 2}, "search.space.optimizer.lr.loguniform: bounds"),
     ({"space": {"optimizer.lr": {"uniform": [0, 1], "choice": [1]}}, "trials": 2}, "give exactly one of"),
-    ({"space": {"optimizer.lr": {"uniform": [0, 1]}}}, "search: trials: how many to sample"),
+    ({"space": {"optimizer.lr": {"uniform": [0, 1]}}}, "search.trials: how many to sample"),
     ({"space": {"optimizer.lr": {"uniform": [0, 1]}}, "sampler": "grid"}, "a grid takes choice and int ranges only"),
     ({"space": {"seed": {"choice": [1, 2]}}, "sampler": "grid", "trials": 3}, "more than the grid's 2 points"),
     ({"space": {"seed": {"choice": [1]}}, "trials": 2, "halving": {"min_resource": 1, "factor": 1}},
      "search.halving.factor: "),
     ({"space": {"seed": {"choice": [1]}}, "trials": 2, "sampler": "bayes"}, "search.sampler: "),
+    ({"space": {"seed": {"choice": [1]}}, "trails": 2}, "search.trails: unknown field (did you mean `trials`?)"),
+    ({"space": {"seed": [1, 2]}, "trials": 2}, "search.space.seed: must be a mapping (got list)"),
+    ({"space": {"seed": {"choice": [1]}}, "trials": 2, "seed": -1}, "search.seed: must be >= 0"),
 ])
 def test_every_wrong_field_is_named(raw, named):
     with pytest.raises(SpecError, match="invalid search") as caught:
@@ -124,3 +127,13 @@ def test_the_first_search_in_the_docs_is_valid_with_its_set():
     raw = with_overrides(yaml.safe_load((REPO / "examples" / "spiral.yaml").read_text()), {"loop.epochs": 6})
     spec, unit, end = check_search(raw, found, (), ("loop.epochs",))
     assert found.halving is not None and found.halving.rungs(end) == [2, 6] and found.halving.survivors(4, 1) == 1
+
+
+def test_a_search_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
+    from baton.jobs.search_submit import read_search
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("space: {optimizer.lr: {uniform: [0.1, 0.2]}\ntrials: 2\n")  # a brace never closed
+    with pytest.raises(SpecError) as caught:
+        read_search(bad)
+    assert caught.value.problems == [f"search: {bad} is not YAML, line 2 (while parsing a flow mapping)"]
