@@ -109,17 +109,19 @@ COMMIT_GATE = _commit_gate()
 
 
 def kill_when(proc: subprocess.Popen, store: ObjectStore, job_id: str, ready: Callable[[dict], bool],
-              timeout: float = 120) -> dict:
+              timeout: float = 120, armed: Optional[Callable[[], None]] = None) -> dict:
     """SIGKILL ``proc``'s process group at a moment when its committed manifest satisfies ``ready``.
 
     While this runs, every change of a manifest waits at its commit (storage/failpoints.py) until this
     looks: the job's committed manifest is read while its next commit waits, so no commit slips between
     the look and the kill, and a job, however fast, cannot finish between two looks (its completion is
     a commit too). A look that does not satisfy ``ready`` lets that commit go on. Returns the manifest
-    the job was killed at.
+    the job was killed at. ``armed``: called once every commit waits (a test that held its job lets it go on).
     """
     gate, deadline = COMMIT_GATE, time.monotonic() + timeout
     (gate / "off").unlink(missing_ok=True)
+    if armed is not None:
+        armed()
     try:
         while True:
             if proc.poll() is not None:

@@ -181,24 +181,28 @@ def eval_mode_mlp(**kwargs) -> nn.Module:
 
 
 class _Slow(Dataset):
-    def __init__(self, base: Dataset, delay_s: float, hold: Optional[str] = None):
-        self.base, self.delay_s, self.hold = base, delay_s, hold
+    def __init__(self, base: Dataset, delay_s: float, hold: Optional[str] = None, hold_after: int = 0):
+        self.base, self.delay_s, self.hold, self.hold_after, self.loaded = base, delay_s, hold, hold_after, 0
         self.augment = getattr(base, "augment", None)
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, index: int):
-        time.sleep(self.delay_s)
-        while self.hold and os.path.exists(self.hold):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.loaded += 1
+        while self.hold and self.loaded > self.hold_after and os.path.exists(self.hold):
             time.sleep(0.02)
         return self.base[index]
 
 
-def slow_spiral(seed: int = 0, delay_s: float = 0.001, hold: Optional[str] = None, **kwargs) -> Dataset:
+def slow_spiral(seed: int = 0, delay_s: float = 0.001, hold: Optional[str] = None, hold_after: int = 0,
+                **kwargs) -> Dataset:
     """The built-in spiral, loading each sample in ``delay_s``: training paced like real data. While a
-    file ``hold`` exists, loading waits: a harness holds the job still (the same samples, later)."""
-    return _Slow(spiral(seed=seed, **kwargs), delay_s, hold)
+    file ``hold`` exists, loading waits (after the first ``hold_after`` samples this process loads): a
+    harness holds the job still (the same samples, later)."""
+    return _Slow(spiral(seed=seed, **kwargs), delay_s, hold, hold_after)
 
 
 def slow_diabetes(seed: int = 0, delay_s: float = 0.001, **kwargs) -> Dataset:

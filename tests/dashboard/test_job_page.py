@@ -1,5 +1,5 @@
 """A job's page in a real browser, against real workers: the curve grows while the job trains (no
-reload), a SIGKILLed worker shows in the timeline as a loss and a resume, and the finished job's best
+reload: through a SIGKILL and the resume), a SIGKILLed worker shows in the timeline as a loss and a resume, and the finished job's best
 weights download from the page, byte for byte those of the store."""
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from baton.storage.manifest_store import ManifestStore
 from tests.dashboard.conftest import screenshot, wait_for
 from tests.helpers import kill_when, make_spec
 
-SPEC = make_spec(name="spiral-mlp", data={"kwargs": {"n_per_class": 2000}}, loop={"epochs": 12},
-                 checkpoint={"every_steps": 40})
+SPEC = make_spec(name="spiral-mlp", data={"target": "tests.probes:slow_spiral",
+                                          "kwargs": {"n_per_class": 2000, "delay_s": 0, "hold_after": 6000}},
+                 loop={"epochs": 12}, checkpoint={"every_steps": 40})
+# its first attempt trains one epoch (4,800 + 1,200 samples), then waits while the test's hold file exists: a
+# page slower than the job (a loaded machine) cannot let it finish before the kill is armed
 
 
 def _points(browser) -> int:
@@ -37,20 +40,25 @@ def _mid_run_checkpoint(manifest: dict) -> bool:
     return bool(manifest["checkpoints"]) and manifest["checkpoints"][-1]["kind"] == "step" and not manifest["completed"]
 
 
-def test_a_job_page_follows_training_a_kill_and_the_resume_and_downloads_the_best_weights(cluster, dashboard, browser):
+def test_a_job_page_follows_training_a_kill_and_the_resume_and_downloads_the_best_weights(cluster, dashboard, browser,
+                                                                                          tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    spec = {**SPEC, "data": {**SPEC["data"], "kwargs": {**SPEC["data"]["kwargs"], "hold": str(hold)}}}
     cluster.start_workers(2)
-    job = cluster.client.submit(SPEC, "watched")
+    job = cluster.client.submit(spec, "watched")
     browser.get(f"{dashboard.url}/jobs/watched")
     browser.execute_script("window.sameDocument = true")
     wait_for(lambda: "running" in _fact(browser, "state") and _points(browser) > 0, 120, "the page to show training")
     first = _points(browser)
-    wait_for(lambda: _points(browser) > first, 60, "more points without a reload")
-    assert browser.execute_script("return window.sameDocument === true"), "the page reloaded"
     screenshot(browser, "job-running")
 
     running = wait_for(lambda: job.status().worker, 30, "the job's worker")
-    killed_at = kill_when(cluster.worker(running).proc, cluster.store(), "watched", _mid_run_checkpoint)
+    killed_at = kill_when(cluster.worker(running).proc, cluster.store(), "watched", _mid_run_checkpoint,
+                          armed=hold.unlink)  # (its epoch 2 goes on only now: killed at its first step checkpoint)
     wait_for(lambda: "resumed" in _kinds(browser), 120, "the timeline to show the resume")
+    wait_for(lambda: _points(browser) > first, 60, "more points without a reload")
+    assert browser.execute_script("return window.sameDocument === true"), "the page reloaded"
     rows = _timeline(browser)
     kinds = [kind for kind, _ in rows]
     assert kinds.index("lost") < len(kinds) - 1 - kinds[::-1].index("claimed") < kinds.index("resumed"), kinds
