@@ -99,7 +99,8 @@ def _start(driver: "Driver", plan: Plan, trials: dict[int, Trial]) -> bool:
     number = max(trials, default=0) + 1
     if number > plan.search.size:
         return False
-    history = [Told(t.params, value_at(driver, plan, t, 0)) for n, t in sorted(trials.items())
-               if t.status.state in (JobState.failed, JobState.cancelled) or value_at(driver, plan, t, 0) is not None]
+    known = {n: value_at(driver, plan, t, 0) for n, t in sorted(trials.items())}
+    history = [Told(trials[n].params, value) for n, value in known.items()
+               if value is not None or trials[n].status.state in (JobState.failed, JobState.cancelled)]
     driver.create(plan, number, sample_one(plan.search, number, history, plan.mode))
     return True

@@ -39,15 +39,22 @@ def params(client: JobClient, search_id: str) -> dict[int, dict]:
     return {t.number: t.params for t in client.search_results(search_id).trials}
 
 
+def held_decider(client: JobClient, held, search_id: str) -> subprocess.Popen:
+    """A process submitting search ``search_id``, held at each trial's creation (its record written, not yet
+    indexed) while a file of it is in ``held`` (storage/failpoints.py)."""
+    env = baton_env(BATON_REDIS_URL=client.settings.redis_url, BATON_STORAGE_URL=client.settings.storage_url,
+                    BATON_FAILPOINT_PAUSE=str(held))
+    code = ("import json, sys\nfrom baton.jobs.client import JobClient\n"
+            "JobClient().search(json.loads(sys.argv[1]), json.loads(sys.argv[2]), search_id=sys.argv[3])")
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps(SPEC), json.dumps(SEARCH), search_id], env=env,
+                            cwd=REPO)
+
+
 def test_a_decider_killed_mid_round_leaves_the_trials_an_undisturbed_search_has(client, tmp_path):
     client.search(SPEC, SEARCH, search_id="calm")
     held = tmp_path / "held"
     held.mkdir()
-    env = baton_env(BATON_REDIS_URL=client.settings.redis_url, BATON_STORAGE_URL=client.settings.storage_url,
-                    BATON_FAILPOINT_PAUSE=str(held))
-    code = ("import json, sys\nfrom baton.jobs.client import JobClient\n"
-            "JobClient().search(json.loads(sys.argv[1]), json.loads(sys.argv[2]), search_id='killed')")
-    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(SPEC), json.dumps(SEARCH)], env=env, cwd=REPO)
+    proc = held_decider(client, held, "killed")
     try:
         for first in wait_for(lambda: list(held.glob("trial-created.killed-1.*")), timeout=120, what="trial 1"):
             first.unlink()  # trial 1 goes on to its index
@@ -216,13 +223,8 @@ def test_a_trial_a_decider_creates_after_the_cancel_is_cancelled_and_one_it_left
     between a trial's record and its index (or killed there) cannot leave a trial to train."""
     held = tmp_path / "held"
     held.mkdir()
-    env = baton_env(BATON_REDIS_URL=client.settings.redis_url, BATON_STORAGE_URL=client.settings.storage_url,
-                    BATON_FAILPOINT_PAUSE=str(held))
-    code = ("import json, sys\nfrom baton.jobs.client import JobClient\n"
-            "JobClient().search(json.loads(sys.argv[1]), json.loads(sys.argv[2]), search_id=sys.argv[3])")
     for search_id, kill in (("late", False), ("dead", True)):
-        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(SPEC), json.dumps(SEARCH), search_id],
-                                env=env, cwd=REPO)
+        proc = held_decider(client, held, search_id)
         try:
             for first in wait_for(lambda: list(held.glob(f"trial-created.{search_id}-1.*")), timeout=120,
                                   what="trial 1"):
