@@ -8,9 +8,9 @@ change one script, as Kueue admits a workload only when all its pods can start:
   Every later script of the leader names the gang by its id, so a leader that stalled past its gang's
   life cannot act on the gang another leader formed since.
 - **Followers** are workers that take a join message (``join``). Each gets a node index (1..N-1)
-  and a lease of its own, renewed while it waits and while it runs; a place whose lease lapsed is
-  free again. Members are distinct hosts (``distinct: host``); workers sharing a host stand for
-  nodes only where told to (``worker``: tests, one machine).
+  and a lease of its own, renewed while it waits and while it runs (a drained follower's renewal asks
+  the running job to yield); a place whose lease lapsed is free again. Members are distinct hosts
+  (``distinct: host``); workers sharing a host stand for nodes only where told to (``worker``: tests).
 - **Admission** (``admit``, by the leader): once N have joined and every follower's lease is alive,
   the gang is admitted. Only then does the leader claim the attempt, as any worker claims a job,
   and publish the rendezvous (``start``).
@@ -27,8 +27,8 @@ change one script, as Kueue admits a workload only when all its pods can start:
   while they wait for the rest: a leader that finds another gang forming passes its message on at
   once, which frees its worker to join the gang that is forming. A worker is in one gang at most: it
   holds the Celery task of its membership while it waits and runs, so its queue gives it nothing
-  else meanwhile. (A worker serving several queues can be held by a gang forming on one while another
-  forms on the next; give multi-node jobs queues of their own workers.)
+  else meanwhile. (Give multi-node jobs queues of their own workers: a worker serving several queues
+  can be held by a gang forming on one while another forms on the next.)
 - **A leader that dies while forming** stops renewing: its gang and the queue's slot expire within a
   lease TTL, its followers see the gang gone and leave, and the reaper publishes the message again
   (the leader's renewals had kept the message's ``published_at`` fresh, so that the reaper published
@@ -142,9 +142,15 @@ return 1
 """
 
 # KEYS: member lease. ARGV: token, ttl ms.
+# KEYS: the member's lease, its worker's drain mark, the gang, the job. ARGV: token, ttl ms, gang id, why.
 _RENEW_MEMBER = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('HGET', KEYS[3], 'id') == ARGV[3]
+   and redis.call('HGET', KEYS[3], 'state') == 'running' and redis.call('HGET', KEYS[4], 'state') == 'running'
+   and (redis.call('HGET', KEYS[4], 'yield_requested') or '') == '' then
+  redis.call('HSET', KEYS[4], 'yield_requested', ARGV[4])
+end
 return 1
 """
 
@@ -273,12 +279,13 @@ class Led:
 
 @dataclass(frozen=True)
 class Membership:
-    """A follower's place: its node index, the token of its lease, and the gang's id (a gang formed
-    again for the same attempt, after this one was dissolved, has another)."""
+    """A follower's place: its node index, the token of its lease, the gang's id (a gang formed again
+    for the same attempt, after this one was dissolved, has another) and the follower's worker."""
 
     node: int
     token: str
     gang: str
+    worker: str = ""
 
 
 class Gangs:
@@ -341,12 +348,13 @@ class Gangs:
         result = self._join(keys=[keys.gang(job_id), keys.job(job_id), *_member_keys(job_id, nodes)],
                             args=[attempt, worker, host, distinct, _ms(ttl_s), secrets.token_hex(8), now()])
         if result[0] == "ok":
-            return Membership(int(result[1]), result[2], result[3]), "ok"
+            return Membership(int(result[1]), result[2], result[3], worker), "ok"
         return None, " ".join(map(str, result))
 
     def renew_member(self, job_id: str, membership: Membership, ttl_s: float) -> bool:
-        return bool(self._renew_member(keys=[keys.gang_member(job_id, membership.node)],
-                                       args=[membership.token, _ms(ttl_s)]))
+        member, worker = keys.gang_member(job_id, membership.node), keys.worker_drained(membership.worker)
+        return bool(self._renew_member(keys=[member, worker, keys.gang(job_id), keys.job(job_id)], args=[
+            membership.token, _ms(ttl_s), membership.gang, f"drained (node {membership.node}, {membership.worker})"]))
 
     def leave(self, job_id: str, membership: Membership) -> bool:
         """Give up a place (the lease ends; a gang still forming offers the place again)."""
@@ -366,8 +374,7 @@ class Gangs:
         """The followers of ``gang`` whose lease is gone (their worker died or was cut off) before their
         ranks finished."""
         nodes = [node for node in sorted(gang.workers) if node > 0 and node not in gang.done]
-        alive = self.client.exists(*[keys.gang_member(job_id, node) for node in nodes]) if nodes else 0
-        if alive == len(nodes):
+        if not nodes or self.client.exists(*[keys.gang_member(job_id, node) for node in nodes]) == len(nodes):
             return []
         return [node for node in nodes if not self.client.exists(keys.gang_member(job_id, node))]
 

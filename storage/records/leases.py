@@ -77,6 +77,7 @@ end
 local flags = redis.call('HMGET', KEYS[2], 'cancel_requested', 'yield_requested')
 local worker = redis.call('MGET', KEYS[3], KEYS[4])
 local why = flags[2] or ''
+if why ~= '' then redis.call('HSETNX', KEYS[2], 'yield_seen', '1') end  -- read: the scheduler cannot withdraw it now
 if why == '' and worker[2] then why = 'drained' end
 return {1, flags[1] == '1' and 1 or 0, worker[1] and 1 or 0, why}
 """

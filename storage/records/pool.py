@@ -70,7 +70,7 @@ local function pool_left(job, id)
   local worker = redis.call('HGET', job, 'worker')
   if worker and redis.call('HGET', '@B', worker) == id then redis.call('HDEL', '@B', worker) end
   redis.call('HDEL', '@P' .. q .. ':yielding', id)
-  redis.call('HDEL', job, 'yield_requested')
+  redis.call('HDEL', job, 'yield_requested', 'yield_for', 'yield_seen')
   local held = redis.call('HGET', '@P' .. q .. ':running', id)
   if not held then return end
   redis.call('HDEL', '@P' .. q .. ':running', id)

@@ -24,6 +24,8 @@ commands per queue, none per job), decides, and marks each yield with ``_MARK``,
 job still runs on that queue. The mark reaches the job's worker with its next lease renewal
 (``leases.renew``); the attempt's end (``pool.LUA``'s ``pool_left``) clears it. A marked job counts
 as a free slot from the mark on, so the next turn does not preempt a second job for the same place.
+A mark whose waiting job no longer waits (cancelled, started on a worker freed meanwhile) before the
+marked job's worker read it is withdrawn at the next turn (``withdraw_stale``): that job trains on.
 """
 from __future__ import annotations
 
@@ -40,15 +42,32 @@ from baton.storage.records.pool import Pool, QueueState, Running, Waiting
 
 _log = logging.getLogger("baton.scheduler")
 
-# KEYS: job, the queue's yielding hash, the queue's running hash. ARGV: job id, why, now, cooldown s.
-# 1 when marked; 0 when the job no longer runs there, is marked already, or was marked within the cooldown.
+# KEYS: job, the queue's yielding hash, the queue's running hash. ARGV: job id, why, now, cooldown s, the
+# waiting job it yields for. 1 when marked; 0 when the job no longer runs there, is marked already, or was
+# marked within the cooldown.
 _MARK = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return 0 end
 local last = tonumber(redis.call('HGET', KEYS[1], 'yield_marked_at') or '0') or 0
 if tonumber(ARGV[3]) - last < tonumber(ARGV[4]) then return 0 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2], 'yield_marked_at', ARGV[3])
+redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2], 'yield_marked_at', ARGV[3], 'yield_for', ARGV[5])
+return 1
+"""
+
+# KEYS: job, the queue's yielding hash, the job it was marked for. ARGV: job id, that job's id. Withdraws
+# the mark when the job it was for no longer waits (cancelled, started elsewhere, gone) and the marked
+# job's worker has not read it yet (``leases.renew`` sets ``yield_seen``: from then on it is yielding).
+# 1 when withdrawn.
+_WITHDRAW = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'yield_for') ~= ARGV[2] or redis.call('HEXISTS', KEYS[1], 'yield_seen') == 1 then
+  return 0
+end
+local state = redis.call('HGET', KEYS[3], 'state')
+if state == 'queued' or state == 'retrying' then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[1], 'yield_requested', 'yield_for', 'yield_marked_at')
 return 1
 """
 
@@ -145,6 +164,7 @@ class Scheduler:
         self.redis = client
         self.pool = Pool(client)
         self._mark = client.register_script(_MARK)
+        self._withdraw = client.register_script(_WITHDRAW)
 
     def turn(self) -> list[Yield]:
         """Decide and mark every queue's yields; the ones marked."""
@@ -156,6 +176,7 @@ class Scheduler:
     def queue_turn(self, queue: str, heads: int = 16) -> list[Yield]:
         """``queue``'s yields: nothing is read beyond the first ``heads`` of each team's line while
         no job waits or a slot is free."""
+        self.withdraw_stale(queue)
         if not any(self.redis.zcard(keys.queue_waiting(queue, team)) for team in
                    map(text, self.redis.smembers(keys.queue_teams(queue)))):
             return []
@@ -168,10 +189,29 @@ class Scheduler:
         marked = []
         for decision in decisions:
             if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue)],
-                          args=[decision.job_id, decision.reason, time.time(), YIELD_COOLDOWN_S]):
+                          args=[decision.job_id, decision.reason, time.time(), YIELD_COOLDOWN_S, decision.for_job]):
                 _log.warning("job %s asked to yield: %s", decision.job_id, decision.reason)
                 marked.append(decision)
         return marked
+
+    def withdraw_stale(self, queue: str) -> list[str]:
+        """Withdraw the marks of ``queue`` whose job they were for no longer waits, where the marked job's
+        worker has not read them yet (it then trains on, and the next turn decides afresh); the jobs
+        withdrawn. One command while nothing is marked."""
+        marked = [text(job_id) for job_id in self.redis.hkeys(keys.queue_yielding(queue))]
+        if not marked:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in marked:
+            pipe.hget(keys.job(job_id), "yield_for")
+        withdrawn = []
+        for job_id, for_job in zip(marked, pipe.execute()):
+            for_job = maybe_text(for_job)
+            if for_job and self._withdraw(keys=[keys.job(job_id), keys.queue_yielding(queue), keys.job(for_job)],
+                                          args=[job_id, for_job]):
+                _log.warning("job %s: its yield withdrawn: job %s no longer waits", job_id, for_job)
+                withdrawn.append(job_id)
+        return withdrawn
 
     def _cooling(self, state: QueueState) -> frozenset[str]:
         """The running jobs asked to yield within ``YIELD_COOLDOWN_S`` (``_MARK`` would refuse them)."""

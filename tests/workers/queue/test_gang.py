@@ -10,7 +10,7 @@ import redis
 
 from baton.storage.records import keys
 from baton.storage.records.job_records import JobRecords
-from baton.storage.records import leases as lease, reaping as reaper
+from baton.storage.records import leases as lease, presence, reaping as reaper
 from baton.storage.records.gangs import Gangs
 
 from tests.workers.queue.test_reaper import new_job
@@ -189,3 +189,24 @@ def test_a_leader_that_dies_while_forming_leaves_nothing_behind(env):
     assert not gangs.renew(led, ttl_s=0.3)
     assert reap() == ["republish"] and ("a", 1, "default") in published
     form(gangs, "a", 2, "w2", "h2")
+
+
+def test_a_drained_follower_asks_its_running_job_to_yield_and_the_leader_hears_it(env):
+    """``baton drain`` of a follower's worker: its next renewal asks the job to yield, the leader's lease
+    renewal brings that back (the whole gang stops at one step), and nothing of it is left for the next
+    attempt."""
+    client, records, gangs = env
+    led = form(gangs, "a", 2, "w0", "h0")
+    member, _ = gangs.join("a", 1, 2, "w1", "h1", "host", ttl_s=5)
+    presence.set_drained(client, "w1", True)
+    assert gangs.renew_member("a", member, ttl_s=5)
+    assert records.raw("a").get("yield_requested") is None  # not running yet: nothing to yield
+    assert gangs.admit(led) == ("admitted", 2)
+    held = lease.claim(client, "a", 1, "w0", ttl_s=5)
+    assert held.ok and gangs.start(led, "10.0.0.1:29400", "s3cret", "{}")
+    renew = lease.Renewer(client, "a", "w0")
+    assert renew(held.token, 5000).yield_requested == ""  # the leader's own worker is not drained
+    assert gangs.renew_member("a", member, ttl_s=5)
+    assert renew(held.token, 5000).yield_requested == "drained (node 1, w1)"
+    assert records.release("a", held.token, "drained (node 1, w1) on w0") > 0
+    assert "yield_requested" not in records.raw("a")
