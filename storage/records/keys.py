@@ -103,6 +103,12 @@ def queue_waiting(queue: str, team: str) -> str:
     return f"{PREFIX}:queue:{queue}:waiting:{team}"
 
 
+def job_refusals(job_id: str) -> str:
+    """Hash: worker -> when it last found it cannot host the waiting job (GPUs, modules, its store):
+    where the scheduler does not free a worker for it (``storage/records/refusals.py``)."""
+    return f"{PREFIX}:job:{job_id}:refused"
+
+
 def queue_teams(queue: str) -> str:
     """Set of the teams that may have jobs waiting on ``queue``."""
     return f"{PREFIX}:queue:{queue}:teams"

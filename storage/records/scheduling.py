@@ -11,7 +11,8 @@ resumes bit-exactly later. So the scheduler uses it freely, in two cases (``deci
   quota gives back its borrowed slot, if its priority is no higher (a higher one would start again
   first: the queue's order is priority, then quota). Lowest priority first.
 
-A job of N nodes takes N slots: it preempts as many as it needs, or none. What stops two jobs from
+No worker is freed for a job it said it cannot host (``refusals``), and none for a job that every
+live worker of the queue said no to. A job of N nodes takes N slots: it preempts as many as it needs, or none. What stops two jobs from
 preempting each other back and forth: a job yields only to a strictly higher priority of a team that
 may take its slot, or to a team below its quota when its own team is above; after the swap the
 yielded job has neither (its priority is lower, its team is not below its quota), and a slot within
@@ -36,9 +37,10 @@ from typing import Optional
 
 import redis
 
-from baton.storage.records import keys, presence
+from baton.storage.records import keys, presence, refusals
 from baton.storage.records.connection import maybe_text, text, texts
 from baton.storage.records.pool import Pool, QueueState, Running, Waiting
+from baton.storage.records.refusals import Placement
 
 _log = logging.getLogger("baton.scheduler")
 
@@ -87,19 +89,23 @@ class Yield:
     kind: str = "priority"  # or "reclaim"
 
 
-def decide(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozenset[str] = frozenset()) -> list[Yield]:
+def decide(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozenset[str] = frozenset(),
+           placement: Placement = Placement()) -> list[Yield]:
     """The yields ``state`` calls for, with ``idle_slots`` free workers and the jobs of ``yielding``
     already asked (their slots count as free); the jobs of ``cooling`` (asked within the cooldown) are
-    not asked again, and another is chosen in their place."""
-    return plan(state, idle_slots, yielding, cooling)[0]
+    not asked again, and another is chosen in their place; no worker is freed for a job it said it
+    cannot host (``placement``)."""
+    return plan(state, idle_slots, yielding, cooling, placement)[0]
 
 
-def plan(state: QueueState, idle_slots: int, yielding: set[str],
-         cooling: frozenset[str] = frozenset()) -> tuple[list[Yield], list[str]]:
+def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozenset[str] = frozenset(),
+         placement: Placement = Placement()) -> tuple[list[Yield], list[str]]:
     """``decide``'s yields, and the waiting jobs that start once they are made (on free slots or freed
     ones). The waiting jobs are taken in start order: each takes free slots first, then, if it may,
-    the slots of jobs that yield to it. The first that can have neither ends the plan: a worker freed
-    for a job behind it would start it instead (a free worker takes the first job it can host)."""
+    the slots of jobs that yield to it (on workers that did not say they cannot host it). The first that
+    can have neither ends the plan: a worker freed for a job behind it would start it instead (a free
+    worker takes the first job it can host). A job every live worker said it cannot host is passed
+    over: no worker would start it."""
     usage = dict(state.usage)
     free = idle_slots
     for job in state.running:
@@ -110,12 +116,15 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str],
     decisions: list[Yield] = []
     starts: list[str] = []
     for waiting in state.waiting:
+        if placement.nowhere(waiting.job_id):
+            continue
         if waiting.slots <= free:
             free -= waiting.slots
             usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
             starts.append(waiting.job_id)
             continue
-        victims = _victims(waiting, candidates, usage, state.quotas, waiting.slots - free)
+        hosts = [job for job in candidates if placement.frees_for(job.job_id, waiting.job_id)]
+        victims = _victims(waiting, hosts, usage, state.quotas, waiting.slots - free)
         if victims is None:  # a freed worker would go to it, or to a gang it forms, not to a job behind it
             break
         free = 0
@@ -185,7 +194,8 @@ class Scheduler:
             return []
         yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
         followers = sum(job.slots - 1 for job in state.running)  # a gang's other nodes hold workers BUSY does not name
-        decisions = decide(state, max(0, self.idle_workers(queue) - followers), yielding, self._cooling(state))
+        idle, placement = self.placement(queue, [job.job_id for job in state.waiting])
+        decisions = decide(state, max(0, idle - followers), yielding, self._cooling(state), placement)
         marked = []
         for decision in decisions:
             if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue)],
@@ -228,11 +238,15 @@ class Scheduler:
                 continue
         return frozenset(cooling)
 
-    def idle_workers(self, queue: str) -> int:
-        """Live workers of ``queue`` that hold no job and are not drained."""
+    def placement(self, queue: str, waiting: list[str]) -> tuple[int, Placement]:
+        """The idle workers of ``queue`` (live, holding no job, not drained), and where its jobs can go:
+        its live workers, the worker each running job holds, the workers that cannot host each of
+        ``waiting`` (``refusals``)."""
         live = self.pool.live_workers(queue)
         if not live:
-            return 0
-        held = self.redis.hmget(keys.BUSY, live)
+            return 0, Placement()
+        held = [maybe_text(job) for job in self.redis.hmget(keys.BUSY, live)]
         out = presence.drained(self.redis, live)
-        return sum(1 for worker, job in zip(live, held) if maybe_text(job) is None and worker not in out)
+        idle = sum(1 for worker, job in zip(live, held) if job is None and worker not in out)
+        worker_of = {job: worker for worker, job in zip(live, held) if job is not None}
+        return idle, Placement(frozenset(live), worker_of, refusals.read(self.redis, waiting) if waiting else {})

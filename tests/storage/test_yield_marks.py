@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from baton.storage.records import keys, leases, presence
+from baton.storage.records import keys, leases, presence, refusals
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records.scheduling import Scheduler
 from tests.storage.test_pool import claim, submit
@@ -51,3 +51,24 @@ def test_a_mark_for_a_job_still_waiting_is_kept(marked):
     records, scheduler, token, renew = marked
     assert scheduler.withdraw_stale("default") == []
     assert records.redis.hkeys(keys.queue_yielding("default")) == ["low"]
+
+
+def test_no_worker_is_freed_for_a_job_it_said_it_cannot_host(redis_server):
+    """'lowest' runs on w2, which said it cannot host 'urgent' (too few GPUs, say): 'low' on w1 yields
+    instead; once both said no, nothing yields for it (it would start nowhere)."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    records = JobRecords(client)
+    for worker, job, priority in (("w1", "low", 0), ("w2", "lowest", -5)):
+        presence.announce(client, worker, ["default"], 30.0)
+        submit(records, job, priority=priority)
+        claim(records, job, worker=worker)
+    submit(records, "urgent", priority=10)
+    refusals.note(client, "urgent", "w2")
+    assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent")]
+    client.delete(keys.queue_yielding("default"))
+    client.hdel(keys.job("low"), "yield_marked_at")
+    refusals.note(client, "urgent", "w1")
+    assert Scheduler(client).turn() == []
+    submit(records, "urgent2", priority=10)  # a job behind it that w1 can host still gets a worker freed
+    assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("lowest", "urgent2")]

@@ -47,7 +47,7 @@ from baton.workers.queue import gang_follower, gang_leader, search_steps
 from baton.workers.queue.claims import catch_up_with_manifest, release_if_still_mine
 from baton.workers.queue.endings import ACTIONS
 from baton.workers.queue import reception
-from baton.workers.queue.reception import JobView, cannot_host, pass_on, publish, read_job
+from baton.workers.queue.reception import JobView, pass_on, publish, read_job
 from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.redis_retry import while_leased
 from baton.workers.queue.shipped_code import CodeRefused
@@ -100,7 +100,7 @@ def _queue_of(ctx: WorkerContext, job_id: str) -> str:
 def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:
     """A join message of a multi-node job: this worker becomes one of its nodes, if it can host one."""
     view = read_job(ctx, job_id)
-    cannot = cannot_host(ctx, job_id, view) if view is not None else None
+    cannot = reception.refusal(ctx, job_id, view) if view is not None else None
     if cannot is None and reception.drained(ctx):
         cannot = f"{ctx.worker} is drained"
     queue = view.queue if view is not None else "default"

@@ -16,7 +16,7 @@ from kombu.exceptions import KombuError
 
 from baton.schemas.errors import SpecError
 from baton.schemas.spec import JobSpec
-from baton.storage.records import keys, presence
+from baton.storage.records import keys, presence, refusals
 from baton.storage.records.connection import maybe_text
 from baton.storage.records.gangs import Gangs
 from baton.storage.records.pool import Pool
@@ -115,7 +115,7 @@ def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterat
         view = read_job(ctx, job)
         if view is None:
             continue
-        why = cannot_host(ctx, job, view)
+        why = refusal(ctx, job, view)
         handed = attempt if job == job_id else next_attempt  # (a stale copy of a message is dropped, not passed on)
         here = None if why is None else Passed(job, handed, why)
         if why is None and view.nodes > 1 and forming not in (None, job):
@@ -147,6 +147,19 @@ def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]
     if why is None and view.storage_url:
         why = ctx.stores.refusal(job_id, view.storage_url)
     return None if why is None else f"{why} on {ctx.worker}"
+
+
+def refusal(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
+    """``cannot_host``, told to the scheduler when this worker cannot (``refusals``: it frees no worker
+    here for the job; Redis away, it is not told, and may free this worker for it once more)."""
+    why = cannot_host(ctx, job_id, view)
+    if why is not None:
+        try:
+            refusals.note(ctx.redis, job_id, ctx.worker)
+        except redis.RedisError as exc:
+            _log.warning("job %s: could not note that this worker cannot host it (%s: %s)", job_id,
+                         type(exc).__name__, exc)
+    return why
 
 
 def ships_code(spec: JobSpec) -> bool:

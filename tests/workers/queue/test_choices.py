@@ -11,7 +11,7 @@ import redis
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import JobSpec
 from baton.storage.layout import JobPaths
-from baton.storage.records import leases
+from baton.storage.records import leases, refusals
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.local import register_spec
 from baton.storage.records.job_records import JobRecords, spec_fields
@@ -48,6 +48,7 @@ def test_a_job_this_worker_cannot_host_does_not_hold_up_the_one_behind_it(ctx):
     assert [(c.job_id, c.attempt) for c in offered if isinstance(c, Choice)] == [("second", 1)]
     assert isinstance(offered[-1], Passed) and offered[-1].job_id == "first"
     assert "module 'tests.tasks' is not allowed here" in offered[-1].why
+    assert refusals.read(ctx.redis, ["first", "second"]) == {"first": {"w@test"}, "second": set()}  # the scheduler's
 
 
 def test_a_message_whose_job_started_elsewhere_passes_on_a_waiting_job_nobody_here_can_host(ctx):
