@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO))
 import redis as redis_lib  # noqa: E402
 
 from baton.jobs.client import JobClient  # noqa: E402
-from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess, stop_workers  # noqa: E402
 from baton.storage.stores.file_store import FileStore  # noqa: E402
 from baton.storage.stores.open import open_store  # noqa: E402
 
@@ -208,8 +208,7 @@ class Harness:
 
     def close(self) -> None:
         self._stop.set()
-        for worker in self.workers:
-            worker.stop()
+        stop_workers(self.workers)
         self.proxy.close()
         self.s3.stop()
         self.redis.stop()

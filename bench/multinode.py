@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton.jobs.client import JobClient  # noqa: E402
-from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess, stop_workers  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
 from bench import recovery  # noqa: E402
 from bench.recovery import poll  # noqa: E402
@@ -104,8 +104,7 @@ def main() -> None:
                   f"{row['one_node_admission_s']:.2f}s); back {row['node_loss_s']:.2f}s after a node loss, "
                   f"{row['steps_lost']} steps redone", flush=True)
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_workers(workers)
         redis.stop()
         s3.stop()
 

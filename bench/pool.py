@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baton.jobs.client import JobClient  # noqa: E402
-from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess, stop_workers  # noqa: E402
 from bench.probes import forwards  # noqa: E402
 from bench.loop_overhead import write_result  # noqa: E402
 from bench.recovery import poll  # noqa: E402
@@ -150,8 +150,7 @@ def main() -> None:
                   f"yielded, redone {row['redone']}", flush=True)
         share = fair_share(client, root, args.jobs)
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_workers(workers)
         redis.stop()
         s3.stop()
 

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baton.jobs.client import JobClient  # noqa: E402
-from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess, stop_workers  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
 from bench.probes import forwards  # noqa: E402
 
@@ -191,8 +191,7 @@ def main() -> None:
         print("cost through a worker ...", flush=True)
         through_worker = worker_cost(client, args.cost_repeats)
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_workers(workers)
         redis.stop()
         s3.stop()
     print("cost in one process ...", flush=True)

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baton.jobs.client import JobClient  # noqa: E402
-from baton.jobs.services import RedisServer, S3Server, WorkerProcess  # noqa: E402
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess, stop_workers  # noqa: E402
 from baton.schemas.overrides import apply_overrides  # noqa: E402
 from baton.schemas.spec import JobSpec  # noqa: E402
 from baton.storage.layout import JobPaths  # noqa: E402
@@ -178,8 +178,7 @@ class Cluster:
             self.workers[name].wait_ready()
 
     def __exit__(self, *exc) -> None:
-        for worker in self.workers.values():
-            worker.stop()
+        stop_workers(list(self.workers.values()))
         self.redis.stop()
         self.s3.stop()
 

@@ -25,7 +25,7 @@ from baton.storage.state_diff import count_tensors, first_difference
 
 from baton.jobs.client import JobClient
 from baton.jobs.display import progress_line
-from baton.jobs.services import RedisServer, S3Server, WorkerProcess, die_with_parent, free_port
+from baton.jobs.services import RedisServer, S3Server, WorkerProcess, die_with_parent, free_port, stop_workers
 
 BUCKET = "baton-demo"
 DEMO_SPEC = Path(__file__).with_name("demo_spiral.yaml")
@@ -103,8 +103,8 @@ def run_demo(spec: Path, out: Path, redis_url: Optional[str], storage_url: Optio
         ports = {n: free_port() for n in "ab"}
         workers = [WorkerProcess(f"demo-{n}@{os.uname().nodename}", {**env, "BATON_METRICS_PORT": str(ports[n])},
                                  str(out / f"worker-{n}.log")) for n in "ab"]
+        stack.callback(stop_workers, workers)
         for worker in workers:
-            stack.callback(worker.stop)
             worker.start()
         for worker in workers:
             worker.wait_ready()

@@ -160,8 +160,10 @@ class WorkerProcess:
     queues: str = "default"
     cwd: Optional[str] = None
     proc: Optional[subprocess.Popen] = None
+    _asked: bool = False  # a graceful stop was asked (a second SIGTERM would cut it short)
 
     def start(self) -> "WorkerProcess":
+        self._asked = False
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "baton", "worker", "--name", self.name, "--queues", self.queues],
                                      env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
@@ -194,13 +196,28 @@ class WorkerProcess:
             else:
                 self.proc.send_signal(signum)
 
+    def ask_to_stop(self) -> None:
+        """Start a graceful stop without waiting for it (``stop`` then waits): many workers stop at once."""
+        if self.proc is None or self.proc.poll() is not None or self._asked:
+            return
+        self._asked = True
+        self.signal(signal.SIGCONT)  # in case a test left it stopped
+        self.signal(signal.SIGTERM, group=False)
+
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.signal(signal.SIGCONT)  # in case a test left it stopped
-        self.signal(signal.SIGTERM, group=False)
+        self.ask_to_stop()
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
             self.proc.wait()
+
+
+def stop_workers(workers: list[WorkerProcess]) -> None:
+    """Stop ``workers`` gracefully, all at once (each takes a second or two)."""
+    for worker in workers:
+        worker.ask_to_stop()
+    for worker in workers:
+        worker.stop()

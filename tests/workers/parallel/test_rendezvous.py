@@ -10,6 +10,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from typing import Optional
 
 from baton.storage.stores.file_store import FileStore
 
@@ -68,11 +70,20 @@ def intruders(mode: str, *per_rank: list[str]) -> list[str]:
     return run_together(*([mode, str(rank), *args] for rank, args in enumerate(per_rank)))
 
 
-def run_together(*commands: list[str], timeout: float = 120) -> list[str]:
-    """``tests.intruder`` processes started together; the last line each printed."""
+def run_together(*commands: list[str], timeout: float = 120, needed: Optional[list[int]] = None) -> list[str]:
+    """``tests.intruder`` processes started together; the last line each printed. With ``needed`` (the
+    indexes of the processes whose word the test reads), the others are killed once those have ended
+    (a rank left waiting on a connection the stranger broke can wait for gloo's own timeout, 100 s)."""
     procs = [subprocess.Popen([sys.executable, "-m", "tests.intruder", *args], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=REPO, env=baton_env()) for args in commands]
     try:
+        if needed is not None:
+            for index in needed:
+                procs[index].wait(timeout=timeout)
+            time.sleep(2)  # the others: a moment to end by themselves
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
         outs = [proc.communicate(timeout=timeout) for proc in procs]
     finally:
         for proc in procs:
@@ -110,13 +121,14 @@ def test_a_rank_without_the_secret_cannot_read_the_rendezvous(tmp_path):
     assert rank1.startswith("RankLost: the rendezvous value '"), rank1
 
 
-def stranger_at_the_store(tmp_path, keep_writing_s: float) -> tuple[str, str, str]:
+def stranger_at_the_store(tmp_path, keep_writing_s: float, needed: Optional[list[int]] = None) -> tuple[str, str, str]:
     """Two baton ranks of a sharded group meet at a TCP store (a multi-node attempt's); a stranger who
     knows only the store's address writes its gloo address into rank 1's slot of the checkpoint
     group before the real rank 1 comes. What rank 0, rank 1 and the stranger printed."""
     secret = "c" * 64
     return tuple(run_together(["tcp-rank", "0", str(tmp_path), secret], ["tcp-rank", "1", str(tmp_path), secret],
-                              ["steal-slot", str(tmp_path), str(tmp_path / "marker"), str(keep_writing_s)]))
+                              ["steal-slot", str(tmp_path), str(tmp_path / "marker"), str(keep_writing_s)],
+                              needed=needed))
 
 
 def test_a_stranger_at_a_multinode_store_cannot_take_a_place_in_the_checkpoint_group(tmp_path):
@@ -131,7 +143,7 @@ def test_a_stranger_at_a_multinode_store_cannot_take_a_place_in_the_checkpoint_g
 def test_a_stranger_who_keeps_its_address_in_the_store_ends_the_attempt_as_a_loss(tmp_path):
     """It writes its address over the real rank 1's for longer than the rendezvous may take: rank 0
     cannot form the checkpoint group, and says so as a loss (not the job's failure) in time."""
-    rank0, rank1, stranger = stranger_at_the_store(tmp_path, keep_writing_s=40)
+    rank0, rank1, stranger = stranger_at_the_store(tmp_path, keep_writing_s=40, needed=[0, 2])  # (rank 1's: any)
     assert not (tmp_path / "marker").exists(), ("rank 0 ran the stranger's code", rank0, rank1, stranger)
     assert rank0.startswith("RankLost: ") and "not sealed with this attempt's secret" in rank0, (rank0, rank1, stranger)
     assert not stranger.startswith("joined"), stranger
