@@ -53,12 +53,47 @@ def context():
 
 def start_forkserver() -> float:
     """Start the forkserver and wait for its imports and warm-up (a worker does this before it takes
-    jobs, so that no job's start or recovery pays for it); the seconds it took."""
+    jobs, so that no job's start or recovery pays for it); the seconds it took. Where
+    ``warm_forkserver_early`` started it, wait for that instead."""
+    if _early is not None:
+        _early.join()
+        if isinstance(_early.result, BaseException):
+            raise _early.result
+        return _early.result
+    return _start_now()
+
+
+def _start_now() -> float:
     started = time.monotonic()
     probe = context().Process(target=_nothing, name="baton-forkserver-probe")
     probe.start()
     probe.join()
     return time.monotonic() - started
+
+
+class _Early(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(name="baton-forkserver-start", daemon=True)
+        self.result: "float | BaseException" = 0.0
+
+    def run(self) -> None:
+        try:
+            self.result = _start_now()
+        except BaseException as exc:  # noqa: BLE001 - raised again where the worker waits for it
+            self.result = exc
+
+
+_early: Optional[_Early] = None
+
+
+def warm_forkserver_early() -> None:
+    """Start the forkserver now, in a thread, while the worker's broker connection and the rest of its
+    start-up go on (its torch import takes seconds either way); ``start_forkserver`` waits for it."""
+    global _early
+    if _early is None:
+        thread = _Early()
+        thread.start()
+        _early = thread
 
 
 def _nothing() -> None:

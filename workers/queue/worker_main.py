@@ -48,8 +48,10 @@ def celery_argv(name: str, queues: str, loglevel: str) -> list[str]:
 
 def run_one(name: str, queues: str, loglevel: str) -> None:
     """This process becomes one Celery worker (returns when it shuts down)."""
+    from baton.workers.attempt.process import warm_forkserver_early
     from baton.workers.queue.celery_app import app
 
+    warm_forkserver_early()  # its imports overlap Celery's start-up; the worker is ready when both are
     app.worker_main(celery_argv(name, queues, loglevel))
 
 
