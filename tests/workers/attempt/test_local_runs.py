@@ -18,7 +18,6 @@ from tests.helpers import (
     kill_when,
     make_spec,
     read_manifest,
-    run_reference,
     run_baton,
     write_spec,
 )
@@ -40,11 +39,12 @@ def _every_referenced_checkpoint_exists(store: FileStore, job_id: str) -> None:
     assert not missing, f"committed checkpoints deleted: {missing}"
 
 
-def test_two_runs_started_together_one_trains_the_other_refuses_and_a_third_mid_run_refuses(tmp_path):
-    slower = make_spec(data={**SPEC["data"], "kwargs": {"n_per_class": 300, "delay_s": 0.01}}, loop={"epochs": 2},
-                       checkpoint=SPEC["checkpoint"])  # ~0.3 s a step: the third comes well before the end
-    reference = run_reference(tmp_path / "reference", slower)
-    spec_path = write_spec(tmp_path, slower)
+def test_two_runs_started_together_one_trains_the_other_refuses_and_a_third_mid_run_refuses(tmp_path, reference):
+    hold = tmp_path / "hold"  # the one that trains waits here, past its first checkpoints, until the third came
+    hold.touch()
+    held = make_spec(data={**SPEC["data"], "kwargs": {**SPEC["data"]["kwargs"], "hold": str(hold), "hold_after": 200}},
+                     loop=SPEC["loop"], checkpoint=SPEC["checkpoint"])  # (SPEC's samples: the reference's bits)
+    spec_path = write_spec(tmp_path, held)
     url = f"file://{tmp_path / 'store'}"
     store = FileStore(tmp_path / "store")
     a, b = _start(spec_path, url, "twice"), _start(spec_path, url, "twice")
@@ -62,6 +62,7 @@ def test_two_runs_started_together_one_trains_the_other_refuses_and_a_third_mid_
         time.sleep(0.05)
     third = run_baton("run", str(spec_path), "--id", "twice", "--storage", url)
     assert third.returncode == RUNNING_ELSEWHERE and third.stderr.startswith("job twice is running elsewhere: ")
+    hold.unlink()
 
     out, err = winner.communicate(timeout=240)
     assert winner.returncode == 0, out + err
