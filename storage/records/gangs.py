@@ -146,10 +146,10 @@ return 1
 _RENEW_MEMBER = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('HGET', KEYS[3], 'id') == ARGV[3]
-   and redis.call('HGET', KEYS[3], 'state') == 'running' and redis.call('HGET', KEYS[4], 'state') == 'running'
-   and (redis.call('HGET', KEYS[4], 'yield_requested') or '') == '' then
-  redis.call('HSET', KEYS[4], 'yield_requested', ARGV[4])
+if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('HGET', KEYS[3], 'id') == ARGV[3] then
+  local gang, job = redis.call('HGET', KEYS[3], 'state'), redis.call('HMGET', KEYS[4], 'state', 'yield_requested')
+  if gang == 'forming' then return 0 end  -- drained while its gang forms: it leaves, its place offered again
+  if gang == 'running' and job[1] == 'running' and (job[2] or '') == '' then redis.call('HSET', KEYS[4], 'yield_requested', ARGV[4]) end
 end
 return 1
 """

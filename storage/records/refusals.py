@@ -11,7 +11,6 @@ and starts the next job it can), never a second on that worker.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import redis
@@ -24,20 +23,31 @@ KEPT_S = 600.0
 the note lapses, and the scheduler assumes it can again)."""
 
 
+# KEYS: the job's refusals. ARGV: worker, seconds kept. Stamped with Redis's clock (every reader shares it).
+_NOTE = """
+redis.call('HSET', KEYS[1], ARGV[1], redis.call('TIME')[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+
 def note(client: redis.Redis, job_id: str, worker: str) -> None:
-    """``worker`` cannot host ``job_id`` (one round trip; the notes of a job go ``KEPT_S`` after the last)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(keys.job_refusals(job_id), worker, repr(time.time()))
-    pipe.expire(keys.job_refusals(job_id), int(KEPT_S))
-    pipe.execute()
+    """``worker`` cannot host ``job_id`` (one script; the notes of a job go ``KEPT_S`` after the last)."""
+    client.register_script(_NOTE)(keys=[keys.job_refusals(job_id)], args=[worker, int(KEPT_S)])
+
+
+def withdraw(client: redis.Redis, job_id: str, worker: str) -> None:
+    """``worker`` can host ``job_id`` now (restarted with more GPUs, say): its earlier "no" goes."""
+    client.hdel(keys.job_refusals(job_id), worker)
 
 
 def read(client: redis.Redis, job_ids: list[str]) -> dict[str, frozenset[str]]:
-    """The workers that said no to each of ``job_ids`` within ``KEPT_S`` (one round trip)."""
+    """The workers that said no to each of ``job_ids`` within ``KEPT_S`` (two round trips)."""
+    seconds, _ = client.time()
     pipe = client.pipeline(transaction=False)
     for job_id in job_ids:
         pipe.hgetall(keys.job_refusals(job_id))
-    since = time.time() - KEPT_S
+    since = seconds - KEPT_S
     out = {}
     for job_id, notes in zip(job_ids, pipe.execute()):
         fresh = set()
@@ -53,8 +63,9 @@ def read(client: redis.Redis, job_ids: list[str]) -> dict[str, frozenset[str]]:
 
 @dataclass(frozen=True)
 class Placement:
-    """What the scheduler knows of where jobs can go: the live workers of the queue, the worker each
-    running job holds, and the workers that said no to each waiting job. Empty: every worker hosts all."""
+    """What the scheduler knows of where jobs can go: the live workers of the queue that take jobs (not
+    drained), the worker each running job holds, and the workers that said no to each waiting job.
+    Empty: every worker hosts all."""
 
     live: frozenset[str] = frozenset()
     worker_of: dict[str, str] = field(default_factory=dict)  # running job -> its (leading) worker

@@ -102,10 +102,11 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
          placement: Placement = Placement()) -> tuple[list[Yield], list[str]]:
     """``decide``'s yields, and the waiting jobs that start once they are made (on free slots or freed
     ones). The waiting jobs are taken in start order: each takes free slots first, then, if it may,
-    the slots of jobs that yield to it (on workers that did not say they cannot host it). The first that
-    can have neither ends the plan: a worker freed for a job behind it would start it instead (a free
-    worker takes the first job it can host). A job every live worker said it cannot host is passed
-    over: no worker would start it."""
+    the slots of jobs that yield to it (on workers that did not say they cannot host it). One that can
+    have neither keeps the free slots and every worker that did not say no to it: freed, such a worker
+    would start it, not a job behind it (a worker takes the first job it can host); the jobs behind
+    may have only the workers that said no to it, and the plan ends when there are none. A job every
+    live worker said it cannot host is passed over: no worker would start it."""
     usage = dict(state.usage)
     free = idle_slots
     for job in state.running:
@@ -125,8 +126,11 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
             continue
         hosts = [job for job in candidates if placement.frees_for(job.job_id, waiting.job_id)]
         victims = _victims(waiting, hosts, usage, state.quotas, waiting.slots - free)
-        if victims is None:  # a freed worker would go to it, or to a gang it forms, not to a job behind it
-            break
+        if victims is None:  # a freed worker would go to it, or to a gang it forms, unless it said no to it
+            free, candidates = 0, [job for job in candidates if job not in hosts]
+            if not candidates:
+                break
+            continue
         free = 0
         usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
         starts.append(waiting.job_id)
@@ -249,4 +253,5 @@ class Scheduler:
         out = presence.drained(self.redis, live)
         idle = sum(1 for worker, job in zip(live, held) if job is None and worker not in out)
         worker_of = {job: worker for worker, job in zip(live, held) if job is not None}
-        return idle, Placement(frozenset(live), worker_of, refusals.read(self.redis, waiting) if waiting else {})
+        taking = frozenset(worker for worker in live if worker not in out)  # (a drained worker starts nothing)
+        return idle, Placement(taking, worker_of, refusals.read(self.redis, waiting) if waiting else {})

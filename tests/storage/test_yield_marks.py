@@ -72,3 +72,52 @@ def test_no_worker_is_freed_for_a_job_it_said_it_cannot_host(redis_server):
     assert Scheduler(client).turn() == []
     submit(records, "urgent2", priority=10)  # a job behind it that w1 can host still gets a worker freed
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("lowest", "urgent2")]
+
+
+@pytest.mark.parametrize("other", ["busy", "drained"])
+def test_a_job_behind_one_a_worker_cannot_host_still_gets_that_worker_freed(redis_server, other):
+    """W1 (priority 5) waits; 'low' runs on A, which said no to W1; B, which never said no (busy since
+    before W1, or drained: neither reads the queue), cannot be freed for it. W2 (priority 3) behind it
+    can run on A: A is freed for W2 (freed, it skips W1 and starts W2)."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    records = JobRecords(client)
+    for worker in ("A", "B"):
+        presence.announce(client, worker, ["default"], 30.0)
+    submit(records, "low", priority=0)
+    claim(records, "low", worker="A")
+    if other == "busy":
+        submit(records, "high", priority=20)
+        claim(records, "high", worker="B")
+    else:
+        presence.set_drained(client, "B", True)
+    submit(records, "W1", priority=5)
+    submit(records, "W2", priority=3)
+    refusals.note(client, "W1", "A")
+    assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "W2")]
+
+
+def test_a_worker_that_can_host_the_job_now_takes_back_its_no(redis_server):
+    """A worker restarted under its name with more GPUs (say) finds it can host the job: its "no" goes."""
+    import types
+
+    from baton.workers.queue import reception
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    refusals.note(client, "W", "A")
+    refusals.note(client, "W", "B")
+    ctx = types.SimpleNamespace(redis=client, worker="A")
+    view = reception.JobView(spec=None, spec_error=None, storage_url=None, queue="default")  # (no spec: it can)
+    assert reception.refusal(ctx, "W", view) is None
+    assert refusals.read(client, ["W"]) == {"W": {"B"}}
+
+
+def test_a_no_is_stamped_with_redis_s_clock_and_lapses_after_ten_minutes(redis_server):
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    refusals.note(client, "W", "A")
+    seconds, _ = client.time()
+    assert abs(int(client.hget(keys.job_refusals("W"), "A")) - seconds) <= 1
+    client.hset(keys.job_refusals("W"), "A", str(seconds - refusals.KEPT_S - 1))
+    assert refusals.read(client, ["W"]) == {"W": frozenset()}

@@ -153,12 +153,14 @@ def refusal(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
     """``cannot_host``, told to the scheduler when this worker cannot (``refusals``: it frees no worker
     here for the job; Redis away, it is not told, and may free this worker for it once more)."""
     why = cannot_host(ctx, job_id, view)
-    if why is not None:
-        try:
+    try:
+        if why is not None:
             refusals.note(ctx.redis, job_id, ctx.worker)
-        except redis.RedisError as exc:
-            _log.warning("job %s: could not note that this worker cannot host it (%s: %s)", job_id,
-                         type(exc).__name__, exc)
+        else:  # (a worker restarted under its name with more GPUs, say, takes back its "no")
+            refusals.withdraw(ctx.redis, job_id, ctx.worker)
+    except redis.RedisError as exc:
+        _log.warning("job %s: could not tell the scheduler whether this worker can host it (%s: %s)", job_id,
+                     type(exc).__name__, exc)
     return why
 
 
