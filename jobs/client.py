@@ -5,6 +5,7 @@
     job.status(); job.wait(progress=True); job.metrics(); job.cancel(); job.set_priority(10)
     job.download("out/", which="best")   # best | latest | final
     job.logs(); job.follow_logs()        # the job's own output, every attempt (or attempt=N)
+    job.events()                         # its history: claimed, yielded, lost, resumed, ended...
     client.submit("job.yaml", overrides={"optimizer.lr": 1e-3})       # or ["optimizer.lr=1e-3"]
     sweep = client.sweep("job.yaml", {"optimizer.lr": [1e-3, 3e-3], "seed": [1, 2, 3]})
     client.sweep_results(sweep.id)       # its jobs, best monitored value first (a search's: its results)
@@ -15,36 +16,26 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from baton.schemas.errors import JobNotFound, LocalStoreWarning, SpecError
-from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import NAME_PATTERN, JobSpec
 from baton.schemas.status import JobState, JobStatus
-from baton.storage.artifacts import final_files, read_metrics, read_verified
 from baton.storage.stores.base import ObjectStore
 from baton.storage.layout import JobPaths, check_job_id, new_job_id
-from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.open import open_client_store
 
-from baton.storage.job_log import FOLLOW_POLL_S, follow_log, read_log
 from baton.storage.records.creation import create_job
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records import searches as search_records
 from baton.storage.records.connection import connect
-from baton.storage.records.pausing import continue_job
-from baton.storage.records.priority import set_priority
 from baton.jobs.code_ship import Shipper, code_dir, importable
-from baton.jobs.downloads import download
+from baton.jobs.job import Job
 from baton.jobs.specfile import SpecSource, load_spec, read_raw, with_overrides
 from baton.jobs.sweeps import SweepEntry, plan, rank
 from baton.jobs.pool import QueueView, check_quota, drain, queue_views
@@ -54,123 +45,6 @@ if TYPE_CHECKING:
     from baton.searches.driver import Driver
     from baton.searches.results import SearchResults
 
-POLL_S = 0.5
-
-
-class Job:
-    """A handle on one job."""
-
-    def __init__(self, client: "JobClient", job_id: str):
-        self.client, self.id = client, job_id
-
-    def __repr__(self) -> str:
-        return f"Job({self.id!r})"
-
-    def status(self) -> JobStatus:
-        return self.client.records.status(self.id)
-
-    def wait(self, timeout: Optional[float] = None, progress: bool = True,
-             on_change: Optional[Callable[[JobStatus], None]] = None) -> JobStatus:
-        """Block until the job ends (succeeded, failed, cancelled) or pauses; TimeoutError after ``timeout`` s.
-        ``progress``: a live bar on a terminal (steps, loss, samples/s, attempt and worker).
-        ``on_change``: called with the status whenever its state, attempt, worker or epoch changes, or
-        the reason it waits (``status.waiting``: no live worker serves its queue)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        bar, seen = None, None
-        try:
-            while True:
-                status = self.status()
-                if progress and sys.stderr.isatty():
-                    bar = _draw(bar, status)
-                key = (status.state, status.attempt, status.worker, status.epoch, status.waiting)
-                if on_change is not None and key != seen:
-                    seen = key
-                    on_change(status)
-                if status.state.at_rest:
-                    return status
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"job {self.id} still {status.state.value} after {timeout}s")
-                time.sleep(POLL_S)
-        finally:
-            if bar is not None:
-                bar.close()
-
-    def cancel(self) -> str:
-        """Stop the job: at once if it waits for a worker, else at its next step after a checkpoint."""
-        result = self.client.records.cancel(self.id)
-        if result == "missing":
-            raise JobNotFound(f"no job {self.id!r}")
-        return result
-
-    def resume(self, pause_at: Optional[int] = None) -> int:
-        """Queue a cancelled, failed or paused job again from its latest checkpoint; returns the attempt.
-        ``pause_at``: where it pauses next, as in ``JobClient.submit`` (None: it trains to its end)."""
-        attempt = continue_job(self.client.records.redis, self.id, pause_at, "continued by the user")
-        if attempt < 0:
-            if pause_at is not None:
-                raise ValueError(f"job {self.id} is {self.status().state.value}: only a paused job resumes to pause again")
-            attempt = self.client.records.resume(self.id)
-        if attempt < 0:
-            raise ValueError(f"job {self.id} is {self.status().state.value}: only cancelled, failed or paused jobs resume")
-        self.client._publish(self.id, attempt)
-        return attempt
-
-    def set_priority(self, priority: int) -> None:
-        """Change the priority of a waiting or running job: a waiting one takes its new place in its line,
-        a running one is weighed at it by the scheduler (its spec keeps the priority it was submitted with).
-        ValueError for a job that has ended, or a priority out of range."""
-        result = set_priority(self.client.records.redis, self.id, priority)
-        if result == "missing":
-            raise JobNotFound(f"no job {self.id!r}")
-        if result != "ok":
-            raise ValueError(f"job {self.id} is {result}: only a waiting or running job's priority can change")
-
-    def _store(self) -> ObjectStore:
-        status = self.status()
-        return open_client_store(status.storage_url or self.client.settings.storage_url)
-
-    def _manifest(self, store: ObjectStore) -> CheckpointManifest:
-        return ManifestStore(store, JobPaths(self.id)).read()
-
-    def metrics(self) -> list[dict]:
-        """One row per validation so far (the committed metrics.jsonl, found through the manifest)."""
-        store = self._store()
-        return read_metrics(store, self._manifest(store))
-
-    def logs(self, attempt: Optional[int] = None) -> str:
-        """The job's own log (every line its attempts printed or logged, secrets redacted), oldest
-        first; one attempt's with ``attempt``. Lines are stored every few seconds while it runs."""
-        return read_log(self._store(), self.id, attempt)
-
-    def follow_logs(self, write: Callable[[str], None] = lambda text: print(text, end="", flush=True),
-                    attempt: Optional[int] = None, poll_s: float = FOLLOW_POLL_S) -> JobStatus:
-        """Write the log as it grows until the job ends (its attempts one after another); returns its status."""
-        follow_log(self._store(), self.id, write, lambda: self.status().state.terminal, attempt, poll_s)
-        return self.status()
-
-    def report(self) -> dict:
-        store = self._store()
-        return json.loads(read_verified(store, final_files(self._manifest(store))["report.json"]))
-
-    def download(self, directory: str | Path = ".", which: str = "best") -> Path:
-        """Fetch ``best`` or ``latest`` (a full checkpoint) or ``final`` (model.safetensors,
-        report.json, curves.png, metrics.jsonl), each verified against the sha256 its manifest
-        entry holds, or ``tensorboard`` (every attempt's event files, under ``tensorboard/attempt-N/``;
-        not in the manifest, so not verified); returns the path."""
-        return download(self._store(), self.id, directory, which)
-
-
-def _draw(bar: Optional[tqdm], status: JobStatus) -> tqdm:
-    if bar is None:
-        bar = tqdm(total=status.total_steps or 0, unit="step", dynamic_ncols=True, desc=status.id)
-    if status.total_steps and bar.total != status.total_steps:
-        bar.total = status.total_steps
-    bar.n = status.step or 0
-    bar.set_postfix_str(f"{status.state.value} attempt {status.attempt} on {status.worker or '-'} "
-                        f"loss {status.loss if status.loss is not None else float('nan'):.4f} "
-                        f"{status.samples_per_s or 0:.0f} samples/s"
-                        + (f"; {status.waiting}" if status.waiting else ""), refresh=True)
-    return bar
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,14 @@ def table(statuses: list[JobStatus]) -> str:
     return "\n".join(lines)
 
 
+def events_table(events: list) -> str:
+    """A job's history (``storage.records.events.Event``), oldest first, one event a line."""
+    rows = [["TIME", "ATTEMPT", "EVENT", "STEP", "WORKER", "WHAT"]]
+    rows += [[_when(e.t), str(e.attempt), e.kind, "-" if e.step is None else str(e.step), e.worker or "-", e.text]
+             for e in events]
+    return "\n".join(_columns(rows))
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:

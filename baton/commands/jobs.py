@@ -127,12 +127,19 @@ def sweep_cancel(sweep_id: str = typer.Argument(..., help="A sweep's or search's
 
 
 @app.command()
-def status(job_id: Optional[str] = typer.Argument(None, help="A job id; all recent jobs when left out.")) -> None:
+def status(job_id: Optional[str] = typer.Argument(None, help="A job id; all recent jobs when left out."),
+           history: bool = typer.Option(False, "--events", help="The job's history instead: every event (submitted, "
+                                        "claimed, yielded, lost, resumed, ended...), oldest first.")) -> None:
     """A job's state, attempt, worker, progress, checkpoints and error; or a table of recent jobs."""
-    from baton.jobs.display import details, table
+    from baton.jobs.display import details, events_table, table
 
-    if job_id:
+    if job_id and history:
+        typer.echo(events_table(_job(job_id).events()))
+    elif job_id:
         typer.echo(details(_job(job_id).status()))
+    elif history:
+        typer.echo("--events needs a job id", err=True)
+        raise typer.Exit(2)
     else:
         typer.echo(table(_client().list()))
 

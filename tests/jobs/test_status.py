@@ -7,7 +7,7 @@ import re
 
 from baton.storage.records import job_records as records
 from baton.jobs.display import details
-from tests.helpers import make_spec
+from tests.helpers import make_spec, run_baton
 from tests.workers.conftest import SPEC
 from tests.workers.queue.test_worker_loss import running_at_step, wait_for
 
@@ -40,6 +40,18 @@ def test_a_cancelled_jobs_status_shows_the_step_of_the_checkpoint_it_stopped_wit
     final = job.wait(timeout=120, progress=False)
     assert final.state.value == "cancelled"
     assert final.latest_checkpoint.endswith(f"/step-{final.step}.pt"), (final.step, final.latest_checkpoint)
+
+    # its history, oldest first (`baton status JOB --events`): what happened to it, not only the last event
+    assert [e.kind for e in job.events()][:2] == ["submitted", "claimed"] and job.events()[-1].kind == "cancelled"
+    shown = run_baton("status", "stopped", "--events", env=cluster.env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["TIME", "ATTEMPT", "EVENT", "STEP", "WORKER", "WHAT"]
+    assert lines[1].split()[2:4] == ["0", "submitted"] and lines[2].split()[2:4] == ["1", "claimed"], shown.stdout
+    assert lines[-1].split()[3] == "cancelled" and "w0@test" in lines[-1], shown.stdout
+    nothing = run_baton("status", "nobody", "--events", env=cluster.env)
+    assert (nothing.returncode, nothing.stderr.strip()) == (1, "no job 'nobody'"), nothing.stderr
+    assert run_baton("status", "--events", env=cluster.env).returncode == 2
 
 
 def test_a_job_on_a_queue_no_live_worker_serves_says_so_until_one_does(cluster, monkeypatch):
