@@ -70,6 +70,7 @@ class Placement:
     live: frozenset[str] = frozenset()
     worker_of: dict[str, str] = field(default_factory=dict)  # running job -> its (leading) worker
     refused: dict[str, frozenset[str]] = field(default_factory=dict)  # waiting job -> workers that said no
+    idle: frozenset[str] = frozenset()  # the live workers holding no job (a gang's followers among them)
 
     def frees_for(self, running_job: str, waiting_job: str) -> bool:
         """Whether freeing ``running_job``'s worker may start ``waiting_job`` there (unknown: yes)."""
@@ -79,3 +80,7 @@ class Placement:
     def nowhere(self, waiting_job: str) -> bool:
         """Whether every live worker said no to ``waiting_job`` (nothing freed would start it)."""
         return bool(self.live) and self.live <= self.refused.get(waiting_job, frozenset())
+
+    def idle_refusing(self, waiting_job: str) -> int:
+        """How many idle workers said no to ``waiting_job``: free slots that would not start it."""
+        return len(self.idle & self.refused.get(waiting_job, frozenset()))

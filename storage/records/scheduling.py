@@ -101,8 +101,8 @@ def decide(state: QueueState, idle_slots: int, yielding: set[str], cooling: froz
 def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozenset[str] = frozenset(),
          placement: Placement = Placement()) -> tuple[list[Yield], list[str]]:
     """``decide``'s yields, and the waiting jobs that start once they are made (on free slots or freed
-    ones). The waiting jobs are taken in start order: each takes free slots first, then, if it may,
-    the slots of jobs that yield to it (on workers that did not say they cannot host it). One that can
+    ones). The waiting jobs are taken in start order: each takes free slots first (of idle workers that
+    did not say they cannot host it), then, if it may, the slots of jobs that yield to it (likewise). One that can
     have neither keeps the free slots and every worker that did not say no to it: freed, such a worker
     would start it, not a job behind it (a worker takes the first job it can host); the jobs behind
     may have only the workers that said no to it, and the plan ends when there are none. A job every
@@ -119,19 +119,20 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
     for waiting in state.waiting:
         if placement.nowhere(waiting.job_id):
             continue
-        if waiting.slots <= free:
+        usable = max(0, free - placement.idle_refusing(waiting.job_id))  # (an idle worker that said no: not for it)
+        if waiting.slots <= usable:
             free -= waiting.slots
             usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
             starts.append(waiting.job_id)
             continue
         hosts = [job for job in candidates if placement.frees_for(job.job_id, waiting.job_id)]
-        victims = _victims(waiting, hosts, usage, state.quotas, waiting.slots - free)
-        if victims is None:  # a freed worker would go to it, or to a gang it forms, unless it said no to it
-            free, candidates = 0, [job for job in candidates if job not in hosts]
-            if not candidates:
+        victims = _victims(waiting, hosts, usage, state.quotas, waiting.slots - usable)
+        free -= usable  # the free workers that may start it go to it (or to the gang it forms)
+        if victims is None:  # so would a freed worker, unless it said no to it
+            candidates = [job for job in candidates if job not in hosts]
+            if not candidates and not free:
                 break
             continue
-        free = 0
         usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
         starts.append(waiting.job_id)
         for victim, why, kind in victims:
@@ -198,7 +199,8 @@ class Scheduler:
             return []
         yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
         followers = sum(job.slots - 1 for job in state.running)  # a gang's other nodes hold workers BUSY does not name
-        idle, placement = self.placement(queue, [job.job_id for job in state.waiting])
+        gangs = self._followers([job.job_id for job in state.running if job.slots > 1])
+        idle, placement = self.placement(queue, [job.job_id for job in state.waiting], gangs)
         decisions = decide(state, max(0, idle - followers), yielding, self._cooling(state), placement)
         marked = []
         for decision in decisions:
@@ -242,10 +244,18 @@ class Scheduler:
                 continue
         return frozenset(cooling)
 
-    def placement(self, queue: str, waiting: list[str]) -> tuple[int, Placement]:
+    def _followers(self, gang_jobs: list[str]) -> frozenset[str]:
+        """The workers running the other nodes of ``gang_jobs`` (BUSY names only a gang's leader)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in gang_jobs:
+            pipe.hgetall(keys.gang(job_id))
+        return frozenset(text(worker) for gang in (pipe.execute() if gang_jobs else []) for field, worker in gang.items()
+                         if text(field).startswith("worker:") and text(field) != "worker:0")
+
+    def placement(self, queue: str, waiting: list[str], followers: frozenset[str] = frozenset()) -> tuple[int, Placement]:
         """The idle workers of ``queue`` (live, holding no job, not drained), and where its jobs can go:
         its live workers, the worker each running job holds, the workers that cannot host each of
-        ``waiting`` (``refusals``)."""
+        ``waiting`` (``refusals``), the idle ones by name (not ``followers``: a gang's other nodes)."""
         live = self.pool.live_workers(queue)
         if not live:
             return 0, Placement()
@@ -254,4 +264,6 @@ class Scheduler:
         idle = sum(1 for worker, job in zip(live, held) if job is None and worker not in out)
         worker_of = {job: worker for worker, job in zip(live, held) if job is not None}
         taking = frozenset(worker for worker in live if worker not in out)  # (a drained worker starts nothing)
-        return idle, Placement(taking, worker_of, refusals.read(self.redis, waiting) if waiting else {})
+        idle_names = frozenset(worker for worker, job in zip(live, held)
+                               if job is None and worker not in out and worker not in followers)
+        return idle, Placement(taking, worker_of, refusals.read(self.redis, waiting) if waiting else {}, idle_names)

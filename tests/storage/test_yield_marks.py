@@ -121,3 +121,48 @@ def test_a_no_is_stamped_with_redis_s_clock_and_lapses_after_ten_minutes(redis_s
     assert abs(int(client.hget(keys.job_refusals("W"), "A")) - seconds) <= 1
     client.hset(keys.job_refusals("W"), "A", str(seconds - refusals.KEPT_S - 1))
     assert refusals.read(client, ["W"]) == {"W": frozenset()}
+
+
+def test_an_idle_worker_that_said_no_is_no_free_slot_for_the_job(redis_server):
+    """A is idle but said no to 'urgent' (too few GPUs, say); 'low' runs on B: 'low' yields for it."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    records = JobRecords(client)
+    for worker in ("A", "B"):
+        presence.announce(client, worker, ["default"], 30.0)
+    submit(records, "low", priority=0)
+    claim(records, "low", worker="B")
+    submit(records, "urgent", priority=10)
+    refusals.note(client, "urgent", "A")
+    assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent")]
+    refusals.withdraw(client, "urgent", "A")
+    client.delete(keys.queue_yielding("default"))
+    client.hdel(keys.job("low"), "yield_marked_at")
+    assert Scheduler(client).turn() == []  # A may start it: nothing yields
+
+
+def test_a_gang_follower_that_once_said_no_is_not_taken_for_an_idle_worker(redis_server):
+    """'g' runs on two nodes: w0 leads (BUSY names it), w1 follows (it looks idle) and said no to
+    'urgent' before it joined; w2 is idle and can host 'urgent': nothing yields, w2 takes it."""
+    from baton.storage.records.gangs import Gangs
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    records, gangs = JobRecords(client), Gangs(client)
+    for worker in ("w0", "w1", "w2", "w3"):
+        presence.announce(client, worker, ["default"], 30.0)
+    submit(records, "g", nodes=2)
+    _, led = gangs.form("g", "default", 1, 2, "w0", "h0", ttl_s=30)
+    gangs.join("g", 1, 2, "w1", "h1", "host", ttl_s=30)
+    assert gangs.admit(led) == ("admitted", 2)
+    claim(records, "g", worker="w0")
+    assert gangs.start(led, "127.0.0.1:1", "s", "{}")
+    submit(records, "low", priority=-1)
+    claim(records, "low", worker="w3")
+    submit(records, "urgent", priority=10)
+    refusals.note(client, "urgent", "w1")
+    assert Scheduler(client).turn() == []
+    claim(records, "urgent", worker="w2")  # (w2 took it)
+    submit(records, "urgent2", priority=10)
+    refusals.note(client, "urgent2", "w1")  # the follower is no idle worker: 'low' yields for this one
+    assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent2")]
