@@ -12,12 +12,23 @@ from tests.storage.test_pool import claim, submit
 
 
 @pytest.fixture
-def marked(redis_server):
-    """'low' (priority 0) runs on the queue's one worker; 'urgent' (priority 10) waits: the turn marks 'low'."""
+def pool(redis_server) -> tuple[redis.Redis, JobRecords]:
+    """A flushed Redis and its records."""
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     client.flushdb()
-    records = JobRecords(client)
-    presence.announce(client, "w1", ["default"], 30.0)
+    return client, JobRecords(client)
+
+
+def live(client: redis.Redis, *workers: str) -> None:
+    for worker in workers:
+        presence.announce(client, worker, ["default"], 30.0)
+
+
+@pytest.fixture
+def marked(pool):
+    """'low' (priority 0) runs on the queue's one worker; 'urgent' (priority 10) waits: the turn marks 'low'."""
+    client, records = pool
+    live(client, "w1")
     submit(records, "low")
     token = claim(records, "low", worker="w1")
     submit(records, "urgent", priority=10)
@@ -53,14 +64,12 @@ def test_a_mark_for_a_job_still_waiting_is_kept(marked):
     assert records.redis.hkeys(keys.queue_yielding("default")) == ["low"]
 
 
-def test_no_worker_is_freed_for_a_job_it_said_it_cannot_host(redis_server):
+def test_no_worker_is_freed_for_a_job_it_said_it_cannot_host(pool):
     """'lowest' runs on w2, which said it cannot host 'urgent' (too few GPUs, say): 'low' on w1 yields
     instead; once both said no, nothing yields for it (it would start nowhere)."""
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushdb()
-    records = JobRecords(client)
+    client, records = pool
     for worker, job, priority in (("w1", "low", 0), ("w2", "lowest", -5)):
-        presence.announce(client, worker, ["default"], 30.0)
+        live(client, worker)
         submit(records, job, priority=priority)
         claim(records, job, worker=worker)
     submit(records, "urgent", priority=10)
@@ -75,15 +84,12 @@ def test_no_worker_is_freed_for_a_job_it_said_it_cannot_host(redis_server):
 
 
 @pytest.mark.parametrize("other", ["busy", "drained"])
-def test_a_job_behind_one_a_worker_cannot_host_still_gets_that_worker_freed(redis_server, other):
+def test_a_job_behind_one_a_worker_cannot_host_still_gets_that_worker_freed(pool, other):
     """W1 (priority 5) waits; 'low' runs on A, which said no to W1; B, which never said no (busy since
     before W1, or drained: neither reads the queue), cannot be freed for it. W2 (priority 3) behind it
     can run on A: A is freed for W2 (freed, it skips W1 and starts W2)."""
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushdb()
-    records = JobRecords(client)
-    for worker in ("A", "B"):
-        presence.announce(client, worker, ["default"], 30.0)
+    client, records = pool
+    live(client, "A", "B")
     submit(records, "low", priority=0)
     claim(records, "low", worker="A")
     if other == "busy":
@@ -97,14 +103,13 @@ def test_a_job_behind_one_a_worker_cannot_host_still_gets_that_worker_freed(redi
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "W2")]
 
 
-def test_a_worker_that_can_host_the_job_now_takes_back_its_no(redis_server):
+def test_a_worker_that_can_host_the_job_now_takes_back_its_no(pool):
     """A worker restarted under its name with more GPUs (say) finds it can host the job: its "no" goes."""
     import types
 
     from baton.workers.queue import reception
 
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushdb()
+    client, _ = pool
     refusals.note(client, "W", "A")
     refusals.note(client, "W", "B")
     ctx = types.SimpleNamespace(redis=client, worker="A")
@@ -113,9 +118,8 @@ def test_a_worker_that_can_host_the_job_now_takes_back_its_no(redis_server):
     assert refusals.read(client, ["W"]) == {"W": {"B"}}
 
 
-def test_a_no_is_stamped_with_redis_s_clock_and_lapses_after_ten_minutes(redis_server):
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushdb()
+def test_a_no_is_stamped_with_redis_s_clock_and_lapses_after_ten_minutes(pool):
+    client, _ = pool
     refusals.note(client, "W", "A")
     seconds, _ = client.time()
     assert abs(int(client.hget(keys.job_refusals("W"), "A")) - seconds) <= 1
@@ -123,13 +127,10 @@ def test_a_no_is_stamped_with_redis_s_clock_and_lapses_after_ten_minutes(redis_s
     assert refusals.read(client, ["W"]) == {"W": frozenset()}
 
 
-def test_an_idle_worker_that_said_no_is_no_free_slot_for_the_job(redis_server):
+def test_an_idle_worker_that_said_no_is_no_free_slot_for_the_job(pool):
     """A is idle but said no to 'urgent' (too few GPUs, say); 'low' runs on B: 'low' yields for it."""
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushdb()
-    records = JobRecords(client)
-    for worker in ("A", "B"):
-        presence.announce(client, worker, ["default"], 30.0)
+    client, records = pool
+    live(client, "A", "B")
     submit(records, "low", priority=0)
     claim(records, "low", worker="B")
     submit(records, "urgent", priority=10)
@@ -141,16 +142,14 @@ def test_an_idle_worker_that_said_no_is_no_free_slot_for_the_job(redis_server):
     assert Scheduler(client).turn() == []  # A may start it: nothing yields
 
 
-def test_a_gang_follower_that_once_said_no_is_not_taken_for_an_idle_worker(redis_server):
+def test_a_gang_follower_that_once_said_no_is_not_taken_for_an_idle_worker(pool):
     """'g' runs on two nodes: w0 leads (BUSY names it), w1 follows (it looks idle) and said no to
     'urgent' before it joined; w2 is idle and can host 'urgent': nothing yields, w2 takes it."""
     from baton.storage.records.gangs import Gangs
 
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushdb()
-    records, gangs = JobRecords(client), Gangs(client)
-    for worker in ("w0", "w1", "w2", "w3"):
-        presence.announce(client, worker, ["default"], 30.0)
+    client, records = pool
+    gangs = Gangs(client)
+    live(client, "w0", "w1", "w2", "w3")
     submit(records, "g", nodes=2)
     _, led = gangs.form("g", "default", 1, 2, "w0", "h0", ttl_s=30)
     gangs.join("g", 1, 2, "w1", "h1", "host", ttl_s=30)
