@@ -268,7 +268,8 @@ def _meet(rank: int, directory: Path, rendezvous_s: float):
 
     from baton.workers.parallel import rendezvous
 
-    (directory / f"pid{rank}").write_text(str(os.getpid()))
+    (directory / f"pid{rank}.tmp").write_text(str(os.getpid()))  # whole or not at all: a reader polls for it
+    (directory / f"pid{rank}.tmp").rename(directory / f"pid{rank}")
     if rank == 0:
         store, endpoint = rendezvous.serve_tcp("127.0.0.1", rendezvous_s, SECRET)
         (directory / "endpoint.tmp").write_text(endpoint)

@@ -143,10 +143,15 @@ def test_a_stranger_at_a_multinode_store_cannot_take_a_place_in_the_checkpoint_g
 def test_a_stranger_who_keeps_its_address_in_the_store_ends_the_attempt_as_a_loss(tmp_path):
     """It writes its address over the real rank 1's for longer than the rendezvous may take: rank 0
     cannot form the checkpoint group, and says so as a loss (not the job's failure) in time."""
-    rank0, rank1, stranger = stranger_at_the_store(tmp_path, keep_writing_s=40, needed=[0, 2])  # (rank 1's: any)
-    assert not (tmp_path / "marker").exists(), ("rank 0 ran the stranger's code", rank0, rank1, stranger)
+    for tries in range(4):  # rank 0 may read the real rank 1's address in the 5 ms before the stranger's returns:
+        where = tmp_path / str(tries)  # the group then forms with the real ranks (safe, but not this case: again)
+        where.mkdir()
+        rank0, rank1, stranger = stranger_at_the_store(where, keep_writing_s=40, needed=[0, 2])  # (rank 1's: any)
+        assert not (where / "marker").exists(), ("rank 0 ran the stranger's code", rank0, rank1, stranger)
+        assert not stranger.startswith("joined"), stranger
+        if rank0 != "gathered ['rank 0', 'rank 1']":
+            break
     assert rank0.startswith("RankLost: ") and "not sealed with this attempt's secret" in rank0, (rank0, rank1, stranger)
-    assert not stranger.startswith("joined"), stranger
 
 
 def test_a_stranger_holding_one_connection_of_three_ranks_is_found_by_the_proof(tmp_path):
