@@ -141,7 +141,6 @@ end
 return 1
 """
 
-# KEYS: member lease. ARGV: token, ttl ms.
 # KEYS: the member's lease, its worker's drain mark, the gang, the job. ARGV: token, ttl ms, gang id, why.
 _RENEW_MEMBER = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end

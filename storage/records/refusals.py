@@ -70,7 +70,7 @@ class Placement:
     live: frozenset[str] = frozenset()
     worker_of: dict[str, str] = field(default_factory=dict)  # running job -> its (leading) worker
     refused: dict[str, frozenset[str]] = field(default_factory=dict)  # waiting job -> workers that said no
-    idle: frozenset[str] = frozenset()  # the live workers holding no job (a gang's followers among them)
+    idle: frozenset[str] = frozenset()  # the live, undrained workers holding no job (a gang's followers not)
 
     def frees_for(self, running_job: str, waiting_job: str) -> bool:
         """Whether freeing ``running_job``'s worker may start ``waiting_job`` there (unknown: yes)."""

@@ -12,8 +12,8 @@ resumes bit-exactly later. So the scheduler uses it freely, in two cases (``deci
   first: the queue's order is priority, then quota). Lowest priority first.
 
 No worker is freed for a job it said it cannot host (``refusals``), and none for a job that every
-live worker of the queue said no to. A job of N nodes takes N slots: it preempts as many as it needs, or none. What stops two jobs from
-preempting each other back and forth: a job yields only to a strictly higher priority of a team that
+live worker of the queue said no to. A job of N nodes takes N slots: it preempts as many as it needs,
+or none. What stops two jobs from preempting each other back and forth: a job yields only to a strictly higher priority of a team that
 may take its slot, or to a team below its quota when its own team is above; after the swap the
 yielded job has neither (its priority is lower, its team is not below its quota), and a slot within
 a team's quota is never taken by another team's priority. A job is never preempted by a job of equal
@@ -198,10 +198,9 @@ class Scheduler:
         if not state.waiting:
             return []
         yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
-        followers = sum(job.slots - 1 for job in state.running)  # a gang's other nodes hold workers BUSY does not name
-        gangs = self._followers([job.job_id for job in state.running if job.slots > 1])
-        idle, placement = self.placement(queue, [job.job_id for job in state.waiting], gangs)
-        decisions = decide(state, max(0, idle - followers), yielding, self._cooling(state), placement)
+        followers = self._followers([job.job_id for job in state.running if job.slots > 1])
+        placement = self.placement(queue, [job.job_id for job in state.waiting], followers)
+        decisions = decide(state, len(placement.idle), yielding, self._cooling(state), placement)
         marked = []
         for decision in decisions:
             if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue)],
@@ -252,18 +251,16 @@ class Scheduler:
         return frozenset(text(worker) for gang in (pipe.execute() if gang_jobs else []) for field, worker in gang.items()
                          if text(field).startswith("worker:") and text(field) != "worker:0")
 
-    def placement(self, queue: str, waiting: list[str], followers: frozenset[str] = frozenset()) -> tuple[int, Placement]:
-        """The idle workers of ``queue`` (live, holding no job, not drained), and where its jobs can go:
-        its live workers, the worker each running job holds, the workers that cannot host each of
-        ``waiting`` (``refusals``), the idle ones by name (not ``followers``: a gang's other nodes)."""
+    def placement(self, queue: str, waiting: list[str], followers: frozenset[str] = frozenset()) -> Placement:
+        """Where ``queue``'s jobs can go: its live workers (not drained), the worker each running job
+        holds, the workers that cannot host each of ``waiting`` (``refusals``), and the idle ones (live,
+        holding no job, not drained, not one of ``followers``: a gang's other nodes, which BUSY does not name)."""
         live = self.pool.live_workers(queue)
         if not live:
-            return 0, Placement()
+            return Placement()
         held = [maybe_text(job) for job in self.redis.hmget(keys.BUSY, live)]
         out = presence.drained(self.redis, live)
-        idle = sum(1 for worker, job in zip(live, held) if job is None and worker not in out)
         worker_of = {job: worker for worker, job in zip(live, held) if job is not None}
         taking = frozenset(worker for worker in live if worker not in out)  # (a drained worker starts nothing)
-        idle_names = frozenset(worker for worker, job in zip(live, held)
-                               if job is None and worker not in out and worker not in followers)
-        return idle, Placement(taking, worker_of, refusals.read(self.redis, waiting) if waiting else {}, idle_names)
+        idle = frozenset(worker for worker, job in zip(live, held) if job is None and worker in taking - followers)
+        return Placement(taking, worker_of, refusals.read(self.redis, waiting) if waiting else {}, idle)

@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
@@ -55,12 +56,7 @@ def start_forkserver() -> float:
     """Start the forkserver and wait for its imports and warm-up (a worker does this before it takes
     jobs, so that no job's start or recovery pays for it); the seconds it took. Where
     ``warm_forkserver_early`` started it, wait for that instead."""
-    if _early is not None:
-        _early.join()
-        if isinstance(_early.result, BaseException):
-            raise _early.result
-        return _early.result
-    return _start_now()
+    return _early.result() if _early is not None else _start_now()  # (its error, if any, raised here)
 
 
 def _start_now() -> float:
@@ -71,19 +67,7 @@ def _start_now() -> float:
     return time.monotonic() - started
 
 
-class _Early(threading.Thread):
-    def __init__(self) -> None:
-        super().__init__(name="baton-forkserver-start", daemon=True)
-        self.result: "float | BaseException" = 0.0
-
-    def run(self) -> None:
-        try:
-            self.result = _start_now()
-        except BaseException as exc:  # noqa: BLE001 - raised again where the worker waits for it
-            self.result = exc
-
-
-_early: Optional[_Early] = None
+_early: Optional[Future] = None
 
 
 def warm_forkserver_early() -> None:
@@ -91,9 +75,7 @@ def warm_forkserver_early() -> None:
     start-up go on (its torch import takes seconds either way); ``start_forkserver`` waits for it."""
     global _early
     if _early is None:
-        thread = _Early()
-        thread.start()
-        _early = thread
+        _early = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-forkserver-start").submit(_start_now)
 
 
 def _nothing() -> None:
