@@ -135,6 +135,7 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
             continue
         usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
         starts.append(waiting.job_id)
+        free += sum(victim.slots for victim, _, _ in victims) - (waiting.slots - usable)  # (a gang may free more)
         for victim, why, kind in victims:
             candidates.remove(victim)
             usage[victim.team] -= victim.slots
@@ -145,7 +146,9 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
 def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], quotas: dict[str, int],
              need: int) -> Optional[list[tuple[Running, str, str]]]:
     """Running jobs whose slots (``need`` of them at least) ``waiting`` may take, each with why; None
-    when they are not enough (all or nothing)."""
+    when they are not enough (all or nothing). Lowest priority first; among equals, the smallest jobs
+    first, and then any chosen job the others already cover is let go (Kueue's fill-back): a 2-node job
+    is not stopped where a 1-node job of the same priority frees the slot needed."""
     usage = dict(usage)  # (each victim chosen leaves its team's use: the next borrowed() sees it gone)
 
     def borrowed(job: Running) -> bool:  # its team would still hold its quota without it
@@ -155,7 +158,8 @@ def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], qu
     below = quota is not None and usage.get(waiting.team, 0) + waiting.slots <= quota
     chosen: list[tuple[Running, str, str]] = []
     taken = 0
-    order = sorted(running, key=lambda job: (job.priority, quotas.get(job.team, 0) - usage.get(job.team, 0), job.job_id))
+    order = sorted(running, key=lambda job: (job.priority, quotas.get(job.team, 0) - usage.get(job.team, 0), job.slots,
+                                             job.job_id))
     for job in order:
         if taken >= need:
             break
@@ -168,7 +172,13 @@ def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], qu
         chosen.append((job, why, kind))
         usage[job.team] = usage.get(job.team, 0) - job.slots
         taken += job.slots
-    return chosen if taken >= need else None
+    if taken < need:
+        return None
+    for victim in reversed(list(chosen)):  # (letting one go leaves its team's use higher: the others stay borrowed)
+        if taken - victim[0].slots >= need:
+            chosen.remove(victim)
+            taken -= victim[0].slots
+    return chosen
 
 
 class Scheduler:

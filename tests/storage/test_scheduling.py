@@ -125,3 +125,23 @@ def test_no_yield_is_undone_by_the_next_decision(running, waits, quotas, idle):
     assert idle >= 0
     second = decide(queue(now_running, now_waiting, quotas), idle, set())
     assert not [y for y in second if y.job_id in placed and y.for_job in gone], (first, second)
+
+
+def test_at_equal_priority_the_fewest_slots_that_cover_the_need_yield():
+    # a 2-node job sorts first by id; one slot is needed: the 1-node job yields, the gang trains on
+    state = queue([Running("a-gang", "default", 2, 0), Running("b-single", "default", 1, 0)], [waiting("urgent", 10)])
+    assert [y.job_id for y in decide(state, 0, set())] == ["b-single"]
+    # three slots needed: the gang and one single, not both singles and the gang
+    state = queue([Running("a-gang", "default", 2, 0), Running("b1", "default", 1, 0), Running("b2", "default", 1, 0)],
+                  [waiting("big", 10, slots=3)])
+    assert sorted(y.job_id for y in decide(state, 0, set())) == ["a-gang", "b1"]
+    # a lower priority still goes first, whatever its size
+    state = queue([Running("a-gang", "default", 2, -1), Running("b-single", "default", 1, 0)], [waiting("urgent", 10)])
+    assert [y.job_id for y in decide(state, 0, set())] == ["a-gang"]
+
+
+def test_a_gang_that_frees_more_than_needed_leaves_the_rest_to_the_next_waiting_job():
+    state = queue([Running("gang", "default", 2, -1), Running("single", "default", 1, 0)],
+                  [waiting("u1", 10, at=1), waiting("u2", 10, at=2)])
+    yields, starts = plan(state, 0, set())
+    assert [y.job_id for y in yields] == ["gang"] and starts == ["u1", "u2"]  # (not the single too)
