@@ -141,14 +141,15 @@ end
 return 1
 """
 
-# KEYS: the member's lease, its worker's drain mark, the gang, the job. ARGV: token, ttl ms, gang id, why.
+# KEYS: the member's lease, its worker's drain mark, the gang, the job. ARGV: token, ttl ms, gang id, why, job id.
 _RENEW_MEMBER = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('HGET', KEYS[3], 'id') == ARGV[3] then
   local gang, job = redis.call('HGET', KEYS[3], 'state'), redis.call('HMGET', KEYS[4], 'state', 'yield_requested')
   if gang == 'forming' then return 0 end  -- drained while its gang forms: it leaves, its place offered again
-  if gang == 'running' and job[1] == 'running' and (job[2] or '') == '' then redis.call('HSET', KEYS[4], 'yield_requested', ARGV[4]) end
+  if gang == 'running' and job[1] == 'running' and (job[2] or '') == '' then  -- (the mark names the job: presence's undrain)
+    redis.call('HSET', KEYS[4], 'yield_requested', ARGV[4]); redis.call('SET', KEYS[2], ARGV[5]) end
 end
 return 1
 """
@@ -353,7 +354,7 @@ class Gangs:
     def renew_member(self, job_id: str, membership: Membership, ttl_s: float) -> bool:
         member, worker = keys.gang_member(job_id, membership.node), keys.worker_drained(membership.worker)
         return bool(self._renew_member(keys=[member, worker, keys.gang(job_id), keys.job(job_id)], args=[
-            membership.token, _ms(ttl_s), membership.gang, f"drained (node {membership.node}, {membership.worker})"]))
+            membership.token, _ms(ttl_s), membership.gang, f"drained (node {membership.node}, {membership.worker})", job_id]))
 
     def leave(self, job_id: str, membership: Membership) -> bool:
         """Give up a place (the lease ends; a gang still forming offers the place again)."""

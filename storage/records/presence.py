@@ -104,11 +104,29 @@ SEEN_KEPT_S = 86400.0
 """A worker not heard from for a day is forgotten (the dashboard lists the others, alive or not)."""
 
 
+# KEYS: the drain mark. ARGV: the worker, the prefix of a job's key. Undrains. A gang follower's drain sets
+# the mark to the id of the job it asked to yield (``gangs._RENEW_MEMBER``): that yield is withdrawn if the
+# gang's leader has not read it yet, as a leader's own drain (read at each renewal) ends when undrained.
+_UNDRAIN = """
+local held = redis.call('GET', KEYS[1])
+if not held then return 0 end
+redis.call('DEL', KEYS[1])
+if held ~= '1' then
+  local job = ARGV[2] .. held
+  local why = redis.call('HGET', job, 'yield_requested') or ''
+  if redis.call('HEXISTS', job, 'yield_seen') == 0 and string.match(why, '^drained %(node %d+, (.+)%)$') == ARGV[1] then
+    redis.call('HDEL', job, 'yield_requested')
+  end
+end
+return 1
+"""
+
+
 def set_drained(client: redis.Redis, worker: str, drained: bool) -> bool:
     """Drain ``worker`` or undrain it; False when it already was (or was not)."""
     if drained:
         return bool(client.set(keys.worker_drained(worker), "1", nx=True))
-    return bool(client.delete(keys.worker_drained(worker)))
+    return bool(client.register_script(_UNDRAIN)(keys=[keys.worker_drained(worker)], args=[worker, keys.job("")]))
 
 
 def drained(client: redis.Redis, workers: list[str]) -> set[str]:

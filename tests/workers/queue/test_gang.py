@@ -214,3 +214,25 @@ def test_a_drained_follower_asks_its_running_job_to_yield_and_the_leader_hears_i
     assert renew(held.token, 5000).yield_requested == "drained (node 1, w1)"
     assert records.release("a", held.token, "drained (node 1, w1) on w0") > 0
     assert "yield_requested" not in records.raw("a")
+
+
+def test_a_follower_undrained_before_its_leader_heard_of_it_leaves_its_job_training(env):
+    """As with a leader's own drain: undrained before the leader's next renewal, the job does not yield;
+    once the leader has read it, the yield goes ahead."""
+    client, records, gangs = env
+    led = form(gangs, "a", 2, "w0", "h0")
+    member, _ = gangs.join("a", 1, 2, "w1", "h1", "host", ttl_s=5)
+    assert gangs.renew_member("a", member, ttl_s=5) and gangs.admit(led) == ("admitted", 2)
+    held = lease.claim(client, "a", 1, "w0", ttl_s=5)
+    assert held.ok and gangs.start(led, "10.0.0.1:29400", "s3cret", "{}")
+    renew = lease.Renewer(client, "a", "w0")
+    presence.set_drained(client, "w1", True)
+    assert gangs.renew_member("a", member, ttl_s=5)
+    assert presence.set_drained(client, "w1", False) and not presence.drained(client, ["w1"])
+    assert renew(held.token, 5000).yield_requested == ""  # withdrawn: the job trains on
+    presence.set_drained(client, "w1", True)
+    assert gangs.renew_member("a", member, ttl_s=5)
+    assert renew(held.token, 5000).yield_requested == "drained (node 1, w1)"
+    assert presence.set_drained(client, "w1", False)  # too late: the leader has read it
+    assert renew(held.token, 5000).yield_requested == "drained (node 1, w1)"
+    assert not presence.set_drained(client, "w1", False)  # (not drained: nothing to undo)
