@@ -10,7 +10,8 @@ Either can run at a lower scheduling priority than training (``priority.py``, op
 one checkpoint is in flight. The policy when the next one is due while the previous is still in flight:
 
 - a periodic (``every_steps``) checkpoint is *skipped* and counted: training goes on, and the
-  next periodic checkpoint is taken when due;
+  next periodic checkpoint is taken when due (one due within ``checkpoint.min_interval_s`` of the
+  last one taken is skipped likewise: ``contract.Spacing``);
 - a mandatory checkpoint (epoch end, preemption, cancel) *waits* for the one in flight.
 
 A checkpoint becomes visible (listed in the manifest) only after its object is uploaded and its
@@ -37,7 +38,8 @@ from typing import Any, Callable, Collection, Optional
 from baton.storage import failpoints
 from baton.storage.stores.base import ObjectStore
 from baton.storage.checkpointing.commit_work import Committed, CommitWork
-from baton.storage.checkpointing.contract import CheckpointerTotals, CheckpointRequest, CheckpointStats, CheckpointTarget
+from baton.storage.checkpointing.contract import (CheckpointerTotals, CheckpointRequest, CheckpointStats, CheckpointTarget,
+                                                  Spacing)
 from baton.storage import owned_dirs
 from baton.storage.checkpointing import writer_start
 from baton.storage.checkpointing.priority import background_nice as nice_setting, lower_this_thread
@@ -86,6 +88,7 @@ class AsyncCheckpointer:
         self.on_commit = target.on_commit
         self.log = target.log
         self.totals = CheckpointerTotals()
+        self._spacing = Spacing(target.min_interval_s)
         self._spool = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
         self._inflight: Optional[_InFlight] = None
         self._cancelled = threading.Event()
@@ -118,10 +121,12 @@ class AsyncCheckpointer:
         ``stable``: storage keys of the tensors only ``optimizer.step`` modifies; on CUDA their
         device-to-host copy then overlaps the next forward/backward, and the loop must call
         ``before_optimizer_step()`` (snapshot.py)."""
-        if self._inflight is not None and not self._inflight.future.done():
-            if not mandatory and not failpoints.held():  # (a test holding commits has every checkpoint taken)
-                self.totals.skipped += 1
-                return False
+        busy = self._inflight is not None and not self._inflight.future.done()
+        # (a test holding commits has every checkpoint taken)
+        if not mandatory and (busy or self._spacing.too_soon()) and not failpoints.held():
+            self.totals.skipped += 1
+            return False
+        self._spacing.taken()
         started = time.perf_counter()  # a wait for the checkpoint in flight blocks the loop too
         self.wait()
         snapshot = self._snapshot.take(capture(), stable)

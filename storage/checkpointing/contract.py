@@ -5,12 +5,14 @@
 - ``CheckpointTarget``: where one attempt's checkpoints go and what their commit must pass (the
   job's store and paths, the attempt, rotation, the fence, who hears of each commit);
 - ``CheckpointStats``, ``CheckpointerTotals``: what each checkpoint cost the loop and the writer;
+- ``Spacing``: the least time between two checkpoints that a periodic one keeps;
 - ``Checkpointer``: the protocol every checkpointer implements for the loop: a single process's
   (``AsyncCheckpointer``), a data-parallel group's (every rank's state gathered to rank 0's) and a
   sharded job's (every rank writes its shard).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Optional, Protocol
 
@@ -48,6 +50,23 @@ class CheckpointerTotals:
     done: list[CheckpointStats] = field(default_factory=list)
 
 
+@dataclass
+class Spacing:
+    """A periodic checkpoint is skipped within ``min_interval_s`` of the start of the last one taken
+    (an epoch's end, a yield, the run's end are always taken). It bounds what a fast loop's checkpoints
+    cost the control plane (each commit's fence reads Redis) and the store (each is a few PUTs) by time,
+    not by the step rate; any checkpoint resumes bit-exactly, so which ones are skipped changes nothing else."""
+
+    min_interval_s: float = 0.0
+    _last: Optional[float] = None
+
+    def too_soon(self) -> bool:
+        return self._last is not None and time.monotonic() - self._last < self.min_interval_s
+
+    def taken(self) -> None:
+        self._last = time.monotonic()
+
+
 def _no_fence() -> None:
     pass
 
@@ -60,7 +79,8 @@ def _ignore_commit(manifest: CheckpointManifest, stats: CheckpointStats) -> None
 class CheckpointTarget:
     """Where one attempt's checkpoints go: under ``paths`` (the job's) in ``store``, as ``attempt``,
     the newest ``keep_last`` kept. ``fence`` runs just before each commit (FencedOut stops it),
-    ``on_commit`` hears of each one; storage errors are retried for ``upload_retry_s``."""
+    ``on_commit`` hears of each one; storage errors are retried for ``upload_retry_s``; periodic
+    checkpoints are at least ``min_interval_s`` apart (``Spacing``)."""
 
     store: ObjectStore
     paths: JobPaths
@@ -70,6 +90,7 @@ class CheckpointTarget:
     on_commit: Callable[[CheckpointManifest, CheckpointStats], None] = _ignore_commit
     upload_retry_s: float = UPLOAD_RETRY_S
     log: Callable[[str], None] = print
+    min_interval_s: float = 0.0
 
     @property
     def attempt_paths(self) -> JobPaths:

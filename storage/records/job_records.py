@@ -344,6 +344,10 @@ class JobRecords:
         return bool(self._pass_on(keys=[keys.job(job_id)],
                                   args=[attempt, repr(time.time() + publish_in_s), now(), event]))
 
+    def holds(self, job_id: str, token: str) -> bool:
+        """Whether ``token`` holds the job's lease now: one GET, read from Redis (the checkpoint fence)."""
+        return maybe_text(self.redis.get(keys.lease(job_id))) == token
+
     def fenced_set(self, job_id: str, token: str, fields: dict[str, object]) -> bool:
         """Set ``fields`` while ``token`` still holds the lease; False when fenced out."""
         flat = [str(item) for pair in fields.items() for item in pair]

@@ -161,6 +161,24 @@ def test_periodic_checkpoint_is_skipped_while_one_is_in_flight_and_mandatory_one
     assert [e.step for e in ManifestStore(store, PATHS).read().checkpoints] == [1, 3]
 
 
+def test_a_periodic_checkpoint_within_the_minimum_interval_is_skipped_and_a_mandatory_one_is_not(tmp_path):
+    store = FileStore(tmp_path)
+    ckpt = AsyncCheckpointer(CheckpointTarget(store, PATHS, 1, 5, log=lambda m: None, min_interval_s=3600.0))
+    assert ckpt.save(lambda: _state(1), _request(1), mandatory=False)
+    ckpt.wait()  # (nothing in flight: only the interval skips the next)
+    assert not ckpt.save(lambda: _state(2), _request(2), mandatory=False) and ckpt.totals.skipped == 1
+    assert ckpt.save(lambda: _state(3), _request(3, "epoch"), mandatory=True)
+    ckpt.wait()
+    assert not ckpt.save(lambda: _state(4), _request(4), mandatory=False)  # (the epoch's end counts as the last)
+    ckpt.close()
+    assert [e.step for e in ManifestStore(store, PATHS).read().checkpoints] == [1, 3]
+    unspaced = AsyncCheckpointer(CheckpointTarget(FileStore(tmp_path / "0"), PATHS, 1, 5, log=lambda m: None))
+    for step in (1, 2, 3):
+        assert unspaced.save(lambda: _state(step), _request(step), mandatory=False)
+        unspaced.wait()
+    unspaced.close()
+
+
 def test_a_fenced_out_checkpointer_commits_nothing(store):
     ckpt = _checkpointer(store, attempt=1)
     ckpt.save(lambda: _state(1), _request(1), mandatory=True)

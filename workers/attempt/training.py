@@ -44,7 +44,7 @@ def train_attempt(attempt: "Attempt", options: "AttemptOptions", manifest: Check
     threads = spec.resources.cpu_threads or saved_threads or default_threads(spec)
     configure(spec.loop.deterministic, threads)
     target = CheckpointTarget(attempt.store, attempt.paths, attempt.number, spec.checkpoint.keep_last, options.fence,
-                              options.on_commit, options.upload_retry_s, log)
+                              options.on_commit, options.upload_retry_s, log, spec.checkpoint.min_interval_s)
     plan = RankPlan(spec, attempt.allowed_prefixes, threads, target, resume.state, attempt.pause_at)
     if spec.resources.single_process:
         return _train(plan, OneProcess(resolve_device(spec.resources.device)), resume, options, memory)

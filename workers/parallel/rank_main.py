@@ -99,7 +99,7 @@ def run_rank(order: RankOrder, secret: str, report: Callable[[BaseException], bo
     seat = RankSeat(rank, group_order.world_size, group_order.device_type, local_rank=rank % spec.resources.processes)
     group = RankGroup.join(rendezvous, seat, secret, seed=spec.seed, sharded=spec.resources.strategy == "fsdp")
     target = CheckpointTarget(store, JobPaths(group_order.job_id), group_order.attempt, spec.checkpoint.keep_last,
-                              log=control.log)
+                              log=control.log, min_interval_s=spec.checkpoint.min_interval_s)
     finished = False
     try:
         plan = RankPlan(spec, group_order.allowed_prefixes, group_order.cpu_threads, target, state, group_order.pause_at)

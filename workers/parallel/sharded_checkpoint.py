@@ -43,7 +43,8 @@ from baton.storage.artifacts import file_sha256, object_name
 from baton.storage.checkpoint_io import ROWS_KEY, RowLines, save_to_file
 from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
 from baton.storage.checkpointing.commit_work import CommitWork
-from baton.storage.checkpointing.contract import CheckpointerTotals, CheckpointRequest, CheckpointStats, CheckpointTarget
+from baton.storage.checkpointing.contract import (CheckpointerTotals, CheckpointRequest, CheckpointStats, CheckpointTarget,
+                                                  Spacing)
 from baton.storage.stores.retry import retry_transient
 from baton.storage.checkpointing.plain import unwrap
 from baton.storage.checkpointing.snapshot import HostSnapshot, storage_key
@@ -63,6 +64,7 @@ class ShardedCheckpointer:
         self.fence, self.on_commit, self.log = target.fence, target.on_commit, target.log
         self.upload_retry_s = target.upload_retry_s
         self.totals = CheckpointerTotals()
+        self._spacing = Spacing(target.min_interval_s)
         self._spool = owned_dirs.make(SPOOL_PREFIX, target.store.scratch_dir())
         on_cpu = parts.device.type == "cpu"  # on CUDA the shards' copy overlaps on a side stream instead
         self._snapshot = HostSnapshot(pin_memory=not on_cpu, overlap_on_cpu=on_cpu)
@@ -84,10 +86,11 @@ class ShardedCheckpointer:
         started = time.perf_counter()
         # at every due checkpoint, taken or skipped: the buffers' values must not depend on the timing of skips
         self.group.share_buffers(self.parts.model)
-        busy = self._inflight is not None and not self._inflight[0].done()
-        if not mandatory and self.group.any_rank(busy):
+        busy = self._inflight is not None and not self._inflight[0].done() or self._spacing.too_soon()
+        if not mandatory and self.group.any_rank(busy):  # (the ranks agree on each skip: every one has the same)
             self.totals.skipped += 1
             return False
+        self._spacing.taken()
         self.wait()
         own = own_state(capture())
         own["config"] = {**own["config"], "processes": self.group.world_size, "strategy": "fsdp"}

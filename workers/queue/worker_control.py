@@ -93,7 +93,7 @@ class WorkerControl(LoopControl):
         the lease's last renewal is no proof, since a Redis restored from a backup or failed over to a
         replica behind it can lose the lease while its holder's heartbeat still vouches for it)."""
         if self.heartbeat.fenced.is_set() or not self.leased(
-                lambda: self.ctx.records.fenced_set(self.job_id, self.token, {}), "the checkpoint fence"):
+                lambda: self.ctx.records.holds(self.job_id, self.token), "the checkpoint fence"):
             self.heartbeat.fenced.set()
             raise FencedOut(f"job {self.job_id}: lease {self.token} no longer holds the job")
 
