@@ -78,7 +78,7 @@ BUCKET = "chaos"
 RANK_JOB = "chaos-rank-failure"
 RANK_FAILURE = make_spec(data={"target": "tests.probes:failing_on_rank", "kwargs": {"n_per_class": 300, "rank": 1,
                                                                                   "after": 40}},
-                         loop={"epochs": 1}, checkpoint={"every_steps": 2}, resources={"processes": 2},
+                         loop={"epochs": 1}, checkpoint={"every_steps": 2, "min_interval_s": 0}, resources={"processes": 2},
                          retry={"max_attempts": 3})
 
 
@@ -95,7 +95,7 @@ def chaos_spec(faults: int, hold: Path) -> dict:
     epochs = max(2, math.ceil((faults * 20 + 30) / steps_per_epoch))
     return make_spec(data={"target": "tests.probes:slow_spiral",
                            "kwargs": {"n_per_class": 300, "delay_s": 0.003, "hold": str(hold)}},
-                     loop={"epochs": epochs}, checkpoint={"every_steps": 4, "keep_last": 3},
+                     loop={"epochs": epochs}, checkpoint={"every_steps": 4, "keep_last": 3, "min_interval_s": 0},
                      retry={"max_attempts": 100})  # the job is meant to lose its worker many times
 
 

@@ -4,7 +4,8 @@ For each scale N: a fresh redis-server, N job records each claimed by its own si
 real claim script), and for ``--seconds`` every simulated worker does what a real worker running a
 job does to Redis, at its real cadence and with the real scripts (``leases._RENEW`` with the job's
 progress, every ``BATON_HEARTBEAT_S``; ``presence._ANNOUNCE`` every ``presence.ANNOUNCE_EVERY_S``; a
-try for the reaper's turn every period). One real ``Reaper`` (the worker code's own thread: the due
+try for the reaper's turn every period; a commit's fence, one GET of the lease, every
+``checkpoint.min_interval_s``: the most a job checkpointing at the default spacing commits). One real ``Reaper`` (the worker code's own thread: the due
 index, the sweep, the scheduler's turn) makes every period's pass. Simulated workers train nothing.
 Their commands go in pipelines from one process, one round trip per batch, so what is measured is
 Redis's work per command, not a connection per worker; their tries for the turn go to a twin key
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from baton.jobs.services import RedisServer  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
+from baton.schemas.spec import CheckpointSpec  # noqa: E402
 from baton.storage.records import keys, leases, presence, reaping  # noqa: E402
 from baton.storage.records.job_records import JobRecords  # noqa: E402
 from baton.workers.queue.reaper import Reaper  # noqa: E402
@@ -52,6 +54,8 @@ from baton.workers.queue.reaper import Reaper  # noqa: E402
 _DEFAULTS = BatonSettings.model_fields
 TTL_S, HEARTBEAT_S, PERIOD_S = (float(_DEFAULTS[name].default) for name in ("lease_ttl_s", "heartbeat_s", "reaper_period_s"))
 """The workers' defaults (BATON_LEASE_TTL_S, BATON_HEARTBEAT_S, BATON_REAPER_PERIOD_S)."""
+COMMIT_EVERY_S = float(CheckpointSpec.model_fields["min_interval_s"].default)
+"""A job commits at most this often at the default checkpoint spacing: each commit's fence is one GET."""
 QUEUE = "gpu"
 BATCH = 500  # commands per pipeline
 
@@ -96,7 +100,8 @@ class Simulation:
     def _run(self, t0: float, seconds: float) -> None:
         client = redis.Redis.from_url(self.url, decode_responses=True)
         renew, announce = client.register_script(leases._RENEW), client.register_script(presence._ANNOUNCE)
-        every = {"renew": HEARTBEAT_S, "announce": presence.announce_every_s(self.period_s), "turn": self.period_s}
+        every = {"renew": HEARTBEAT_S, "announce": presence.announce_every_s(self.period_s), "turn": self.period_s,
+                 "fence": COMMIT_EVERY_S}
         holds = max(presence.LAPSES_AFTER_ANNOUNCES * every["announce"], presence.LAPSES_AFTER_MIN_S)
         rng = random.Random(0)
         buckets = {}
@@ -124,6 +129,8 @@ class Simulation:
                               args=[token, int(TTL_S * 1000), job_id, "step", step, "loss", 0.5, "updated_at", due_at],
                               client=pipe)
                         last[job_id] = due_at
+                    elif kind == "fence" and job_id not in stopped:  # (WorkerControl.fence: records.holds)
+                        pipe.get(keys.lease(job_id))
                     elif kind == "announce" and job_id not in stopped:
                         announce(keys=[keys.QUEUES], args=[worker, holds, QUEUE], client=pipe)
                     elif kind == "turn":  # (a try for the free turn: what every reaper but the holder sends)

@@ -55,7 +55,7 @@ def spec(processes: int, threads: int, epochs: int) -> dict:
         "optimizer": {"name": "adamw", "lr": 1e-3},
         "scheduler": {"name": "onecycle", "warmup_fraction": 0.2},
         "loop": {"epochs": epochs, "deterministic": True},
-        "checkpoint": {"every_steps": 5, "keep_last": 3},
+        "checkpoint": {"every_steps": 5, "keep_last": 3, "min_interval_s": 0},
         "resources": {"device": "cpu", "cpu_threads": threads, "processes": processes},
     }
 

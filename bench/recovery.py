@@ -51,7 +51,7 @@ SPEC = {
     "model": {"target": "builtin:mlp", "kwargs": {"in_features": 2, "hidden": 256, "layers": 3, "out_features": 3}},
     "data": {"target": "builtin:spiral", "kwargs": {"n_per_class": 20000}, "batch_size": 256},
     "optimizer": {"name": "adamw", "lr": 1e-3},
-    "loop": {"epochs": 50}, "checkpoint": {"every_steps": 20, "keep_last": 3},
+    "loop": {"epochs": 50}, "checkpoint": {"every_steps": 20, "keep_last": 3, "min_interval_s": 0},
 }
 LARGE = {**SPEC, "model": {"target": "builtin:mlp", "kwargs": {"in_features": 2, "hidden": 2896, "layers": 4,
                                                                "out_features": 3}},

@@ -48,7 +48,8 @@ class MetricsRow(BaseModel):
     checkpoint: Optional[str] = Field(None, description="Object key of the checkpoint taken after this validation.")
     is_best: bool = Field(False, description="Whether this validation improved the monitored metric.")
     ckpt_count: int = Field(0, description="Checkpoints committed since the previous row (this attempt).")
-    ckpt_skipped: int = Field(0, description="Periodic checkpoints skipped so far because one was still in flight.")
+    ckpt_skipped: int = Field(0, description="Periodic checkpoints skipped so far because one was still in flight or the last "
+                              "was taken less than checkpoint.min_interval_s before.")
     ckpt_stall_s: float = Field(0.0, description="Seconds the loop was blocked snapshotting those checkpoints.")
     ckpt_write_s: float = Field(0.0, description="Seconds spent serializing, uploading and committing them (in the background).")
     ckpt_bytes: int = Field(0, description="Bytes of those checkpoints.")

@@ -119,6 +119,12 @@ def queue_running(queue: str) -> str:
     return f"{PREFIX}:queue:{queue}:running"
 
 
+def queue_cooling(queue: str) -> str:
+    """Sorted set: job id -> when the scheduler last asked it to yield, for ``queue``'s jobs asked within
+    the cooldown (``scheduling.YIELD_COOLDOWN_S``): what a turn reads instead of every running job's record."""
+    return f"{PREFIX}:queue:{queue}:cooling"
+
+
 def queue_yielding(queue: str) -> str:
     """Hash: job id -> why it was asked to yield, for each running job of ``queue`` the scheduler asked
     (``storage/records/scheduling.py``); the mark goes when the attempt ends."""

@@ -44,9 +44,9 @@ from baton.storage.records.refusals import Placement
 
 _log = logging.getLogger("baton.scheduler")
 
-# KEYS: job, the queue's yielding hash, the queue's running hash. ARGV: job id, why, now, cooldown s, the
-# waiting job it yields for. 1 when marked; 0 when the job no longer runs there, is marked already, or was
-# marked within the cooldown.
+# KEYS: job, the queue's yielding hash, the queue's running hash, its cooling index. ARGV: job id, why, now,
+# cooldown s, the waiting job it yields for. 1 when marked; 0 when the job no longer runs there, is marked
+# already, or was marked within the cooldown.
 _MARK = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return 0 end
@@ -54,10 +54,12 @@ local last = tonumber(redis.call('HGET', KEYS[1], 'yield_marked_at') or '0') or 
 if tonumber(ARGV[3]) - last < tonumber(ARGV[4]) then return 0 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2], 'yield_marked_at', ARGV[3], 'yield_for', ARGV[5])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 return 1
 """
 
-# KEYS: job, the queue's yielding hash, the job it was marked for. ARGV: job id, that job's id. Withdraws
+# KEYS: job, the queue's yielding hash, the job it was marked for, the queue's cooling index. ARGV: job id,
+# that job's id. Withdraws
 # the mark when the job it was for no longer waits (cancelled, started elsewhere, gone) and the marked
 # job's worker has not read it yet (``leases.renew`` sets ``yield_seen``: from then on it is yielding).
 # 1 when withdrawn.
@@ -70,6 +72,7 @@ local state = redis.call('HGET', KEYS[3], 'state')
 if state == 'queued' or state == 'retrying' then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[1], 'yield_requested', 'yield_for', 'yield_marked_at')
+redis.call('ZREM', KEYS[4], ARGV[1])
 return 1
 """
 
@@ -210,10 +213,11 @@ class Scheduler:
         yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
         followers = self._followers([job.job_id for job in state.running if job.slots > 1])
         placement = self.placement(queue, [job.job_id for job in state.waiting], followers)
-        decisions = decide(state, len(placement.idle), yielding, self._cooling(state), placement)
+        decisions = decide(state, len(placement.idle), yielding, self._cooling(queue), placement)
         marked = []
         for decision in decisions:
-            if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue)],
+            if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue),
+                                keys.queue_cooling(queue)],
                           args=[decision.job_id, decision.reason, time.time(), YIELD_COOLDOWN_S, decision.for_job]):
                 _log.warning("job %s asked to yield: %s", decision.job_id, decision.reason)
                 marked.append(decision)
@@ -232,26 +236,20 @@ class Scheduler:
         withdrawn = []
         for job_id, for_job in zip(marked, pipe.execute()):
             for_job = maybe_text(for_job)
-            if for_job and self._withdraw(keys=[keys.job(job_id), keys.queue_yielding(queue), keys.job(for_job)],
-                                          args=[job_id, for_job]):
+            if for_job and self._withdraw(keys=[keys.job(job_id), keys.queue_yielding(queue), keys.job(for_job),
+                                                keys.queue_cooling(queue)], args=[job_id, for_job]):
                 _log.warning("job %s: its yield withdrawn: job %s no longer waits", job_id, for_job)
                 withdrawn.append(job_id)
         return withdrawn
 
-    def _cooling(self, state: QueueState) -> frozenset[str]:
-        """The running jobs asked to yield within ``YIELD_COOLDOWN_S`` (``_MARK`` would refuse them)."""
+    def _cooling(self, queue: str) -> frozenset[str]:
+        """The jobs of ``queue`` asked to yield within ``YIELD_COOLDOWN_S`` (``_MARK`` would refuse them),
+        from the queue's cooling index (older entries are dropped): two commands, however many run."""
+        index, since = keys.queue_cooling(queue), time.time() - YIELD_COOLDOWN_S
         pipe = self.redis.pipeline(transaction=False)
-        for job in state.running:
-            pipe.hget(keys.job(job.job_id), "yield_marked_at")
-        now = time.time()
-        cooling = set()
-        for job, marked in zip(state.running, pipe.execute()):
-            try:
-                if marked is not None and now - float(text(marked)) < YIELD_COOLDOWN_S:
-                    cooling.add(job.job_id)
-            except ValueError:
-                continue
-        return frozenset(cooling)
+        pipe.zremrangebyscore(index, "-inf", f"({since!r}")
+        pipe.zrangebyscore(index, since, "+inf")
+        return frozenset(map(text, pipe.execute()[1]))
 
     def _followers(self, gang_jobs: list[str]) -> frozenset[str]:
         """The workers running the other nodes of ``gang_jobs`` (BUSY names only a gang's leader)."""

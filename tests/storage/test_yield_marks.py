@@ -77,6 +77,7 @@ def test_no_worker_is_freed_for_a_job_it_said_it_cannot_host(pool):
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent")]
     client.delete(keys.queue_yielding("default"))
     client.hdel(keys.job("low"), "yield_marked_at")
+    client.zrem(keys.queue_cooling("default"), "low")  # (the cooldown over)
     refusals.note(client, "urgent", "w1")
     assert Scheduler(client).turn() == []
     submit(records, "urgent2", priority=10)  # a job behind it that w1 can host still gets a worker freed
@@ -139,6 +140,7 @@ def test_an_idle_worker_that_said_no_is_no_free_slot_for_the_job(pool):
     refusals.withdraw(client, "urgent", "A")
     client.delete(keys.queue_yielding("default"))
     client.hdel(keys.job("low"), "yield_marked_at")
+    client.zrem(keys.queue_cooling("default"), "low")  # (the cooldown over)
     assert Scheduler(client).turn() == []  # A may start it: nothing yields
 
 
@@ -165,3 +167,37 @@ def test_a_gang_follower_that_once_said_no_is_not_taken_for_an_idle_worker(pool)
     submit(records, "urgent2", priority=10)
     refusals.note(client, "urgent2", "w1")  # the follower is no idle worker: 'low' yields for this one
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent2")]
+
+
+def test_a_job_asked_to_yield_is_not_asked_again_within_the_cooldown_even_after_it_ran_again(pool):
+    """'low' yielded to 'urgent' and runs again on a freed worker; 'urgent2' arrives: 'other' yields, not
+    'low' again (the queue's cooling index, not the record, is what the turn reads)."""
+    client, records = pool
+    live(client, "w1", "w2")
+    for job, worker in (("low", "w1"), ("other", "w2")):
+        submit(records, job)
+        claim(records, job, worker=worker)
+    submit(records, "urgent", priority=10)
+    assert [one.job_id for one in Scheduler(client).turn()] == ["low"]
+    assert records.release("low", client.get(keys.lease("low")), "yielded") > 0  # (the yield, carried out)
+    claim(records, "urgent", worker="w1")
+    claim(records, "low", worker="w3")
+    live(client, "w3")
+    submit(records, "urgent2", priority=10)
+    assert [one.job_id for one in Scheduler(client).turn()] == ["other"]
+
+
+def test_a_turn_while_a_job_waits_costs_the_same_few_commands_however_many_jobs_run(pool):
+    """The scheduler's turn reads the queue's hashes and sets whole (a command each), never each
+    running job's record: with 60 running jobs, a turn stays within a fixed number of commands."""
+    client, records = pool
+    for i in range(60):
+        live(client, f"w{i}")
+        submit(records, f"r{i}", priority=5)
+        claim(records, f"r{i}", worker=f"w{i}")
+    submit(records, "waits", priority=0)  # (lower than every running job: nothing yields, it just waits)
+    scheduler = Scheduler(client)
+    before = sum(int(stat["calls"]) for stat in client.info("commandstats").values())
+    assert scheduler.turn() == []
+    spent = sum(int(stat["calls"]) for stat in client.info("commandstats").values()) - before - 1  # (the INFO)
+    assert spent <= 30, spent
