@@ -31,7 +31,6 @@ marked job's worker read it is withdrawn at the next turn (``withdraw_stale``): 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,18 +43,34 @@ from baton.storage.records.refusals import Placement
 
 _log = logging.getLogger("baton.scheduler")
 
-# KEYS: job, the queue's yielding hash, the queue's running hash, its cooling index. ARGV: job id, why, now,
+# KEYS: job, the queue's yielding hash, the queue's running hash, its cooling index. ARGV: job id, why,
 # cooldown s, the waiting job it yields for. 1 when marked; 0 when the job no longer runs there, is marked
-# already, or was marked within the cooldown.
+# already, or was marked within the cooldown (then the index lists it, if it did not: the next turn
+# chooses another). Times are Redis's clock, as every reader of them.
 _MARK = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return 0 end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 local last = tonumber(redis.call('HGET', KEYS[1], 'yield_marked_at') or '0') or 0
-if tonumber(ARGV[3]) - last < tonumber(ARGV[4]) then return 0 end
+if now - last < tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[4], last, ARGV[1])
+  return 0
+end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2], 'yield_marked_at', ARGV[3], 'yield_for', ARGV[5])
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+local at = string.format('%.6f', now)
+redis.call('HSET', KEYS[1], 'yield_requested', ARGV[2], 'yield_marked_at', at, 'yield_for', ARGV[4])
+redis.call('ZADD', KEYS[4], at, ARGV[1])
 return 1
+"""
+
+# KEYS: the queue's cooling index. ARGV: the cooldown s. Drops the entries older than the cooldown (Redis's
+# clock) and returns the others' job ids.
+_COOLING = """
+local clock = redis.call('TIME')
+local since = string.format('%.6f', tonumber(clock[1]) + tonumber(clock[2]) / 1e6 - tonumber(ARGV[1]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. since)
+return redis.call('ZRANGEBYSCORE', KEYS[1], since, '+inf')
 """
 
 # KEYS: job, the queue's yielding hash, the job it was marked for, the queue's cooling index. ARGV: job id,
@@ -119,26 +134,32 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
     candidates = [job for job in state.running if job.job_id not in yielding and job.job_id not in cooling]
     decisions: list[Yield] = []
     starts: list[str] = []
+    spare: dict[str, int] = {}  # slots freed beyond a need (a gang's), by the job that frees them
     for waiting in state.waiting:
         if placement.nowhere(waiting.job_id):
             continue
         usable = max(0, free - placement.idle_refusing(waiting.job_id))  # (an idle worker that said no: not for it)
-        if waiting.slots <= usable:
-            free -= waiting.slots
+        extra = [job_id for job_id in spare if placement.frees_for(job_id, waiting.job_id)]
+        if waiting.slots <= usable + sum(spare[job_id] for job_id in extra):
+            free -= min(usable, waiting.slots)
+            _take(spare, extra, waiting.slots - min(usable, waiting.slots))
             usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
             starts.append(waiting.job_id)
             continue
         hosts = [job for job in candidates if placement.frees_for(job.job_id, waiting.job_id)]
-        victims = _victims(waiting, hosts, usage, state.quotas, waiting.slots - usable)
+        need = waiting.slots - usable - _take(spare, extra, waiting.slots - usable)  # (all of them: too few)
+        victims = _victims(waiting, hosts, usage, state.quotas, need)
         free -= usable  # the free workers that may start it go to it (or to the gang it forms)
         if victims is None:  # so would a freed worker, unless it said no to it
             candidates = [job for job in candidates if job not in hosts]
-            if not candidates and not free:
+            if not candidates and not free and not spare:
                 break
             continue
         usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
         starts.append(waiting.job_id)
-        free += sum(victim.slots for victim, _, _ in victims) - (waiting.slots - usable)  # (a gang may free more)
+        if sum(victim.slots for victim, _, _ in victims) > need:  # (a gang freed more than it needs)
+            largest = max(victims, key=lambda chosen: chosen[0].slots)[0]
+            spare[largest.job_id] = sum(victim.slots for victim, _, _ in victims) - need
         for victim, why, kind in victims:
             candidates.remove(victim)
             usage[victim.team] -= victim.slots
@@ -146,12 +167,25 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
     return decisions, starts
 
 
+def _take(spare: dict[str, int], eligible: list[str], wanted: int) -> int:
+    """Take up to ``wanted`` of the ``eligible`` entries' spare slots; how many were taken."""
+    taken = 0
+    for job_id in eligible:
+        share = min(spare[job_id], wanted - taken)
+        spare[job_id] -= share
+        taken += share
+        if not spare[job_id]:
+            del spare[job_id]
+    return taken
+
+
 def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], quotas: dict[str, int],
              need: int) -> Optional[list[tuple[Running, str, str]]]:
     """Running jobs whose slots (``need`` of them at least) ``waiting`` may take, each with why; None
-    when they are not enough (all or nothing). Lowest priority first; among equals, the smallest jobs
-    first, and then any chosen job the others already cover is let go (Kueue's fill-back): a 2-node job
-    is not stopped where a 1-node job of the same priority frees the slot needed."""
+    when they are not enough (all or nothing). Lowest priority first, then the team furthest above its
+    quota; among equals, the smallest jobs first, and then any chosen job of the last rank taken that the
+    others already cover is let go (Kueue's fill-back, within a rank): a 2-node job is not stopped where a
+    1-node job of the same priority frees the slot needed, and no job is let go for a higher one."""
     usage = dict(usage)  # (each victim chosen leaves its team's use: the next borrowed() sees it gone)
 
     def borrowed(job: Running) -> bool:  # its team would still hold its quota without it
@@ -161,9 +195,8 @@ def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], qu
     below = quota is not None and usage.get(waiting.team, 0) + waiting.slots <= quota
     chosen: list[tuple[Running, str, str]] = []
     taken = 0
-    order = sorted(running, key=lambda job: (job.priority, quotas.get(job.team, 0) - usage.get(job.team, 0), job.slots,
-                                             job.job_id))
-    for job in order:
+    rank = {job.job_id: (job.priority, quotas.get(job.team, 0) - usage.get(job.team, 0)) for job in running}
+    for job in sorted(running, key=lambda job: (rank[job.job_id], job.slots, job.job_id)):
         if taken >= need:
             break
         if job.team != waiting.team and below and job.priority <= waiting.priority and borrowed(job):
@@ -177,8 +210,9 @@ def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], qu
         taken += job.slots
     if taken < need:
         return None
+    marginal = rank[chosen[-1][0].job_id] if chosen else None
     for victim in reversed(list(chosen)):  # (letting one go leaves its team's use higher: the others stay borrowed)
-        if taken - victim[0].slots >= need:
+        if rank[victim[0].job_id] == marginal and taken - victim[0].slots >= need:
             chosen.remove(victim)
             taken -= victim[0].slots
     return chosen
@@ -192,6 +226,7 @@ class Scheduler:
         self.pool = Pool(client)
         self._mark = client.register_script(_MARK)
         self._withdraw = client.register_script(_WITHDRAW)
+        self._cooling_now = client.register_script(_COOLING)
 
     def turn(self) -> list[Yield]:
         """Decide and mark every queue's yields; the ones marked."""
@@ -218,7 +253,7 @@ class Scheduler:
         for decision in decisions:
             if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue),
                                 keys.queue_cooling(queue)],
-                          args=[decision.job_id, decision.reason, time.time(), YIELD_COOLDOWN_S, decision.for_job]):
+                          args=[decision.job_id, decision.reason, YIELD_COOLDOWN_S, decision.for_job]):
                 _log.warning("job %s asked to yield: %s", decision.job_id, decision.reason)
                 marked.append(decision)
         return marked
@@ -244,12 +279,8 @@ class Scheduler:
 
     def _cooling(self, queue: str) -> frozenset[str]:
         """The jobs of ``queue`` asked to yield within ``YIELD_COOLDOWN_S`` (``_MARK`` would refuse them),
-        from the queue's cooling index (older entries are dropped): two commands, however many run."""
-        index, since = keys.queue_cooling(queue), time.time() - YIELD_COOLDOWN_S
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zremrangebyscore(index, "-inf", f"({since!r}")
-        pipe.zrangebyscore(index, since, "+inf")
-        return frozenset(map(text, pipe.execute()[1]))
+        from the queue's cooling index (older entries are dropped): one script, however many run."""
+        return frozenset(map(text, self._cooling_now(keys=[keys.queue_cooling(queue)], args=[YIELD_COOLDOWN_S])))
 
     def _followers(self, gang_jobs: list[str]) -> frozenset[str]:
         """The workers running the other nodes of ``gang_jobs`` (BUSY names only a gang's leader)."""

@@ -55,7 +55,8 @@ def test_the_queue_page_matches_baton_queue_and_a_cancel_needs_the_token(cluster
     browser.find_element("id", "token").send_keys(TOKEN + "\n")
     browser.find_element("id", "cancel").click()
     wait_for(lambda: client.job("low").status().state.value == "cancelled", 10, "the cancel")
-    assert "cancelled" in browser.find_element("id", "action-result").text
+    # (the page shows the answer after Redis has it: wait for the text, not only the record)
+    wait_for(lambda: "cancelled" in browser.find_element("id", "action-result").text, 10, "the page's answer")
     client.job("hog").cancel()
 
 

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baton.storage.records.pool import QueueState, Running, Waiting, _merge
+from baton.storage.records.refusals import Placement
 from baton.storage.records.scheduling import decide, plan
 
 
@@ -140,8 +141,25 @@ def test_at_equal_priority_the_fewest_slots_that_cover_the_need_yield():
     assert [y.job_id for y in decide(state, 0, set())] == ["a-gang"]
 
 
+def test_the_fill_back_lets_go_only_of_jobs_as_low_as_the_last_one_taken():
+    # two slots needed: the lowest (1 node, priority 0) yields, then the 2-node one of priority 1; the
+    # lowest is not let go for it (the lowest first), though the 2-node job alone would cover the need
+    state = queue([Running("a", "default", 1, 0), Running("b", "default", 2, 1)], [waiting("big", 10, slots=2)])
+    assert sorted(y.job_id for y in decide(state, 0, set())) == ["a", "b"]
+    # at equal priority the team furthest above its quota yields first, and is not let go for another team's
+    # (x: 3 slots over a quota of 0; y: 2 over its 1; the priority-20 jobs are not for the taking)
+    state = queue([Running("x1", "x", 1, 0), Running("xh1", "x", 1, 20), Running("xh2", "x", 1, 20),
+                   Running("yg", "y", 2, 0), Running("yh", "y", 1, 20)], [waiting("big", 10, team="z", slots=2)],
+                  {"x": 0, "y": 1})
+    assert sorted(y.job_id for y in decide(state, 0, set())) == ["x1", "yg"]
+
+
 def test_a_gang_that_frees_more_than_needed_leaves_the_rest_to_the_next_waiting_job():
     state = queue([Running("gang", "default", 2, -1), Running("single", "default", 1, 0)],
                   [waiting("u1", 10, at=1), waiting("u2", 10, at=2)])
     yields, starts = plan(state, 0, set())
     assert [y.job_id for y in yields] == ["gang"] and starts == ["u1", "u2"]  # (not the single too)
+    # ...unless the gang's worker said it cannot host that job: then the single yields for it
+    placement = Placement(frozenset({"g", "s"}), {"gang": "g", "single": "s"}, {"u2": frozenset({"g"})})
+    yields, starts = plan(state, 0, set(), placement=placement)
+    assert [(y.job_id, y.for_job) for y in yields] == [("gang", "u1"), ("single", "u2")] and starts == ["u1", "u2"]

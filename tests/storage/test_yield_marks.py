@@ -201,3 +201,19 @@ def test_a_turn_while_a_job_waits_costs_the_same_few_commands_however_many_jobs_
     assert scheduler.turn() == []
     spent = sum(int(stat["calls"]) for stat in client.info("commandstats").values()) - before - 1  # (the INFO)
     assert spent <= 30, spent
+
+
+def test_a_job_in_its_cooldown_but_missing_from_the_index_is_listed_by_the_refused_mark(pool):
+    """A mark the cooling index does not list (made before the index, or pruned by a turn whose clock ran
+    ahead): the mark script refuses the job and lists it, so the next turn asks another one."""
+    client, records = pool
+    live(client, "w1", "w2")
+    for job, worker in (("a-low", "w1"), ("b-low", "w2")):
+        submit(records, job)
+        claim(records, job, worker=worker)
+    submit(records, "urgent", priority=10)
+    redis_now = float(client.time()[0])
+    client.hset(keys.job("a-low"), "yield_marked_at", redis_now - 5)  # asked 5 s ago; the index knows nothing
+    scheduler = Scheduler(client)
+    assert scheduler.turn() == []  # a-low refused by the script...
+    assert [one.job_id for one in scheduler.turn()] == ["b-low"]  # ...and passed over from then on

@@ -38,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 
 from baton.schemas.errors import CheckpointCancelled, CheckpointWriteFailed, TransientError
 from baton.schemas.manifest import CheckpointEntry, ObjectRef, sharded_digest
-from baton.storage import owned_dirs
+from baton.storage import failpoints, owned_dirs
 from baton.storage.artifacts import file_sha256, object_name
 from baton.storage.checkpoint_io import ROWS_KEY, RowLines, save_to_file
 from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
@@ -86,7 +86,8 @@ class ShardedCheckpointer:
         started = time.perf_counter()
         # at every due checkpoint, taken or skipped: the buffers' values must not depend on the timing of skips
         self.group.share_buffers(self.parts.model)
-        busy = self._inflight is not None and not self._inflight[0].done() or self._spacing.too_soon()
+        busy = (self._inflight is not None and not self._inflight[0].done()
+                or self._spacing.too_soon() and not failpoints.held())  # (as AsyncCheckpointer's)
         if not mandatory and self.group.any_rank(busy):  # (the ranks agree on each skip: every one has the same)
             self.totals.skipped += 1
             return False

@@ -44,7 +44,7 @@ from tests.helpers import (
 FSDP = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 150, "delay_s": 0.004},
                        "batch_size": 16},
                  model={"kwargs": {"in_features": 2, "hidden": 32, "out_features": 3, "dropout": 0.0}},
-                 loop={"epochs": 3}, checkpoint={"every_steps": 3, "keep_last": 3},
+                 loop={"epochs": 3}, checkpoint={"every_steps": 3, "keep_last": 3, "min_interval_s": 0},
                  resources={"processes": 2, "strategy": "fsdp"})
 
 
