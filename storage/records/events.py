@@ -41,22 +41,19 @@ local function job_event(job, now, kind, text, stamp)
   redis.call('RPUSH', job .. ':events', cjson.encode(entry))
   redis.call('LTRIM', job .. ':events', -@E, -1)
 end
-local function live_point(job)
-  local p = redis.call('HMGET', job, 'step', 'loss', 'lr')
-  if not p[1] or not p[2] then return end
-  local last = redis.call('LINDEX', job .. ':live', -1)
-  if last and string.match(last, '^%S+') == p[1] then return end
-  local t = redis.call('TIME')
+local function live_point(job, t, step, loss, lr)
   local now = string.format('%d.%06d', tonumber(t[1]), tonumber(t[2]))
-  redis.call('RPUSH', job .. ':live', p[1] .. ' ' .. p[2] .. ' ' .. (p[3] or 'nan') .. ' ' .. now)
-  redis.call('LTRIM', job .. ':live', -@L, -1)
+  if redis.call('RPUSH', job .. ':live', step .. ' ' .. loss .. ' ' .. (lr or 'nan') .. ' ' .. now) > @L then
+    redis.call('LTRIM', job .. ':live', -@L, -1)
+  end
 end
 """.replace("@E", str(EVENTS_KEPT)).replace("@L", str(LIVE_POINTS_KEPT))
 """``job_event(job key, now, kind, text, stamp)``: one event, stamped with the record's attempt and, as
 ``stamp`` says ('worker step' when nil; '' for an event of the client's: submit, priority, a cancel or
 resume), its worker and the last step its worker reported; a loss also with ``heard``, when the job's
 worker was last heard from (its last live point);
-``live_point(job key)``: the record's step, loss and lr as a live point, when the step moved."""
+``live_point(job key, Redis TIME, step, loss, lr)``: a live point (its caller, the lease renewal, pushes one
+when the step moved)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +83,7 @@ def add(client: redis.Redis, job_id: str, kind: str, text: str, step: Optional[i
         kept = [raw for raw in client.lrange(keys.job_live(job_id), 0, -1) if _step_of(raw) <= step]
         pipe = client.pipeline(transaction=True)
         pipe.delete(keys.job_live(job_id))
+        pipe.hdel(keys.job(job_id), "live_step")  # (the renewal's last point: gone with them, if past the step)
         if kept:
             pipe.rpush(keys.job_live(job_id), *kept)
         pipe.execute()

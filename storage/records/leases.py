@@ -69,12 +69,19 @@ return 1
 _RENEW = LEASE_DUE_LUA + EVENT_LUA + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, ''} end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-lease_due(ARGV[3], ARGV[2])
-if #ARGV > 3 then
-  redis.call('HSET', KEYS[2], unpack(ARGV, 4))
-  live_point(KEYS[2])
+local clock = lease_due(ARGV[3], ARGV[2])
+local flags = redis.call('HMGET', KEYS[2], 'cancel_requested', 'yield_requested', 'live_step', 'loss', 'lr')
+if #ARGV > 3 then  -- progress: written, and a live point when its step moved (one HSET for both)
+  local fields, set = {}, {unpack(ARGV, 4)}
+  for i = 4, #ARGV - 1, 2 do fields[ARGV[i]] = ARGV[i + 1] end
+  local loss = fields.loss or flags[4]
+  if fields.step and loss and fields.step ~= flags[3] then
+    live_point(KEYS[2], clock, fields.step, loss, fields.lr or flags[5])
+    set[#set + 1] = 'live_step'
+    set[#set + 1] = fields.step
+  end
+  redis.call('HSET', KEYS[2], unpack(set))
 end
-local flags = redis.call('HMGET', KEYS[2], 'cancel_requested', 'yield_requested')
 local worker = redis.call('MGET', KEYS[3], KEYS[4])
 local why = flags[2] or ''
 if why ~= '' then redis.call('HSETNX', KEYS[2], 'yield_seen', '1') end  -- read: the scheduler cannot withdraw it now

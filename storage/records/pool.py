@@ -32,9 +32,11 @@ LEASE_DUE_LUA = """
 local function lease_due(id, ttl_ms)
   local t = redis.call('TIME')
   redis.call('ZADD', '@D', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl_ms), id)
+  return t
 end
 """.replace("@D", keys.LEASES_DUE)
-"""``lease_due`` alone (the renewal's script needs nothing else): when the reaper must look at a lease."""
+"""``lease_due`` alone (the renewal's script needs nothing else): when the reaper must look at a lease;
+it returns the Redis TIME it read."""
 
 LUA = LEASE_DUE_LUA + EVENT_LUA + """
 local function pool_fields(job)

@@ -77,3 +77,29 @@ def test_client_events_carry_no_worker_and_a_cancel_ends_a_wait(records):
         assert row["worker"] == "" and row["step"] is None, row
     assert rows[6]["after"] == "requeued" and rows[6]["gap_s"] < rows[6]["t"] - rows[2]["t"]
     assert records.redis.exists("baton:job:j:live") == 0  # a cancelled job's live points go with it
+
+
+def test_a_renewal_adds_a_live_point_only_when_its_step_moved_and_a_resume_drops_those_past_it(records):
+    submit(records, "j")
+    token = claim(records, "j", ttl_s=30)
+    renew = leases.Renewer(records.redis, "j", "w")
+    for step in (10, 20, 20, 36):
+        report(records, token, step, loss=step / 100)
+    assert renew(token, 30_000).held  # (a renewal without progress adds nothing)
+    assert renew(token, 30_000, {"step": 40}).held  # (a step alone: the record's loss goes with it)
+    points = events.live_points(records.redis, "j")
+    assert [(p["step"], p["loss"], p["lr"]) for p in points] == [(10, 0.1, 0.01), (20, 0.2, 0.01), (36, 0.36, 0.01),
+                                                                  (40, 0.36, 0.01)]
+    assert all(p["time"] > 0 for p in points)
+    events.add(records.redis, "j", "resumed", "resumed from its checkpoint at step 30", 30)
+    report(records, token, 36, loss=0.35)  # redone after the resume: its point is back
+    assert [p["step"] for p in events.live_points(records.redis, "j")] == [10, 20, 36]
+
+
+def test_the_live_points_stay_capped(records):
+    submit(records, "j")
+    token = claim(records, "j", ttl_s=30)
+    records.redis.rpush(keys.job_live("j"), *(f"{step} 0.5 0.01 1.0" for step in range(events.LIVE_POINTS_KEPT)))
+    report(records, token, events.LIVE_POINTS_KEPT)
+    points = events.live_points(records.redis, "j")
+    assert len(points) == events.LIVE_POINTS_KEPT and (points[0]["step"], points[-1]["step"]) == (1, events.LIVE_POINTS_KEPT)
