@@ -5,8 +5,8 @@ real claim script), and for ``--seconds`` every simulated worker does what a rea
 job does to Redis, at its real cadence and with the real scripts (``leases._RENEW`` with the job's
 progress, every ``BATON_HEARTBEAT_S``; ``presence._ANNOUNCE`` every ``presence.ANNOUNCE_EVERY_S``; a
 try for the reaper's turn every period; a commit's fence, one GET of the lease, every
-``checkpoint.min_interval_s``: the most a job's mid-epoch checkpoints commit at the default spacing;
-epoch ends and validations commit at the job's own rate). One real ``Reaper`` (the worker code's own thread: the due
+``checkpoint.min_interval_s``: about the most a job commits at the default spacing, besides its new
+bests). One real ``Reaper`` (the worker code's own thread: the due
 index, the sweep, the scheduler's turn) makes every period's pass. Simulated workers train nothing.
 Their commands go in pipelines from one process, one round trip per batch, so what is measured is
 Redis's work per command, not a connection per worker; their tries for the turn go to a twin key
@@ -56,8 +56,8 @@ _DEFAULTS = BatonSettings.model_fields
 TTL_S, HEARTBEAT_S, PERIOD_S = (float(_DEFAULTS[name].default) for name in ("lease_ttl_s", "heartbeat_s", "reaper_period_s"))
 """The workers' defaults (BATON_LEASE_TTL_S, BATON_HEARTBEAT_S, BATON_REAPER_PERIOD_S)."""
 COMMIT_EVERY_S = float(CheckpointSpec.model_fields["min_interval_s"].default)
-"""A job's mid-epoch checkpoints commit at most this often at the default spacing (each commit's fence is one
-GET); its epoch ends and validations add their own."""
+"""A job commits about this often at most at the default spacing, besides its new bests (each commit's fence is
+one GET)."""
 QUEUE = "gpu"
 BATCH = 500  # commands per pipeline
 

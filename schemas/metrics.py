@@ -45,11 +45,13 @@ class MetricsRow(BaseModel):
     samples_per_s: float = Field(description="Training throughput over the epoch (machine-dependent).")
     epoch_s: float = Field(0.0, description="Wall time of the epoch (machine-dependent; resumed epochs count from the resume).")
     time: float = Field(0.0, description="Unix time at which the row was recorded (trackers stamp the row's metrics with it).")
-    checkpoint: Optional[str] = Field(None, description="Object key of the checkpoint taken after this validation.")
+    checkpoint: Optional[str] = Field(None, description="Object key of the checkpoint taken after this validation; null "
+                                      "where none was (not a new best, within checkpoint.min_interval_s of the last).")
     is_best: bool = Field(False, description="Whether this validation improved the monitored metric.")
     ckpt_count: int = Field(0, description="Checkpoints committed since the previous row (this attempt).")
-    ckpt_skipped: int = Field(0, description="Periodic checkpoints skipped so far because one was still in flight or the last "
-                              "was taken less than checkpoint.min_interval_s before.")
+    ckpt_skipped: int = Field(0, description="Checkpoints skipped so far (periodic ones, or a validation's that is not a new "
+                              "best) because one was still in flight or the last was taken less than "
+                              "checkpoint.min_interval_s before.")
     ckpt_stall_s: float = Field(0.0, description="Seconds the loop was blocked snapshotting those checkpoints.")
     ckpt_write_s: float = Field(0.0, description="Seconds spent serializing, uploading and committing them (in the background).")
     ckpt_bytes: int = Field(0, description="Bytes of those checkpoints.")

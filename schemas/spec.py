@@ -214,9 +214,10 @@ class LoopSpec(_Spec):
 class CheckpointSpec(_Spec):
     every_steps: Optional[int] = Field(100, gt=0, description="Mid-epoch checkpoint every N optimizer steps; null: epoch ends only.")
     min_interval_s: float = Field(
-        1.0, ge=0, description="A mid-epoch (every_steps) checkpoint due sooner than this many seconds after the last "
-        "one taken is skipped: a fast loop's checkpoints cost Redis and the store by time, not by step rate. Epoch "
-        "ends, yields and the run's end are always checkpointed; 0: every one due is taken.")
+        1.0, ge=0, description="A mid-epoch (every_steps) checkpoint, or a validation's that is not a new best, due "
+        "sooner than this many seconds after the last one taken is skipped: a fast loop's checkpoints cost Redis and "
+        "the store by time, not by step rate. A new best, a yield, a pause and the run's end are always "
+        "checkpointed; 0: every one due is taken.")
     keep_last: int = Field(3, description="Step checkpoints kept (the best one is kept apart).")
     monitor: str = Field(
         "val_loss", pattern=MONITOR_PATTERN,

@@ -6,7 +6,8 @@ non-finite values, (loss / group size) backward through the scaler; at the group
 unscale, clip (the pre-clip norm is logged), step, scaler update, then a per-step scheduler.
 Validation (eval mode, no autograd, the task's metrics; mode restored after) runs at each
 epoch's end, every ``eval_every_steps`` and at the end of a step-based run; each is followed by
-the metrics row, the best tracker and a checkpoint. A per-epoch scheduler steps at epoch ends.
+the metrics row, the best tracker and a checkpoint (skipped, like a periodic one, within
+``checkpoint.min_interval_s`` of the last, unless it is a new best, the run's end, a pause or a stop). A per-epoch scheduler steps at epoch ends.
 Checkpoints fall on optimizer-step boundaries only. Losses and gradient norms stay on the device
 until the group's step reads them in one transfer (readings.py). On CUDA a checkpoint's
 device-to-host copy of the parameters and optimizer state overlaps the next forward/backward;
@@ -25,7 +26,7 @@ from typing import Any, Optional
 from baton.schemas.errors import NonFiniteLossError
 from baton.schemas.messages import Outcome
 from baton.schemas.metrics import MetricsRow
-from baton.storage.checkpointing.contract import Checkpointer, CheckpointRequest
+from baton.storage.checkpointing.contract import Checkpointer, CheckpointRequest, Spacing
 from baton.storage.memory.memory_copy import MemoryCopier
 
 from baton.workers.training import train_state
@@ -65,7 +66,9 @@ class TrainingLoop:
         self._group_nonfinite: Optional[str] = None  # where this step's first non-finite loss was, if any
         self._total_steps = parts.total_steps  # (fixed once the parts are restored; read every step)
         self._curve_every = max(1, (self._total_steps or CURVE_POINTS) // CURVE_POINTS)
-        self._validated_at: Optional[int] = None  # the step of the last validation (and its checkpoint)
+        self._validated_at: Optional[int] = None  # the step of the last validation
+        self._committed_at: Optional[int] = None  # ...and of the last one checkpointed
+        self._spacing = Spacing(spec.checkpoint.min_interval_s)  # (when this rank last saw a checkpoint taken)
         self._exhausted = False  # whether the current pass's iterator ran out (streams' only way to know)
         self._clock = time.perf_counter()
         self._samples_timed = 0
@@ -96,7 +99,7 @@ class TrainingLoop:
                 if self._validated_at == p.global_step:
                     reason = reason or self.control.stop_reason() or self._pause_due()
             if reason is not None and not self.finished():
-                if self._validated_at != p.global_step:
+                if self._committed_at != p.global_step:
                     return self._stop(reason)
                 self.checkpointer.wait()  # the validation's checkpoint is the stop checkpoint
                 return Outcome(completed=False, reason=reason, step=p.global_step)
@@ -233,7 +236,24 @@ class TrainingLoop:
             self._clock, self._samples_timed = time.perf_counter(), 0
         best = (self.best.metric, values[self.best.metric]) if is_best else None
         self._validated_at = p.global_step
+        if not self._validation_checkpoint_due(is_best):
+            row["checkpoint"] = None  # (its row travels with the next checkpoint's)
+            self.checkpointer.totals.skipped += 1
+            return
         self._checkpoint(kind, mandatory=True, best=best, with_metrics=True)
+        self._committed_at = p.global_step
+
+    def _validation_checkpoint_due(self, is_best: bool) -> bool:
+        """Whether this validation is checkpointed: always at a new best, the run's end, a pause or a stop,
+        and with ``checkpoint.min_interval_s`` 0; otherwise, like a periodic checkpoint, not within that
+        interval of the last checkpoint taken on any rank (the ranks agree: a collective), so a loop of
+        many short epochs commits by time, not by its step rate."""
+        spacing = self._spacing
+        if is_best or not spacing.min_interval_s or self.finished() or self._pause_due() is not None:
+            return True
+        if self.control.stop_reason() is not None:
+            return True
+        return not self.layout.sum_over_ranks(1.0 if spacing.too_soon() else 0.0)[0]
 
     # --- where a step falls ----------------------------------------------------------------
     def _group(self) -> tuple[int, int]:
@@ -311,7 +331,8 @@ class TrainingLoop:
                          p.global_step, p.epoch, p.batch_in_epoch, stable)
 
     def _stop(self, reason: str) -> Outcome:
-        self._checkpoint("stop", mandatory=True)
+        self._checkpoint("stop", mandatory=True, with_metrics=True)  # (with any rows a skipped validation left)
+        self._committed_at = self.progress.global_step
         self.checkpointer.wait()
         return Outcome(completed=False, reason=reason, step=self.progress.global_step)
 
@@ -324,8 +345,9 @@ class TrainingLoop:
         )
         stable = train_state.stable_storages(self.parts) if self.parts.device.type == "cuda" else None
         weights = self.checkpointer.captures_weights  # False: it takes them as shards
-        self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads,
-                                                           weights), request, mandatory=mandatory, stable=stable)
+        if self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads,
+                                                              weights), request, mandatory=mandatory, stable=stable):
+            self._spacing.taken()
 
     def _checkpoint_costs(self) -> dict:
         self.checkpointer.poll()
