@@ -6,8 +6,7 @@ non-finite values, (loss / group size) backward through the scaler; at the group
 unscale, clip (the pre-clip norm is logged), step, scaler update, then a per-step scheduler.
 Validation (eval mode, no autograd, the task's metrics; mode restored after) runs at each
 epoch's end, every ``eval_every_steps`` and at the end of a step-based run; each is followed by
-the metrics row, the best tracker and a checkpoint (skipped, like a periodic one, within
-``checkpoint.min_interval_s`` of the last, unless it is a new best, the run's end, a pause or a stop). A per-epoch scheduler steps at epoch ends.
+the metrics row, the best tracker and a checkpoint (spaced as periodic ones are, but for a new best, a stop, the end). A per-epoch scheduler steps at epoch ends.
 Checkpoints fall on optimizer-step boundaries only. Losses and gradient norms stay on the device
 until the group's step reads them in one transfer (readings.py). On CUDA a checkpoint's
 device-to-host copy of the parameters and optimizer state overlaps the next forward/backward;
@@ -26,6 +25,7 @@ from typing import Any, Optional
 from baton.schemas.errors import NonFiniteLossError
 from baton.schemas.messages import Outcome
 from baton.schemas.metrics import MetricsRow
+from baton.storage import failpoints
 from baton.storage.checkpointing.contract import Checkpointer, CheckpointRequest, Spacing
 from baton.storage.memory.memory_copy import MemoryCopier
 
@@ -69,6 +69,7 @@ class TrainingLoop:
         self._validated_at: Optional[int] = None  # the step of the last validation
         self._committed_at: Optional[int] = None  # ...and of the last one checkpointed
         self._spacing = Spacing(spec.checkpoint.min_interval_s)  # (when this rank last saw a checkpoint taken)
+        self._rows_committed = 0  # rows a checkpoint taken by this attempt carried (0 at a start: carry them all)
         self._exhausted = False  # whether the current pass's iterator ran out (streams' only way to know)
         self._clock = time.perf_counter()
         self._samples_timed = 0
@@ -227,8 +228,6 @@ class TrainingLoop:
             **self._checkpoint_costs(), **{k: v for k, v in values.items() if k != "train_loss"},
         ).model_dump()
         row["train_curve"] = [list(point) for point in row["train_curve"]]  # (as JSON holds it: rows compare equal)
-        self.metrics.append(row)
-        self.control.on_epoch(row)
         if kind == "epoch":
             p.start_next_epoch()
         else:
@@ -236,24 +235,28 @@ class TrainingLoop:
             self._clock, self._samples_timed = time.perf_counter(), 0
         best = (self.best.metric, values[self.best.metric]) if is_best else None
         self._validated_at = p.global_step
-        if not self._validation_checkpoint_due(is_best):
-            row["checkpoint"] = None  # (its row travels with the next checkpoint's)
+        due = self._validation_checkpoint_due(is_best)
+        if not due:
+            row["checkpoint"] = None  # (its row goes with the next checkpoint, whichever kind)
             self.checkpointer.totals.skipped += 1
-            return
-        self._checkpoint(kind, mandatory=True, best=best, with_metrics=True)
-        self._committed_at = p.global_step
+        self.metrics.append(row)
+        self.control.on_epoch(row)
+        if due:
+            self._checkpoint(kind, mandatory=True, best=best, with_metrics=True)
+            self._committed_at = p.global_step
 
     def _validation_checkpoint_due(self, is_best: bool) -> bool:
-        """Whether this validation is checkpointed: always at a new best, the run's end, a pause or a stop,
-        and with ``checkpoint.min_interval_s`` 0; otherwise, like a periodic checkpoint, not within that
-        interval of the last checkpoint taken on any rank (the ranks agree: a collective), so a loop of
-        many short epochs commits by time, not by its step rate."""
+        """Whether this validation is checkpointed: at a new best, the run's end, a pause, a stop, or not within
+        ``checkpoint.min_interval_s`` of the last checkpoint taken on any rank. Every rank makes the same two
+        collectives, whatever its own view (a user's metric may differ by rank)."""
         spacing = self._spacing
-        if is_best or not spacing.min_interval_s or self.finished() or self._pause_due() is not None:
+        if not spacing.min_interval_s:
             return True
-        if self.control.stop_reason() is not None:
-            return True
-        return not self.layout.sum_over_ranks(1.0 if spacing.too_soon() else 0.0)[0]
+        stop = self.control.stop_reason() is not None
+        must = is_best or self.finished() or self._pause_due() is not None
+        soon = spacing.too_soon() and not failpoints.held()  # (a test holding commits has every one taken)
+        soon_anywhere, must_anywhere = self.layout.sum_over_ranks(float(soon), float(must))
+        return stop or bool(must_anywhere) or not soon_anywhere
 
     # --- where a step falls ----------------------------------------------------------------
     def _group(self) -> tuple[int, int]:
@@ -331,7 +334,7 @@ class TrainingLoop:
                          p.global_step, p.epoch, p.batch_in_epoch, stable)
 
     def _stop(self, reason: str) -> Outcome:
-        self._checkpoint("stop", mandatory=True, with_metrics=True)  # (with any rows a skipped validation left)
+        self._checkpoint("stop", mandatory=True)
         self._committed_at = self.progress.global_step
         self.checkpointer.wait()
         return Outcome(completed=False, reason=reason, step=self.progress.global_step)
@@ -339,6 +342,7 @@ class TrainingLoop:
     def _checkpoint(self, kind: str, mandatory: bool, best=None, with_metrics: bool = False) -> None:
         p = self.progress
         self._absorb_readings()  # the running sums travel in the checkpoint
+        with_metrics = with_metrics or len(self.metrics) > self._rows_committed  # (rows of a skipped validation)
         request = CheckpointRequest(
             step=p.global_step, epoch=p.epoch, batch_in_epoch=p.batch_in_epoch, kind=kind, best=best,
             metrics_rows=list(self.metrics) if with_metrics else None,
@@ -348,6 +352,7 @@ class TrainingLoop:
         if self.checkpointer.save(lambda: train_state.capture(self.parts, p, self.best, self.metrics, self.cpu_threads,
                                                               weights), request, mandatory=mandatory, stable=stable):
             self._spacing.taken()
+            self._rows_committed = len(self.metrics) if with_metrics else self._rows_committed
 
     def _checkpoint_costs(self) -> dict:
         self.checkpointer.poll()

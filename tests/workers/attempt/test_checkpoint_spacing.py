@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from baton.storage.artifacts import read_metrics
+from baton.storage.checkpoint_io import load_bytes, rows_of
+from baton.storage.layout import JobPaths
+from baton.storage.manifest_store import ManifestStore
 from baton.storage.stores.file_store import FileStore
-from tests.helpers import assert_same_training, make_spec, metrics_rows, run_baton, write_spec
+from tests.helpers import assert_same_training, make_spec, metrics_rows, run_baton, start_baton, write_spec
 
 # ~5 steps an epoch, a few milliseconds each: 40 epochs in well under a second of training
 SHORT_EPOCHS = make_spec(data={"kwargs": {"n_per_class": 30}, "batch_size": 16}, loop={"epochs": 40},
@@ -41,3 +45,30 @@ def test_short_epochs_are_checkpointed_by_time_and_the_training_is_the_same(tmp_
     # only a new best is checkpointed within the interval (the first checkpoint starts it)
     assert all(row["is_best"] for row in rows[1:] if row["checkpoint"] and row["epoch"] < 40), rows
     assert rows[-1]["ckpt_skipped"] >= len(skipped)
+
+
+def test_every_committed_checkpoint_has_its_rows_in_metrics_jsonl(tmp_path):
+    """The rows of validations whose checkpoint was skipped go with the next checkpoint taken, a periodic
+    one included: at every commit, metrics.jsonl holds every row the latest checkpoint's state holds (a
+    job lost right after it resumes past those validations and never writes them again)."""
+    spec = {**SHORT_EPOCHS, "loop": {**SHORT_EPOCHS["loop"], "epochs": 60},
+            "checkpoint": {**SHORT_EPOCHS["checkpoint"], "min_interval_s": 0.05, "keep_last": 1000}}
+    store = FileStore(tmp_path / "store")
+    proc = start_baton("run", str(write_spec(tmp_path, spec)), "--id", "j", "--storage", store.url, "--no-progress",
+                       log=tmp_path / "run.log")
+    seen, lagging = 0, []
+    while proc.poll() is None or not seen:
+        manifest = ManifestStore(store, JobPaths("j")).read()
+        if manifest is None or not manifest.checkpoints or manifest.checkpoints[-1].files is not None:
+            continue
+        latest = manifest.checkpoints[-1]
+        try:
+            held = rows_of(load_bytes(store.get_bytes(latest.key))["metrics"])
+            published = read_metrics(store, manifest)
+        except FileNotFoundError:  # (a later commit replaced that metrics.jsonl meanwhile: read the next manifest)
+            continue
+        seen += 1
+        if len(published) < len(held):
+            lagging.append((latest.kind, latest.step, len(published), len(held)))
+    assert proc.wait() == 0, (tmp_path / "run.log").read_text()
+    assert seen > 5 and not lagging, (seen, lagging)
