@@ -26,11 +26,12 @@ from baton.workers.training.control import LoopControl, StepReport
 from tests.helpers import make_spec, read_manifest, run_baton, start_baton, write_spec
 
 # validation loss rises epoch after epoch, so the best checkpoint is the first epoch's, committed
-# long before the end; no periodic checkpoints, so every committed one has a validation at its step.
+# long before the end; no periodic checkpoints, and every validation checkpointed (min_interval_s 0: none of
+# them a new best, they would be spaced), so every committed one has a validation at its step.
 # Loading is paced (2 ms a sample): a `baton run` polled for its SIGTERM must not end between two polls
 SPEC = make_spec(data={"target": "tests.probes:diverging", "kwargs": {"delay_s": 0.002}, "batch_size": 16,
                        "val_fraction": 0.25},
-                 loop={"epochs": 4}, checkpoint={"every_steps": None, "keep_last": 3})
+                 loop={"epochs": 4}, checkpoint={"every_steps": None, "keep_last": 3, "min_interval_s": 0})
 STEPS_PER_EPOCH = 10  # 150 training samples in batches of 16
 
 
