@@ -57,23 +57,44 @@ def main() -> None:
         while job.status().state.value != "running" or not job.status().step:
             time.sleep(0.2)
         time.sleep(3)
-        first = job.status().step
+        first, began = job.status().step, time.time()
         running = counted(client, args.seconds)
         steps_per_s = (job.status().step - first) / (args.seconds + 0.0)
+        window = (began, time.time())
         job.cancel()
+        while job.status().state.value != "cancelled":
+            time.sleep(0.2)
+        validations = validations_in(work / "store", job.id, window)
     finally:
         worker.stop()
         server.stop()
     job_cost = {k: running.get(k, 0.0) - idle.get(k, 0.0) for k in set(running) | set(idle)}
     result = {"seconds": args.seconds, "idle_worker_per_s": sum(idle.values()), "running_per_s": sum(running.values()),
-              "job_per_s": sum(job_cost.values()), "steps_per_s": steps_per_s,
+              "job_per_s": sum(job_cost.values()), "steps_per_s": steps_per_s, "validations": validations,
               "idle_by_command": dict(sorted(idle.items(), key=lambda kv: -kv[1])),
               "job_by_command": dict(sorted(((k, v) for k, v in job_cost.items() if abs(v) >= 0.05), key=lambda kv: -kv[1]))}
     print(f"idle worker: {result['idle_worker_per_s']:.1f} commands/s "
           f"({', '.join(f'{k} {v:.1f}' for k, v in list(result['idle_by_command'].items())[:6])})")
     print(f"a running job, {steps_per_s:.0f} steps/s: {result['job_per_s']:.1f} commands/s more "
           f"({', '.join(f'{k} {v:.1f}' for k, v in list(result['job_by_command'].items())[:8])})")
+    print(f"  in the window, a second: {validations['per_s']:.1f} validations, {validations['checkpointed_per_s']:.1f} "
+          f"of them checkpointed, {validations['new_bests_per_s']:.1f} new bests")
     write_result(result, args.out)
+
+
+def validations_in(store_root: Path, job_id: str, window: tuple[float, float]) -> dict[str, float]:
+    """The job's validations within ``window`` (its metrics rows), a second: all, those checkpointed, new bests."""
+    from baton.storage.artifacts import read_metrics
+    from baton.storage.layout import JobPaths
+    from baton.storage.manifest_store import ManifestStore
+    from baton.storage.stores.file_store import FileStore
+
+    store = FileStore(store_root)
+    rows = [row for row in read_metrics(store, ManifestStore(store, JobPaths(job_id)).read())
+            if window[0] <= row["time"] <= window[1]]
+    seconds = window[1] - window[0]
+    return {"per_s": len(rows) / seconds, "checkpointed_per_s": sum(1 for r in rows if r["checkpoint"]) / seconds,
+            "new_bests_per_s": sum(1 for r in rows if r["is_best"]) / seconds}
 
 
 if __name__ == "__main__":
