@@ -169,15 +169,21 @@ def test_a_gang_follower_that_once_said_no_is_not_taken_for_an_idle_worker(pool)
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent2")]
 
 
+def running(pool, *jobs: tuple[str, str]) -> None:
+    """Each (job, worker) of ``jobs`` runs on its live worker, at priority 0; 'urgent' (priority 10) waits."""
+    client, records = pool
+    for job, worker in jobs:
+        live(client, worker)
+        submit(records, job)
+        claim(records, job, worker=worker)
+    submit(records, "urgent", priority=10)
+
+
 def test_a_job_asked_to_yield_is_not_asked_again_within_the_cooldown_even_after_it_ran_again(pool):
     """'low' yielded to 'urgent' and runs again on a freed worker; 'urgent2' arrives: 'other' yields, not
     'low' again (the queue's cooling index, not the record, is what the turn reads)."""
     client, records = pool
-    live(client, "w1", "w2")
-    for job, worker in (("low", "w1"), ("other", "w2")):
-        submit(records, job)
-        claim(records, job, worker=worker)
-    submit(records, "urgent", priority=10)
+    running(pool, ("low", "w1"), ("other", "w2"))
     assert [one.job_id for one in Scheduler(client).turn()] == ["low"]
     assert records.release("low", client.get(keys.lease("low")), "yielded") > 0  # (the yield, carried out)
     claim(records, "urgent", worker="w1")
@@ -207,11 +213,7 @@ def test_a_job_in_its_cooldown_but_missing_from_the_index_is_listed_by_the_refus
     """A mark the cooling index does not list (made before the index, or pruned by a turn whose clock ran
     ahead): the mark script refuses the job and lists it, so the next turn asks another one."""
     client, records = pool
-    live(client, "w1", "w2")
-    for job, worker in (("a-low", "w1"), ("b-low", "w2")):
-        submit(records, job)
-        claim(records, job, worker=worker)
-    submit(records, "urgent", priority=10)
+    running(pool, ("a-low", "w1"), ("b-low", "w2"))
     redis_now = float(client.time()[0])
     client.hset(keys.job("a-low"), "yield_marked_at", redis_now - 5)  # asked 5 s ago; the index knows nothing
     scheduler = Scheduler(client)
