@@ -52,8 +52,8 @@ class CheckpointerTotals:
 
 @dataclass
 class Spacing:
-    """A periodic checkpoint is skipped within ``min_interval_s`` of the start of the last one taken
-    (an epoch's end, a yield, the run's end are always taken). It bounds what a fast loop's checkpoints
+    """A periodic checkpoint is skipped within ``min_interval_s`` of the start of the last one taken (the
+    loop spaces its validations' checkpoints likewise, but for a new best, a stop, a pause, the end). It bounds what a fast loop's checkpoints
     cost the control plane (each commit's fence reads Redis) and the store (each is a few PUTs) by time,
     not by the step rate; any checkpoint resumes bit-exactly, so which ones are skipped changes nothing else."""
 

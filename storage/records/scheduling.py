@@ -13,9 +13,9 @@ resumes bit-exactly later. So the scheduler uses it freely, in two cases (``deci
 
 No worker is freed for a job it said it cannot host (``refusals``), and none for a job that every
 live worker of the queue said no to. A job of N nodes takes N slots: it preempts as many as it needs,
-or none. What stops two jobs from preempting each other back and forth: a job yields only to a strictly higher priority of a team that
-may take its slot, or to a team below its quota when its own team is above; after the swap the
-yielded job has neither (its priority is lower, its team is not below its quota), and a slot within
+or none. What stops two jobs from preempting each other back and forth: a job yields only to a
+strictly higher priority of a team that may take its slot, or to a team below its quota when its own
+team is above; after the swap the yielded job has neither (its priority is lower, its team is not below its quota), and a slot within
 a team's quota is never taken by another team's priority. A job is never preempted by a job of equal
 priority of its own team.
 
@@ -158,9 +158,9 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
             continue
         usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
         starts.append(waiting.job_id)
-        if sum(victim.slots for victim, _, _ in victims) > need:  # (a gang freed more than it needs)
-            largest = max(victims, key=lambda chosen: chosen[0].slots)[0]
-            spare[largest.job_id] = sum(victim.slots for victim, _, _ in victims) - need
+        freed = sum(victim.slots for victim, _, _ in victims)
+        if freed > need:  # (a gang freed more than it needs)
+            spare[max(victims, key=lambda chosen: chosen[0].slots)[0].job_id] = freed - need
         for victim, why, kind in victims:
             candidates.remove(victim)
             usage[victim.team] -= victim.slots

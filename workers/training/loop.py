@@ -6,7 +6,8 @@ non-finite values, (loss / group size) backward through the scaler; at the group
 unscale, clip (the pre-clip norm is logged), step, scaler update, then a per-step scheduler.
 Validation (eval mode, no autograd, the task's metrics; mode restored after) runs at each
 epoch's end, every ``eval_every_steps`` and at the end of a step-based run; each is followed by
-the metrics row, the best tracker and a checkpoint (spaced as periodic ones are, but for a new best, a stop, the end). A per-epoch scheduler steps at epoch ends.
+the metrics row, the best tracker and a checkpoint (spaced by time, but for a new best, a stop, the end);
+a per-epoch scheduler steps at epoch ends.
 Checkpoints fall on optimizer-step boundaries only. Losses and gradient norms stay on the device
 until the group's step reads them in one transfer (readings.py). On CUDA a checkpoint's
 device-to-host copy of the parameters and optimizer state overlaps the next forward/backward;
@@ -249,12 +250,11 @@ class TrainingLoop:
         """Whether this validation is checkpointed: at a new best, the run's end, a pause, a stop, or not within
         ``checkpoint.min_interval_s`` of the last checkpoint taken on any rank. Every rank makes the same two
         collectives, whatever its own view (a user's metric may differ by rank)."""
-        spacing = self._spacing
-        if not spacing.min_interval_s:
+        if not self._spacing.min_interval_s:
             return True
         stop = self.control.stop_reason() is not None
         must = is_best or self.finished() or self._pause_due() is not None
-        soon = spacing.too_soon() and not failpoints.held()  # (a test holding commits has every one taken)
+        soon = self._spacing.too_soon() and not failpoints.held()  # (a test holding commits has every one taken)
         soon_anywhere, must_anywhere = self.layout.sum_over_ranks(float(soon), float(must))
         return stop or bool(must_anywhere) or not soon_anywhere
 
