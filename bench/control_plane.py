@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baton.jobs.services import RedisServer  # noqa: E402
+from baton.schemas.hosting import WorkerOffer  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
 from baton.schemas.spec import CheckpointSpec  # noqa: E402
 from baton.storage.records import keys, leases, presence, reaping  # noqa: E402
@@ -59,6 +60,8 @@ COMMIT_EVERY_S = float(CheckpointSpec.model_fields["min_interval_s"].default)
 """A job commits about this often at most at the default spacing, besides its new bests (each commit's fence is
 one GET)."""
 QUEUE = "gpu"
+OFFER = WorkerOffer(run="sim", modules=("builtin",)).model_dump_json()
+"""What each simulated worker announces it offers (as a real one does with its queues)."""
 BATCH = 500  # commands per pipeline
 
 
@@ -134,7 +137,7 @@ class Simulation:
                     elif kind == "fence" and job_id not in stopped:  # (WorkerControl.fence: records.holds)
                         pipe.get(keys.lease(job_id))
                     elif kind == "announce" and job_id not in stopped:
-                        announce(keys=[keys.QUEUES], args=[worker, holds, QUEUE], client=pipe)
+                        announce(keys=[keys.QUEUES], args=[worker, holds, OFFER, QUEUE], client=pipe)
                     elif kind == "turn":  # (a try for the free turn: what every reaper but the holder sends)
                         pipe.set(keys.REAPER_TURN + ":sim", worker, nx=True,
                                  px=int(self.period_s * 1000 * reaping.TURN_HELD_PERIODS))

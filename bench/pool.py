@@ -11,8 +11,9 @@ per process), not by baton's records:
   committed, so 0 means nothing was trained twice). *others interrupted*: running jobs that yielded
   besides the one needed.
 - **fair share**: quotas a=1, b=1 on the two workers; team a submits ``--jobs`` short jobs, then
-  team b as many. While both teams have jobs waiting or running, each team's slot-seconds (the time
-  its jobs' processes spent between their first and last training forward, summed) are compared:
+  team b as many. While both teams have jobs waiting or running (from b's first submit until one team's
+  last job ends), each team's slot-seconds (the time its jobs' processes spent between their first and
+  last training forward, summed) are compared:
   *share error* is |a - b| / max(a, b). First come, first served would give team a both workers
   until its jobs ran out.
 
@@ -100,18 +101,21 @@ def fair_share(client: JobClient, root: Path, jobs: int) -> dict:
     tag = str(int(time.time()))
     dirs = {}
     submitted = []
+    b_arrives = 0.0
     for team in ("a", "b"):
         for n in range(jobs):
             name = f"{team}{n}-{tag}"
             dirs[name] = root / name
             dirs[name].mkdir()
+            if team == "b" and not n:
+                b_arrives = time.time()
             submitted.append(client.submit(spec(dirs[name], SHORT_EPOCHS, team=team), name))
     finals = [job.wait(timeout=900, progress=False) for job in submitted]
     spans = {name: [(min(t), max(t)) for t in forwards(d).values() if t] for name, d in dirs.items()}
     last_start = {team: max(s for name, runs in spans.items() if name.startswith(team) for s, _ in runs) for team in "ab"}
     first_end = {team: max(e for name, runs in spans.items() if name.startswith(team) for _, e in runs) for team in "ab"}
-    window_end = min(first_end.values())  # while both teams had work
-    window_start = min(s for runs in spans.values() for s, _ in runs)
+    window_end = min(first_end.values())  # while both teams had work: from b's first submit until one team's runs out
+    window_start = b_arrives
     used = {team: sum(max(0.0, min(e, window_end) - max(s, window_start)) for name, runs in spans.items()
                       if name.startswith(team) for s, e in runs) for team in "ab"}
     error = abs(used["a"] - used["b"]) / max(used.values()) if max(used.values()) > 0 else 0.0

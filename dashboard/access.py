@@ -51,11 +51,18 @@ class Access:
             raise HTTPException(403, f"an action from another site ({origin}) is refused")
 
     def clean(self, value: Any) -> Any:
-        """``value`` with every string redacted (secrets of this environment, any URL's password)."""
+        """``value`` with every string redacted (secrets of this environment, any URL's password), but the
+        names of things (``IDENTIFIERS``): a job's id or a checkpoint's key is what a link is made of."""
         if isinstance(value, str):
             return self.redact(value)
         if isinstance(value, dict):
-            return {key: self.clean(item) for key, item in value.items()}
+            return {key: item if key in IDENTIFIERS and isinstance(item, str) else self.clean(item)
+                    for key, item in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.clean(item) for item in value]
         return value
+
+
+IDENTIFIERS = frozenset({"id", "job_id", "for_job", "sweep", "search", "key", "which", "kind", "state", "queue",
+                         "team", "worker", "name", "latest_checkpoint", "best_checkpoint", "monitor"})
+"""The fields of the API's answers that name things (ids, keys, states): shown as they are."""

@@ -85,19 +85,22 @@ class Shipper:
 
 
 def _refuse_missing_packages(spec: JobSpec, directory: Path, tops: frozenset[str]) -> None:
-    """A target whose package is neither in the shipped directory nor installed here would fail on
-    every worker: said at submit (the usual slip: shipping the package's own folder, not the one
-    holding it)."""
+    """A target whose package is not in the shipped directory would fail on every worker that lacks it:
+    said at submit when it is not installed here either, and always when the directory is that package's
+    own folder (the usual slip: not the one holding it; installed here, it would still fail on the
+    workers, where only the shipped directory is on the path)."""
     problems = []
     for field, text in spec.user_targets().items():
         target = parse_target(text)
         package = target.module.split(".")[0]
-        if target.is_builtin or package in tops or _installed(package):
+        if target.is_builtin or package in tops:
             continue
-        inner = f"; it holds {package!r} itself: ship its parent, {directory.parent}" if \
-            (directory.name == package and (directory / "__init__.py").exists()) else ""
-        problems.append(f"{field}: package {package!r} is neither in code.dir ({directory}) nor installed here; "
-                        f"code.dir must be the directory that holds {package}/{inner}")
+        if directory.name == package and (directory / "__init__.py").exists():  # (installed here or not)
+            problems.append(f"{field}: code.dir ({directory}) is the package {package!r} itself: ship its parent, "
+                            f"{directory.parent} (code.dir must be the directory that holds {package}/)")
+        elif not _installed(package):
+            problems.append(f"{field}: package {package!r} is neither in code.dir ({directory}) nor installed here; "
+                            f"code.dir must be the directory that holds {package}/")
     if problems:
         raise SpecError(problems)
 

@@ -24,7 +24,7 @@ def _epoch(s: JobStatus) -> str:
 def progress_line(s: JobStatus) -> str:
     steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
     epoch = _epoch(s)
-    line = (f"{s.id} {s.state.value} attempt {s.attempt} on {s.worker or '-'}: epoch {epoch} step {steps} "
+    line = (f"{s.id} {s.shown_state} attempt {s.attempt} on {s.worker or '-'}: epoch {epoch} step {steps} "
             f"loss {_num(s.loss)} {_num(s.samples_per_s, '.0f')} samples/s")
     return f"{line}; {s.waiting}" if s.waiting else line
 
@@ -47,7 +47,7 @@ def _training_process(s: JobStatus) -> str:
 
 def details(s: JobStatus) -> str:
     rows = [
-        ("id", s.id), ("name", s.name), ("state", s.state.value), ("queue", s.queue),
+        ("id", s.id), ("name", s.name), ("state", s.shown_state), ("queue", s.queue),
         ("team", s.team), ("priority", str(s.priority)),
         ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"), ("worker", s.worker or "-"),
         ("training process", _training_process(s)),
@@ -75,8 +75,8 @@ def details(s: JobStatus) -> str:
         rows.append(("error", s.error))
     width = max(18, *(len(k) for k, _ in rows))
     text = "\n".join(f"{k:>{width}}: {v}" for k, v in rows)
-    if s.traceback:
-        text += "\n\n" + s.traceback.rstrip()
+    if s.failure or s.traceback:  # (the cause and your own frames; the whole traceback is in `baton logs`)
+        text += "\n\n" + (s.failure or s.traceback or "").rstrip()
     return text
 
 
@@ -85,7 +85,7 @@ def table(statuses: list[JobStatus]) -> str:
     lines = [header]
     for s in statuses:
         steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
-        lines.append(f"{s.id:<40} {s.state.value:<10} {s.attempt:>3} {steps:>13} {_num(s.val_loss):>9} {s.worker or '-':<24}")
+        lines.append(f"{s.id:<40} {s.shown_state:<10} {s.attempt:>3} {steps:>13} {_num(s.val_loss):>9} {s.worker or '-':<24}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 from baton.schemas.errors import JobNotFound
 from baton.schemas.spec import NAME_PATTERN
 from baton.schemas.status import JobStatus
-from baton.storage.records import presence
+from baton.storage.records import presence, refusals
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records.pool import QueueState, why_waiting
 
@@ -34,7 +34,9 @@ def queue_views(records: JobRecords, queue: Optional[str] = None) -> list[QueueV
         state, workers = pool.state(name), pool.live_workers(name)
         unserved = f"no live worker serves queue {name!r}" if not workers else None
         drained = presence.drained(records.redis, workers)
-        reasons = {job.job_id: unserved or why_waiting(state, job, len(workers), len(drained)) for job in state.waiting}
+        placement = refusals.place(records.redis, name, state.waiting)
+        reasons = {job.job_id: unserved or refusals.unmet_reason(placement, name, job.job_id)
+                   or why_waiting(state, job, placement) for job in state.waiting}
         running = []
         for job in state.running:
             try:

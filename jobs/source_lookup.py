@@ -41,16 +41,34 @@ def find_module(module: str) -> tuple[Optional[ModuleSpec], int]:
     spec = None
     parts = module.split(".")
     for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
         try:
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), search)
+            spec = importlib.machinery.PathFinder.find_spec(name, search)
+        except KeyError:  # a namespace package inside a package: its path asks sys.modules for the parent
+            spec = _namespace(name, search or [])
         except (ImportError, ValueError):
             return None, i
         if spec is None:
             return None, i
-        search = spec.submodule_search_locations
+        locations = spec.submodule_search_locations
+        search = list(locations) if locations is not None else None
         if search is None and i < len(parts) - 1:
             return None, i + 1
     return spec, len(parts)
+
+
+def _namespace(name: str, search: list[str]) -> Optional[ModuleSpec]:
+    """The namespace package ``name`` (PEP 420: directories without ``__init__.py``) under the parent's
+    ``search`` locations, as ``import`` would make it once its parent were imported; None when none holds it."""
+    import os
+
+    portions = [os.path.join(location, name.rsplit(".", 1)[-1]) for location in search]
+    portions = [portion for portion in portions if os.path.isdir(portion)]
+    if not portions:
+        return None
+    spec = ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = portions
+    return spec
 
 
 def module_source(module: str) -> Optional[str]:

@@ -58,6 +58,7 @@ class Failure(Message):
     type: str
     summary: Optional[str] = None  # the job's failure in one line (FAILED only)
     traceback: Optional[str] = None  # FAILED only
+    shown: Optional[str] = None  # FAILED only: the cause, then only the user's own frames (for a terminal)
     step: Optional[int] = None  # the last optimizer step completed
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Fields that depend only on the spec and the data (equal bit for bit after a resume), besides
 # every val_NAME metric; the rest (timings, throughput) describe the machine.
-DETERMINISTIC_FIELDS = ("epoch", "step", "train_loss", "train_curve", "lr", "grad_norm", "grad_norm_max",
+DETERMINISTIC_FIELDS = ("epoch", "step", "train_loss", "train_curve", "lr_curve", "lr", "grad_norm", "grad_norm_max",
                         "nonfinite_steps")
 VAL_FIELD = re.compile(r"^val_[a-z][a-z0-9_]*$")
 
@@ -38,6 +38,9 @@ class MetricsRow(BaseModel):
     train_curve: list[tuple[int, float]] = Field(
         default_factory=list, description="The training loss since the previous validation, step by step: (step, "
         "mean loss of the steps up to it) every total steps / 1000 steps, over every rank's samples.")
+    lr_curve: list[tuple[int, float]] = Field(
+        default_factory=list, description="The learning rate since the previous validation, step by step: (step, the "
+        "rate of that step) at each point of train_curve.")
     lr: float = Field(description="Learning rate of the last optimizer step before this validation.")
     grad_norm: float = Field(description="Mean pre-clip global gradient norm over the epoch's steps.")
     grad_norm_max: float = Field(description="Largest pre-clip gradient norm of the epoch.")

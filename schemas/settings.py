@@ -31,6 +31,15 @@ def default_redis_notice(environ: Mapping[str, str]) -> str | None:
     return f"baton: BATON_REDIS_URL is not set; using the default Redis at {DEFAULT_REDIS_URL}"
 
 
+def default_store_notice(environ: Mapping[str, str]) -> str | None:
+    """The line a worker prints as it starts when it uses the default store because BATON_STORAGE_URL is
+    unset (a directory of this machine: jobs stored elsewhere are not its); None when it is set."""
+    if environ.get("BATON_STORAGE_URL"):
+        return None
+    return (f"baton: BATON_STORAGE_URL is not set; using the default store {DEFAULT_STORAGE_URL} (a directory of "
+            "this machine)")
+
+
 class BatonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATON_", extra="forbid")
 

@@ -29,6 +29,12 @@ class JobState(str, Enum):
 class JobStatus(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    @property
+    def shown_state(self) -> str:
+        """The state as people read it: a job waiting again after it yielded its worker is ``queued
+        (yielded)``, not ``retrying`` (which says its worker was lost)."""
+        return "queued (yielded)" if self.state is JobState.retrying and self.yielded else self.state.value
+
     id: str
     name: str
     state: JobState
@@ -42,6 +48,9 @@ class JobStatus(BaseModel):
         "allow an estimate (a place a running job will free); None otherwise.")
     attempt: int = Field(0, description="Attempts started (every claim by a worker starts one).")
     lost: int = Field(0, description="Attempts lost with their worker (SIGKILL, node gone); preemptions do not count.")
+    yielded: bool = Field(False, description="Waiting again after it yielded its worker (a preemption, a drain, a "
+                          "job of higher priority, a quota reclaim): nothing lost, nothing counted. Its state is "
+                          "retrying; people see it as queued (yielded).")
     max_attempts: int = 1
     worker: Optional[str] = Field(None, description="The worker running (or last running) it.")
     pid: Optional[int] = Field(None, description="The process id of its training process, on the worker's host.")
@@ -76,6 +85,8 @@ class JobStatus(BaseModel):
     stall_stacks: Optional[str] = Field(None, description="Every thread's stack when an attempt was last stopped "
                                         "for making no optimizer step in BATON_STALL_TIMEOUT_S.")
     error: Optional[str] = None
+    failure: Optional[str] = Field(None, description="A failed job's cause, then only your own code's frames (what "
+                                   "`baton status` shows); the whole traceback is `traceback`, and in `baton logs`.")
     traceback: Optional[str] = None
     created_at: Optional[float] = None
     updated_at: Optional[float] = None

@@ -192,8 +192,11 @@ class _Slow(Dataset):
         if self.delay_s:
             time.sleep(self.delay_s)
         self.loaded += 1
-        while self.hold and self.loaded > self.hold_after and os.path.exists(self.hold):
-            time.sleep(0.02)
+        if self.hold and self.loaded > self.hold_after and os.path.exists(self.hold):
+            with open(f"{self.hold}.held", "a") as out:  # a test can wait for this: the job is held still now
+                out.write(f"{os.getpid()}\n")
+            while os.path.exists(self.hold):
+                time.sleep(0.02)
         return self.base[index]
 
 
@@ -201,7 +204,8 @@ def slow_spiral(seed: int = 0, delay_s: float = 0.001, hold: Optional[str] = Non
                 **kwargs) -> Dataset:
     """The built-in spiral, loading each sample in ``delay_s``: training paced like real data. While a
     file ``hold`` exists, loading waits (after the first ``hold_after`` samples this process loads): a
-    harness holds the job still (the same samples, later)."""
+    harness holds the job still (the same samples, later). Each wait appends the process's pid to
+    ``<hold>.held`` as it begins."""
     return _Slow(spiral(seed=seed, **kwargs), delay_s, hold, hold_after)
 
 

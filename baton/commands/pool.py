@@ -26,20 +26,27 @@ def queue(name: Optional[str] = typer.Option(None, "--queue", "-Q", help="Only t
 @quota_app.command("set")
 def quota_set(
     team: str = typer.Argument(..., help="The team (resources.team of its jobs)."),
-    queue_name: str = typer.Option("default", "--queue", "-Q", help="The queue."),
+    queue_name: Optional[str] = typer.Option(None, "--queue", "-Q", help="The queue (default: default)."),
     slots: int = typer.Option(..., "--slots", help="Worker slots guaranteed (a job on N nodes holds N)."),
 ) -> None:
     """Guarantee TEAM SLOTS worker slots of a queue: below it, its waiting jobs start before those of teams
     at or above theirs. Beyond it, the team borrows slots while they are idle."""
+    from baton.storage.records import names
+
     client = _client()
+    known = names.teams(client.records.redis)
     try:
-        client.set_quota(team, queue_name, slots)
+        client.set_quota(team, queue_name or "default", slots)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
-    typer.echo(f"team {team}: {slots} slot(s) of queue {queue_name}")
-    if not client.records.pool.live_workers(queue_name):
-        typer.echo(f"warning: no live worker serves queue {queue_name!r} now (misspelled?)", err=True)
+    typer.echo(f"team {team}: {slots} slot(s) of queue {queue_name or 'default'}"
+               + ("" if queue_name else " (no --queue given: the queue named default)"))
+    if team not in known:
+        typer.echo(f"warning: no job or quota has named team {team!r} yet (misspelled? known teams: "
+                   f"{', '.join(known) or 'none'})", err=True)
+    if not client.records.pool.live_workers(queue_name or "default"):
+        typer.echo(f"warning: no live worker serves queue {queue_name or 'default'!r} now (misspelled?)", err=True)
 
 
 @quota_app.command("list")

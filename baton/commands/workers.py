@@ -7,8 +7,6 @@ from typing import Optional
 
 import typer
 
-
-
 from baton.commands.common import _say_which_redis, _settings, app
 
 @app.command()
@@ -26,7 +24,8 @@ def worker(
     from baton.workers.queue.worker_main import run_worker
 
     _say_which_redis()
-    _settings()  # one line for a setting that does not validate
+    settings = _settings()  # one line for a setting that does not validate
+    _check_own_store(settings)
     level = logging.getLevelName(loglevel.upper())  # a number for a known level's name
     logging.getLogger("baton").setLevel(level if isinstance(level, int) else logging.INFO)  # (Celery refuses others)
     try:
@@ -35,6 +34,33 @@ def worker(
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
     raise typer.Exit(code)
+
+
+def _check_own_store(settings) -> None:
+    """A worker without BATON_STORAGE_URL says which store it uses, and refuses to start where the pool's jobs
+    are stored in a shared store (its own would be a directory nobody else reads). Redis away: not checked
+    here (the worker waits for it, as for everything else)."""
+    import os
+
+    import redis
+
+    from baton.jobs.infra import EXIT_INFRASTRUCTURE
+    from baton.schemas.settings import default_store_notice
+    from baton.storage.records.connection import connect
+    from baton.storage.records import names
+
+    notice = default_store_notice(os.environ)
+    if notice is None:
+        return
+    typer.echo(notice, err=True)
+    try:
+        shared = names.shared_stores(connect(settings))
+    except redis.RedisError:
+        return
+    if shared:
+        typer.echo(f"baton worker: this pool's jobs are stored in {', '.join(shared)}: set BATON_STORAGE_URL to "
+                   "the store this worker should use (the default is a directory of this machine)", err=True)
+        raise typer.Exit(EXIT_INFRASTRUCTURE)
 
 
 @app.command()

@@ -34,7 +34,11 @@ const baton = {
   },
   num(v, digits = 4) { return v === null || v === undefined ? "" : (Number.isInteger(v) ? String(v) : Number(v).toPrecision(digits)); },
   size(n) { return n > 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n > 1024 ? (n / 1024).toFixed(1) + " KiB" : n + " B"; },
-  state(s) { return baton.el("span", { class: "state " + s }, s); },
+  // a job waiting again after it yielded its worker (nothing lost) reads "queued (yielded)", not "retrying"
+  state(s, yielded) {
+    const shown = s === "retrying" && yielded && yielded !== "0" ? "queued (yielded)" : s;
+    return baton.el("span", { class: "state " + (shown === s ? s : "yielded") }, shown);
+  },
   nav(here) {
     const links = [["/", "Jobs"], ["/queue", "Queue"], ["/workers", "Workers"]];
     const input = baton.el("input", { type: "password", id: "token", placeholder: "token for actions", value: baton.token() });

@@ -10,7 +10,7 @@ let logChunks = 0, terminal = false;
 function facts(s, source) {
   const total = s.total_steps ? ` / ${s.total_steps}` : "";
   const waiting = ["queued", "retrying"].includes(s.state);
-  const items = [["state", baton.state(s.state)], ["team", s.team], ["priority", baton.num(s.priority)], ["queue", s.queue],
+  const items = [["state", baton.state(s.state, s.yielded)], ["team", s.team], ["priority", baton.num(s.priority)], ["queue", s.queue],
     ["attempt", `${s.attempt ?? ""}${s.lost ? ` (${s.lost} lost)` : ""}`], ["step", s.step === null || s.step === undefined ? "" : `${s.step}${total}`],
     [s.state === "running" ? "worker" : "last worker", s.worker || ""], [s.monitor ? `best ${s.monitor}` : "best", baton.num(s.best_value)],
     ["loss", baton.num(s.loss)], ["learning rate", baton.num(s.lr)],
@@ -58,8 +58,10 @@ function chart(id, title, series, data) {
   if (!charts[id] || charts[id].series.length !== series.length + 1) {
     if (charts[id]) charts[id].destroy();
     const tick = (u, values) => values.map((v) => (v === null ? "" : String(+v.toPrecision(3))));
+    // the y axis as wide as its longest label (a learning rate's 0.000125 or 1.25e-7 is not clipped)
+    const wide = (u, values) => 18 + 7 * Math.max(4, ...(values || []).map((v) => String(v).length));
     const opts = { title, width, height: 240, scales: { x: { time: false } }, legend: { live: false },
-      axes: [{}, { values: tick, size: 60 }],
+      axes: [{}, { values: tick, size: wide }],
       series: [{ label: "step" }, ...series.map((s) => ({ spanGaps: true, points: { show: false }, ...s }))] };
     charts[id] = new uPlot(opts, data, node);
   } else {
@@ -69,7 +71,7 @@ function chart(id, title, series, data) {
 }
 
 // The curves' data, column by column, each in step order: rows arrive past the last step held.
-const curve = { trainStep: [], trainLoss: [], valStep: [], lr: [], val: {}, live: [], lastStep: -1 };
+const curve = { trainStep: [], trainLoss: [], valStep: [], lrStep: [], lr: [], val: {}, live: [], lastStep: -1 };
 
 function align(tables) {
   // One x (the steps of every table, merged) and each table's columns on it (null where it has no point).
@@ -95,7 +97,7 @@ function draw() {
     { label: "train loss (live)", stroke: "#93c5fd" }],
     align([{ x: curve.trainStep, ys: [curve.trainLoss] }, { x: curve.valStep, ys: [curve.val.val_loss || curve.valStep.map(() => null)] }, liveTable]));
   chart("lr", "learning rate", [{ label: "lr", stroke: "#059669" }, { label: "lr (live)", stroke: "#6ee7b7" }],
-    align([{ x: curve.valStep, ys: [curve.lr] }, { x: live.map((p) => p.step), ys: [live.map((p) => p.lr)] }]));
+    align([{ x: curve.lrStep, ys: [curve.lr] }, { x: live.map((p) => p.step), ys: [live.map((p) => p.lr)] }]));
   const names = Object.keys(curve.val).filter((n) => n !== "val_loss").sort();
   const colors = ["#7c3aed", "#ea580c", "#0891b2", "#65a30d", "#db2777"];
   chart("val", "validation metrics", names.map((n, i) => ({ label: n, stroke: colors[i % colors.length], points: { show: true } })),
@@ -118,7 +120,12 @@ async function metrics() {
     for (const [step, loss] of row.train_curve || []) { curve.trainStep.push(step); curve.trainLoss.push(loss); }
     const held = curve.valStep.length;
     curve.valStep.push(row.step);
-    curve.lr.push(row.lr ?? null);
+    // the rate step by step where the row has it (lr_curve), else at the validation alone
+    const rates = row.lr_curve && row.lr_curve.length ? row.lr_curve : [[row.step, row.lr ?? null]];
+    for (const [step, lr] of rates) {
+      if (curve.lrStep.length && step <= curve.lrStep[curve.lrStep.length - 1]) continue;
+      curve.lrStep.push(step); curve.lr.push(lr);
+    }
     for (const key in row) {
       if (!key.startsWith("val_")) continue;
       if (!curve.val[key]) curve.val[key] = new Array(held).fill(null);

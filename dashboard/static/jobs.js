@@ -27,7 +27,7 @@ function row(job) {
   return baton.el("tr", { "data-id": job.id },
     baton.el("td", {}, baton.el("a", { href: "/jobs/" + encodeURIComponent(job.id) }, job.name || job.id),
       baton.el("div", { class: "muted" }, job.id)),
-    baton.el("td", {}, baton.state(job.state)), baton.el("td", {}, job.team), baton.el("td", {}, baton.num(job.priority)),
+    baton.el("td", {}, baton.state(job.state, job.yielded)), baton.el("td", {}, job.team), baton.el("td", {}, baton.num(job.priority)),
     baton.el("td", {}, job.queue), baton.el("td", {}, baton.num(job.attempt)),
     baton.el("td", {}, job.step === null || job.step === undefined ? "" : baton.num(job.step) + total),
     baton.el("td", {}, job.monitor || ""), baton.el("td", {}, baton.num(job.best_value)),

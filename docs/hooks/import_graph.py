@@ -20,7 +20,7 @@ PACKAGE_DIRS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text
 STORAGE = ("baton.storage", "baton.storage.stores", "baton.storage.checkpointing", "baton.storage.memory",
            "baton.storage.records")
 WORKERS = ("baton.workers", "baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
-           "baton.workers.attempt", "baton.workers.queue")
+           "baton.workers.attempt", "baton.workers.code", "baton.workers.queue")
 
 ROOMS = {
     "baton.schemas": set(),
@@ -35,8 +35,10 @@ ROOMS = {
     "baton.workers.attempt": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
                               "baton.schemas", *STORAGE},
     "baton.searches": {"baton.schemas", *STORAGE},
+    "baton.workers.code": {"baton.schemas", *STORAGE},
     "baton.workers.queue": {"baton.workers.training", "baton.workers.parallel", "baton.workers.tracking",
-                            "baton.workers.attempt", "baton.searches", "baton.schemas", *STORAGE},
+                            "baton.workers.attempt", "baton.workers.code", "baton.searches", "baton.schemas",
+                            *STORAGE},
     "baton.jobs": {"baton.searches", "baton.schemas", *STORAGE},
     "baton.dashboard": {"baton.jobs", "baton.schemas", *STORAGE},
     "baton": {"baton.jobs", "baton.dashboard", "baton.searches", "baton.schemas", *STORAGE, *WORKERS},

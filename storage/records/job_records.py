@@ -20,10 +20,11 @@ from typing import Callable, Optional
 import redis
 
 from baton.schemas.errors import JobNotFound
+from baton.schemas.hosting import JobNeeds
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState, JobStatus
 
-from baton.storage.records import keys, presence
+from baton.storage.records import keys, names, refusals
 from baton.storage.records.connection import maybe_text, text, texts
 from baton.storage.records.pool import LUA, Pool, QueueState, starts_in, why_waiting
 
@@ -92,21 +93,14 @@ redis.call('SREM', KEYS[3], ARGV[2])
 return 1
 """
 
-# KEYS: job, lease, active. ARGV: lease token, now, reason, job id. Returns the next attempt, -1 if fenced
-# out, or -2 when a cancel was asked for meanwhile (the job stopped at a checkpoint: it ends cancelled).
+# KEYS: job, lease, active. ARGV: lease token, now, reason, job id, yielded ('1': it yielded its worker, and
+# waits as "queued (yielded)"). Returns the next attempt, -1 if fenced out, or -2 when a cancel was asked for
+# meanwhile (the job stopped at a checkpoint: it ends cancelled).
 _RELEASE = LUA + """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[2])
-if redis.call('HGET', KEYS[1], 'cancel_requested') then
-  pool_left(KEYS[1], ARGV[4])
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[2], 'finished_at', ARGV[2],
-             'last_event', 'cancelled as it stopped (' .. ARGV[3] .. ')')
-  job_event(KEYS[1], ARGV[2], 'cancelled', 'cancelled as it stopped (' .. ARGV[3] .. ')')
-  redis.call('DEL', KEYS[1] .. ':live')
-  redis.call('HDEL', KEYS[1], 'cancel_requested')
-  redis.call('SREM', KEYS[3], ARGV[4])
-  return -2
-end
+if cancel_if_asked(KEYS[1], ARGV[4], ARGV[2], 'stopped (' .. ARGV[3] .. ')') then return -2 end
+if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'yielded', '1') end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[2], 'publish_pending', ARGV[2], 'last_event', ARGV[3])
 job_event(KEYS[1], ARGV[2], 'yielded', ARGV[3])
 pool_left(KEYS[1], ARGV[4])
@@ -114,7 +108,8 @@ pool_wait(KEYS[1], ARGV[4])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
-# KEYS: job, lease. ARGV: lease token, attempt, worker, now, reason, job id. Returns the next attempt, or -1.
+# KEYS: job, lease. ARGV: lease token, attempt, worker, now, reason, job id. Returns the next attempt, -1, or
+# -2 when a cancel was asked for meanwhile (it ends cancelled).
 # The lease is still this token's, or it lapsed and nobody has touched the job since (still running
 # as this worker's attempt): either way the job is still this attempt's to give back, uncounted.
 _RELEASE_IF_STILL_MINE = LUA + """
@@ -126,6 +121,7 @@ if lease ~= ARGV[1] then
   if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[3] then return -1 end
 end
 redis.call('DEL', KEYS[2])
+if cancel_if_asked(KEYS[1], ARGV[6], ARGV[4], 'stopped (' .. ARGV[5] .. ')') then return -2 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'updated_at', ARGV[4], 'publish_pending', ARGV[4], 'last_event', ARGV[5])
 job_event(KEYS[1], ARGV[4], 'yielded', ARGV[5])
 pool_left(KEYS[1], ARGV[6])
@@ -134,14 +130,17 @@ return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
 """
 
 # KEYS: job, lease, active. ARGV: lease token, now, reason, job id, stacks. Returns the next attempt,
-# 0 when this loss was the last retry.max_attempts allows (the job failed), -1 if fenced out.
+# 0 when this loss was the last retry.max_attempts allows (the job failed), -1 if fenced out, -2 when a
+# cancel was asked for meanwhile (the job ends cancelled: the loss is not counted).
 _RELEASE_LOST = LUA + """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'stall_stacks', ARGV[5])
+job_event(KEYS[1], ARGV[2], 'lost', ARGV[3])
+if cancel_if_asked(KEYS[1], ARGV[4], ARGV[2], 'lost its attempt (' .. ARGV[3] .. ')') then return -2 end
 pool_left(KEYS[1], ARGV[4])
 local lost = redis.call('HINCRBY', KEYS[1], 'lost', 1)
-redis.call('HSET', KEYS[1], 'updated_at', ARGV[2], 'last_event', ARGV[3], 'stall_stacks', ARGV[5])
-job_event(KEYS[1], ARGV[2], 'lost', ARGV[3])
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[2], 'last_event', ARGV[3])
 if lost >= tonumber(redis.call('HGET', KEYS[1], 'max_attempts')) then
   redis.call('HSET', KEYS[1], 'state', 'failed', 'finished_at', ARGV[2], 'traceback', ARGV[5],
              'error', ARGV[3] .. '; lost ' .. lost .. ' time(s), retry.max_attempts reached')
@@ -185,7 +184,7 @@ if state ~= 'cancelled' and state ~= 'failed' then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'retrying', 'lost', '0', 'updated_at', ARGV[2], 'publish_pending', ARGV[2],
            'last_event', 'resumed by the user')
 job_event(KEYS[1], ARGV[2], 'requeued', 'resumed by the user', '')
-redis.call('HDEL', KEYS[1], 'error', 'traceback', 'cancel_requested', 'finished_at', 'pause_at')
+redis.call('HDEL', KEYS[1], 'error', 'traceback', 'failure', 'cancel_requested', 'finished_at', 'pause_at')
 redis.call('SADD', KEYS[2], ARGV[1])
 pool_wait(KEYS[1], ARGV[1])
 return tonumber(redis.call('HGET', KEYS[1], 'attempt')) + 1
@@ -202,8 +201,12 @@ def spec_fields(spec: JobSpec, storage_url: str) -> dict[str, str]:
     return {"name": spec.name, "spec": spec.model_dump_json(), "queue": resources.queue, "team": resources.team,
             "priority": str(resources.priority), "slots": str(resources.nodes),
             "max_attempts": str(spec.retry.max_attempts), "storage_url": storage_url, "monitor": spec.checkpoint.monitor,
+            "needs": JobNeeds.of(spec).model_dump_json(),
             **({"epochs": str(spec.loop.epochs)} if spec.loop.epochs is not None else {})}
 
+
+CANCELLED_AS_IT_STOPPED = -2
+"""What a release of a running attempt answers when a cancel asked for meanwhile ended the job instead."""
 
 UNSERVED_AFTER_S = 10.0
 """How long a job waits before its status says that no live worker serves its queue."""
@@ -234,7 +237,11 @@ class JobRecords:
         record = {**fields, "id": job_id, "state": JobState.queued.value, "attempt": "0", "lost": "0",
                   "created_at": stamp, "updated_at": stamp, "publish_pending": stamp}
         flat = [item for pair in record.items() for item in pair]
-        return bool(self._create(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE], args=[job_id, stamp, *flat]))
+        created = bool(self._create(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE], args=[job_id, stamp, *flat]))
+        if created:
+            names.note(self.redis, fields)
+        return created
+
 
     def restore(self, job_id: str, fields: dict[str, str], state: JobState, attempt: int) -> bool:
         """Re-create a record lost with Redis (``baton.jobs.recover``): ``state`` at ``attempt`` claims so far;
@@ -248,8 +255,11 @@ class JobRecords:
         else:
             record["finished_at"] = stamp
         flat = [str(item) for pair in record.items() for item in pair]
-        return bool(self._restore(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE],
-                                  args=[job_id, stamp, "1" if unfinished else "0", *flat]))
+        restored = bool(self._restore(keys=[keys.job(job_id), keys.JOBS_INDEX, keys.ACTIVE],
+                                      args=[job_id, stamp, "1" if unfinished else "0", *flat]))
+        if restored:
+            names.note(self.redis, fields)
+        return restored
 
     def published(self, job_id: str, mark: str) -> None:
         """The message for ``mark`` (the publish_pending value) is out: clear the mark."""
@@ -293,20 +303,21 @@ class JobRecords:
 
     def _place(self, status: JobStatus, state: QueueState) -> None:
         """A waiting job's position, why it waits and when it may start. A queue that no live worker serves
-        says so once the job has waited ``UNSERVED_AFTER_S`` (a worker may be starting), nothing before."""
+        says so once the job has waited ``UNSERVED_AFTER_S`` (a worker may be starting), nothing before;
+        one whose live workers cannot host the job says what none of them offers."""
         seconds, micros = self.redis.time()
         now = seconds + micros / 1e6
         waiting = state.find(status.id)
         status.position = waiting.position if waiting is not None else None
-        serving = self.pool.live_workers(status.queue)
-        live = len(serving)
-        if not live:
+        placement = refusals.place(self.redis, status.queue, [waiting] if waiting is not None else [])
+        if not placement.served:
             if status.updated_at is None or now - status.updated_at >= UNSERVED_AFTER_S:
                 status.waiting = (f"no live worker serves queue {status.queue!r}: start one with `baton worker "
                                   f"--queues {status.queue}` (with the same BATON_REDIS_URL)")
             return
         if waiting is not None:
-            status.waiting = why_waiting(state, waiting, live, len(presence.drained(self.redis, serving)))
+            status.waiting = refusals.unmet_reason(placement, status.queue, status.id) or why_waiting(
+                state, waiting, placement)
             if status.waiting.endswith("within moments") and (status.last_event or "").startswith("waiting for"):
                 status.waiting = status.last_event  # a worker passed it on, saying why: more than its place in line
             status.starts_in_s = starts_in(state, waiting, self.pool.remaining_s(state))
@@ -358,20 +369,24 @@ class JobRecords:
         return bool(self._finish(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
                                  args=[token, job_id, state.value, now(), *flat]))
 
-    def release(self, job_id: str, token: str, reason: str) -> int:
-        """Give the job back for another worker at once (preemption); returns the next attempt, -1 if fenced."""
+    def release(self, job_id: str, token: str, reason: str, yielded: bool = True) -> int:
+        """Give the job back for another worker at once, uncounted; ``yielded``: it yielded its worker (a
+        preemption, a drain, a higher priority: it waits as "queued (yielded)"), else the infrastructure failed
+        it (its store away). Returns the next attempt, -1 if fenced, -2 if a cancel ended it instead."""
         return int(self._release(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
-                                 args=[token, now(), reason, job_id]))
+                                 args=[token, now(), reason, job_id, "1" if yielded else "0"]))
 
     def release_if_still_mine(self, job_id: str, token: str, attempt: int, worker: str, reason: str) -> int:
         """After Redis was unreachable: give the job back, not counted as a loss, if ``token`` still
         holds its lease or the lease lapsed with the job untouched since (still ``attempt``, running on
-        ``worker``). Returns the next attempt, -1 when another attempt or a reaper has moved it on."""
+        ``worker``). Returns the next attempt, -1 when another attempt or a reaper has moved it on, -2
+        when a cancel asked for meanwhile ended it."""
         return int(self._release_if_still_mine(keys=[keys.job(job_id), keys.lease(job_id)],
                                                args=[token, attempt, worker, now(), reason, job_id]))
 
     def release_lost(self, job_id: str, token: str, reason: str, stacks: str) -> int:
         """Give the job back as a worker loss (a hung attempt): counted against retry.max_attempts.
-        Returns the next attempt, 0 when the job failed instead, -1 if fenced out."""
+        Returns the next attempt, 0 when the job failed instead, -1 if fenced out, -2 when a cancel asked
+        for meanwhile ended it (not counted)."""
         return int(self._release_lost(keys=[keys.job(job_id), keys.lease(job_id), keys.ACTIVE],
                                       args=[token, now(), reason, job_id, stacks]))

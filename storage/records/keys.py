@@ -148,7 +148,17 @@ is idle (the scheduler's measure of free slots)."""
 WORKERS_SEEN = f"{PREFIX}:workers:seen"
 """Hash: worker -> ``{"t": its last announcement (Redis time, s), "queues": [...]}``: the dashboard's list of
 workers, the lost ones included (``presence.seen``)."""
+WORKER_OFFERS = f"{PREFIX}:workers:offers"
+"""Hash: worker -> what it offers every job (``baton.schemas.hosting.WorkerOffer``, JSON), as it last announced."""
+WORKER_RUNS = f"{PREFIX}:workers:runs"
+"""Hash: worker -> its current run (set as it starts): a "no" it said to a job (``job_refusals``) holds while
+its run is the same."""
 
+TEAMS = f"{PREFIX}:teams"
+"""Set of every team a job has been submitted for (``resources.team``): what ``baton quota set`` checks a name against."""
+STORES = f"{PREFIX}:stores"
+"""Set of the shared stores (not ``file://``) jobs have been submitted to: a worker started without a store of its
+own (BATON_STORAGE_URL) refuses to start where the pool names one."""
 QUEUES = f"{PREFIX}:queues"
 """Set of every queue a job has waited on or a worker has served: what ``baton queue`` and ``baton quota
 list`` go through."""

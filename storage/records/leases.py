@@ -42,7 +42,7 @@ lease_due(ARGV[6], ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempt', ARGV[1], 'worker', ARGV[2], 'updated_at', ARGV[4],
            'claimed_at', ARGV[4])
 job_event(KEYS[1], ARGV[4], 'claimed', 'claimed by ' .. ARGV[2], 'worker')
-redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback')
+redis.call('HDEL', KEYS[1], 'publish_pending', 'published_at', 'republished', 'error', 'traceback', 'failure', 'yielded')
 pool_run(KEYS[1], ARGV[6])
 return {'ok'}
 """

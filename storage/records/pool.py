@@ -18,13 +18,16 @@ The order is what a worker takes (``start_order``: the first one it can host) an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import redis
 
 from baton.storage.records import keys
 from baton.storage.records.connection import maybe_text, text, texts
 from baton.storage.records.events import EVENT_LUA
+
+if TYPE_CHECKING:
+    from baton.storage.records.refusals import Placement
 
 _P = keys.PREFIX + ":queue:"
 
@@ -81,12 +84,26 @@ local function pool_left(job, id)
     redis.call('HDEL', '@P' .. q .. ':usage', team)
   end
 end
-""".replace("@P", _P).replace("@Q", keys.QUEUES).replace("@B", keys.BUSY).replace("@D", keys.LEASES_DUE)
+local function cancel_if_asked(job, id, now, how)
+  if not redis.call('HGET', job, 'cancel_requested') then return false end
+  pool_left(job, id)
+  local what = 'cancelled as it ' .. how
+  redis.call('HSET', job, 'state', 'cancelled', 'updated_at', now, 'finished_at', now, 'last_event', what)
+  job_event(job, now, 'cancelled', what)
+  redis.call('DEL', job .. ':live')
+  redis.call('HDEL', job, 'cancel_requested', 'publish_pending')
+  redis.call('SREM', '@A', id)
+  return true
+end
+""".replace("@P", _P).replace("@Q", keys.QUEUES).replace("@B", keys.BUSY).replace("@D", keys.LEASES_DUE).replace(
+    "@A", keys.ACTIVE)
 """Functions the state machine's scripts call (each script is this text, then its own): ``pool_wait``
 when a job starts waiting, ``pool_unwait`` when it stops without running, ``pool_run`` when it is
 claimed (its worker is busy from then), ``pool_left`` when a running attempt ends (its worker is idle, and
 a request that it yield is spent); ``lease_due`` when a lease is set or renewed (when the reaper must
-look at it: ``keys.LEASES_DUE``)."""
+look at it: ``keys.LEASES_DUE``); ``cancel_if_asked(job, id, now, how)`` wherever a running attempt ends
+without finishing (a release, a loss, a lapsed lease): a cancel asked for meanwhile ends the job
+``cancelled`` there (true), with its last committed checkpoint, instead of queueing it again."""
 
 # KEYS: a team's line, the queue's teams. ARGV: the team. A team with nobody waiting leaves the set
 # (in one step: a job put in the line meanwhile keeps it there).
@@ -117,6 +134,7 @@ class Waiting:
     attempt: int  # the attempt a claim would start: the record's + 1
     slots: int
     position: int = 0  # 1-based, in the queue's start order
+    needs: str = ""  # what it needs of a worker (``baton.schemas.hosting.JobNeeds``, JSON; "": unknown)
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,13 @@ class Running:
     team: str
     slots: int
     priority: int = 0
+    queue: str = ""  # "": the queue whose state holds it; else a job of that queue on this queue's workers
+    here: Optional[int] = None  # the slots it holds on this queue's workers (None: all of them)
+
+    @property
+    def frees(self) -> int:
+        """The slots its yield frees for this queue's jobs."""
+        return self.slots if self.here is None else self.here
 
 
 @dataclass
@@ -136,6 +161,11 @@ class QueueState:
     running: list[Running] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
     quotas: dict[str, int] = field(default_factory=dict)
+    neighbours: list[Running] = field(default_factory=list)
+    """Jobs of other queues running on workers that serve this one too (a worker's slot is one slot,
+    whatever queue it serves): the scheduler's turn reads them (``with_neighbours``)."""
+    elsewhere: dict[str, tuple[dict[str, int], dict[str, int]]] = field(default_factory=dict)
+    """The neighbours' queues: each one's (usage, quotas) by team, which says whether a neighbour is borrowed."""
 
     def find(self, job_id: str) -> Optional[Waiting]:
         return next((w for w in self.waiting if w.job_id == job_id), None)
@@ -152,8 +182,7 @@ class Pool:
     def state(self, queue: str, limit: Optional[int] = None) -> QueueState:
         """``queue`` as it stands; ``limit``: at most this many of each team's line are read (a worker
         choosing its next job needs the first few; a user's view, all)."""
-        usage = self.usage(queue)
-        quotas = {team: int(n) for team, n in texts(self.redis.hgetall(keys.quota(queue))).items()}
+        usage, quotas = self.usage(queue), self.quotas_of(queue)
         running = [Running(job_id, *_held(value)) for job_id, value in
                    sorted(texts(self.redis.hgetall(keys.queue_running(queue))).items())]
         lines = {team: self._line(queue, team, limit) for team in sorted(map(text, self.redis.smembers(keys.queue_teams(queue))))}
@@ -171,16 +200,17 @@ class Pool:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for member, _ in entries:
-            pipe.hmget(keys.job(text(member).split(":", 1)[1]), ["state", "attempt", "name", "slots", "created_at"])
+            pipe.hmget(keys.job(text(member).split(":", 1)[1]), ["state", "attempt", "name", "slots", "created_at",
+                                                                 "needs"])
         found = []
-        for (member, score), (state, attempt, name, slots, created) in zip(entries, pipe.execute()):
+        for (member, score), (state, attempt, name, slots, created, needs) in zip(entries, pipe.execute()):
             job_id = text(member).split(":", 1)[1]
             if maybe_text(state) not in ("queued", "retrying"):
                 self._drop(keys=[line, keys.job(job_id)], args=[member])
                 continue
             found.append(Waiting(job_id, maybe_text(name) or job_id, team, -_record_number(score, 0),
                                  _record_number(created, 0, float), _record_number(attempt, 0) + 1,
-                                 max(1, _record_number(slots, 1))))
+                                 max(1, _record_number(slots, 1)), needs=maybe_text(needs) or ""))
         return found
 
 
@@ -196,6 +226,10 @@ class Pool:
     def usage(self, queue: str) -> dict[str, int]:
         """Each team's worker slots in use on ``queue``."""
         return {team: int(n) for team, n in texts(self.redis.hgetall(keys.queue_usage(queue))).items()}
+
+    def quotas_of(self, queue: str) -> dict[str, int]:
+        """Each team's quota on ``queue`` (slots)."""
+        return {team: int(n) for team, n in texts(self.redis.hgetall(keys.quota(queue))).items()}
 
     def queues(self) -> list[str]:
         return sorted(map(text, self.redis.smembers(keys.QUEUES)))
@@ -219,7 +253,7 @@ class Pool:
         """Every queue's quotas: queue -> team -> slots."""
         found = {}
         for queue in self.queues():
-            quotas = {team: int(n) for team, n in texts(self.redis.hgetall(keys.quota(queue))).items()}
+            quotas = self.quotas_of(queue)
             if quotas:
                 found[queue] = quotas
         return found
@@ -288,9 +322,10 @@ def _merge(lines: dict[str, list[Waiting]], usage: dict[str, int], quotas: dict[
     return order
 
 
-def why_waiting(state: QueueState, job: Waiting, live_workers: int, drained: int = 0) -> str:
-    """Why ``job`` waits, in one line: what stands before it in ``state``'s start order (``live_workers``:
-    how many workers serve the queue now, ``drained`` of them drained: they take no job)."""
+def why_waiting(state: QueueState, job: Waiting, placement: "Placement") -> str:
+    """Why ``job`` waits, in one line: what stands before it in ``state``'s start order, else whether a
+    live worker of the queue is free to start it (``placement``: the queue's workers as they stand, a
+    worker busy with a job of another queue it serves included)."""
     ahead = state.waiting[:job.position - 1]
     higher = sum(1 for other in ahead if other.priority > job.priority)
     quota, used = state.quotas.get(job.team), state.usage.get(job.team, 0)
@@ -301,9 +336,10 @@ def why_waiting(state: QueueState, job: Waiting, live_workers: int, drained: int
     if ahead:
         return (f"behind {len(ahead)} job(s) of priority {job.priority} submitted earlier or of teams further "
                 "below their quota")
-    if live_workers - drained > sum(state.usage.values()):
+    if placement.idle_for(job.job_id) >= job.slots:
         return f"next to start: a free worker of queue {state.queue} takes it within moments"
-    if drained and drained >= live_workers:
+    drained = placement.served - len(placement.live)
+    if drained and not placement.live:
         return f"next to start: every worker serving queue {state.queue} is drained (`baton undrain WORKER`)"
     busy = "busy" if not drained else f"busy or drained ({drained} drained)"
     return f"next to start: every worker serving queue {state.queue} is {busy}"

@@ -1,10 +1,14 @@
-"""Which queues live workers serve: every worker announces its queues on each reaper pass, so that a
-client can tell a job waiting on a queue that no live worker serves (``baton.storage.records.job_records``);
-and which workers are drained (``baton drain``: the job yields, the worker takes no other)."""
+"""Which queues live workers serve: every worker announces its queues on each reaper pass, with what it
+offers every job (``baton.schemas.hosting``) and its run, so that a client can tell a job waiting on a
+queue that no live worker serves, or none that can host it (``baton.storage.records.job_records``), and the
+scheduler frees no worker for a job it cannot host; and which workers are drained (``baton drain``: the job yields, the worker takes no other)."""
 from __future__ import annotations
+
+from typing import Optional
 
 import redis
 
+from baton.schemas.hosting import WorkerOffer, read_offer
 from baton.storage.records import keys
 from baton.storage.records.connection import text
 
@@ -16,30 +20,52 @@ LAPSES_AFTER_MIN_S = 5.0
 """...and never sooner than this: a worker whose passes come late on a loaded machine does not
 flicker out of its queues."""
 
-# KEYS: the set of queues. ARGV: worker, seconds it holds, queue names... (Redis's clock: every worker
-# and client share it.) Lapsed announcements are dropped by the reaper's turn (``prune``); a queue's set
-# of workers goes with its last member.
+# KEYS: the set of queues. ARGV: worker, seconds it holds, its offer (JSON), its run, queue names...
+# (Redis's clock: every worker and client share it.) Lapsed announcements are dropped by the reaper's
+# turn (``prune``); a queue's set of workers goes with its last member.
 _ANNOUNCE = """
 local t = redis.call('TIME')
 local lapses_at = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2])
-for i = 3, #ARGV do
+for i = 5, #ARGV do
   local key = '@P' .. ARGV[i] .. ':workers'
   redis.call('ZADD', key, lapses_at, ARGV[1])
   redis.call('SADD', KEYS[1], ARGV[i])
 end
-redis.call('HSET', '@S', ARGV[1], cjson.encode({t = tonumber(t[1]) + tonumber(t[2]) / 1e6, queues = {unpack(ARGV, 3)}}))
+redis.call('HSET', '@S', ARGV[1], cjson.encode({t = tonumber(t[1]) + tonumber(t[2]) / 1e6, queues = {unpack(ARGV, 5)}}))
+redis.call('HSET', '@O', ARGV[1], ARGV[3])
+redis.call('HSET', '@R', ARGV[1], ARGV[4])
 return 1
-""".replace("@P", keys.PREFIX + ":queue:").replace("@S", keys.WORKERS_SEEN)
+""".replace("@P", keys.PREFIX + ":queue:").replace("@S", keys.WORKERS_SEEN).replace(
+    "@O", keys.WORKER_OFFERS).replace("@R", keys.WORKER_RUNS)
 
 
 def announce_every_s(period_s: float) -> float:
     return max(period_s, ANNOUNCE_EVERY_S)
 
 
-def announce(client: redis.Redis, worker: str, queues: list[str], period_s: float) -> None:
-    """Say that ``worker`` serves ``queues`` for the next few announcement intervals (one script)."""
+def announce(client: redis.Redis, worker: str, queues: list[str], period_s: float,
+             offer: Optional[WorkerOffer] = None, run: str = "") -> None:
+    """Say that ``worker`` serves ``queues`` for the next few announcement intervals, offering ``offer``
+    (None: only what every worker offers), in its run ``run`` (one script)."""
     holds = max(LAPSES_AFTER_ANNOUNCES * announce_every_s(period_s), LAPSES_AFTER_MIN_S)
-    client.register_script(_ANNOUNCE)(keys=[keys.QUEUES], args=[worker, holds, *queues])
+    client.register_script(_ANNOUNCE)(keys=[keys.QUEUES], args=[
+        worker, holds, (offer or WorkerOffer()).model_dump_json(), run, *queues])
+
+
+def offers(client: redis.Redis, workers: list[str]) -> dict[str, WorkerOffer]:
+    """What each of ``workers`` announced it offers (one command; a worker that never said is left out)."""
+    found: dict[str, WorkerOffer] = {}
+    for worker, raw in zip(workers, client.hmget(keys.WORKER_OFFERS, workers) if workers else []):
+        offer = read_offer(text(raw)) if raw is not None else None
+        if offer is not None:
+            found[worker] = offer
+    return found
+
+
+def runs(client: redis.Redis, workers: list[str]) -> dict[str, str]:
+    """Each of ``workers``'s current run (one command; a worker that never said is left out)."""
+    return {worker: text(run) for worker, run in zip(workers, client.hmget(keys.WORKER_RUNS, workers) if workers else [])
+            if run is not None}
 
 
 def prune(client: redis.Redis) -> None:
@@ -93,7 +119,8 @@ def seen(client: redis.Redis) -> list[dict]:
         found.append({"name": name, "last_seen": last, "queues": queues, "alive": name in live,
                       "job": busy.get(name) if name in live else None})
     if old:
-        client.hdel(keys.WORKERS_SEEN, *old)
+        for forgotten in (keys.WORKERS_SEEN, keys.WORKER_OFFERS, keys.WORKER_RUNS):
+            client.hdel(forgotten, *old)
     marks = drained(client, [str(entry["name"]) for entry in found])
     for entry in found:
         entry["drained"] = entry["name"] in marks

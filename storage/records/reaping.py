@@ -4,7 +4,8 @@ One reaper makes the passes, the one that holds ``keys.REAPER_TURN`` (it keeps i
 the cost does not grow with the number of workers; if that worker dies, the turn lapses within two
 periods and another takes it (every reaper tries each period: one command). A job still ``running`` whose lease has expired lost its worker (SIGKILL, node gone, a pause
 past the TTL): it is re-queued as the next attempt, until it has been lost
-``retry.max_attempts`` times; then it fails. The scripts are atomic and check state first, so
+``retry.max_attempts`` times; then it fails. One whose cancel was asked for ends ``cancelled`` instead,
+at once, with its last committed checkpoint (its worker could not stop it: nothing trains it again). The scripts are atomic and check state first, so
 any number of reapers may run at once.
 
 Nor does a period's pass grow with the number of jobs: every claim and renewal scores the job in
@@ -80,6 +81,11 @@ local function reap_job(id, now, republish_after, unclaimed_after, republish_max
     end
     redis.call('ZREM', '@D', id)
     local worker = redis.call('HGET', job, 'worker') or '?'
+    if redis.call('HEXISTS', job, 'cancel_requested') == 1 then  -- its worker never stopped it: it ends here
+      job_event(job, now, 'lost', 'lease of ' .. worker .. ' expired')
+      cancel_if_asked(job, id, now, 'lost its worker (lease of ' .. worker .. ' expired)')
+      return {'cancelled'}
+    end
     local function requeue(word, event)  -- back to its line, its next attempt marked for publishing
       redis.call('HSET', job, 'state', 'retrying', 'updated_at', now, 'publish_pending', now, 'last_event', event)
       job_event(job, now, word == 'outage' and 'lapsed' or 'lost', event)
@@ -211,6 +217,8 @@ def _acted_on(found: list, records: JobRecords, publish: Publish) -> list[tuple[
             _log.warning("job %s: %s as attempt %d", job_id, _DONE_WHAT[action], int(attempt))
         elif action == "failed":
             _log.warning("job %s: lost its worker too often; failed", job_id)
+        elif action == "cancelled":
+            _log.warning("job %s: lost its worker after a cancel was asked for; cancelled", job_id)
         acted.append((job_id, action))
     return acted
 

@@ -31,7 +31,7 @@ marked job's worker read it is withdrawn at the next turn (``withdraw_stale``): 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import redis
@@ -124,31 +124,39 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
     have neither keeps the free slots and every worker that did not say no to it: freed, such a worker
     would start it, not a job behind it (a worker takes the first job it can host); the jobs behind
     may have only the workers that said no to it, and the plan ends when there are none. A job every
-    live worker said it cannot host is passed over: no worker would start it."""
-    usage = dict(state.usage)
+    live worker said it cannot host is passed over: no worker would start it. The running jobs are the
+    queue's own and its neighbours (jobs of other queues on workers that serve this one too); each is
+    borrowed or not by its own queue's quota."""
+    usage = {(state.queue, team): n for team, n in state.usage.items()}
+    quotas = {(state.queue, team): n for team, n in state.quotas.items()}
+    for other, (used, allowed) in state.elsewhere.items():
+        usage.update({(other, team): n for team, n in used.items()})
+        quotas.update({(other, team): n for team, n in allowed.items()})
+    running = [job if job.queue else replace(job, queue=state.queue) for job in state.running + state.neighbours]
     free = idle_slots
-    for job in state.running:
+    for job in running:
         if job.job_id in yielding:
-            free += job.slots
-            usage[job.team] = usage.get(job.team, 0) - job.slots
-    candidates = [job for job in state.running if job.job_id not in yielding and job.job_id not in cooling]
+            free += job.frees
+            usage[(job.queue, job.team)] = usage.get((job.queue, job.team), 0) - job.slots
+    candidates = [job for job in running if job.job_id not in yielding and job.job_id not in cooling]
     decisions: list[Yield] = []
     starts: list[str] = []
     spare: dict[str, int] = {}  # slots freed beyond a need (a gang's), by the job that frees them
     for waiting in state.waiting:
         if placement.nowhere(waiting.job_id):
             continue
+        mine = (state.queue, waiting.team)
         usable = max(0, free - placement.idle_refusing(waiting.job_id))  # (an idle worker that said no: not for it)
         extra = [job_id for job_id in spare if placement.frees_for(job_id, waiting.job_id)]
         if waiting.slots <= usable + sum(spare[job_id] for job_id in extra):
             free -= min(usable, waiting.slots)
             _take(spare, extra, waiting.slots - min(usable, waiting.slots))
-            usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
+            usage[mine] = usage.get(mine, 0) + waiting.slots
             starts.append(waiting.job_id)
             continue
         hosts = [job for job in candidates if placement.frees_for(job.job_id, waiting.job_id)]
         need = waiting.slots - usable - _take(spare, extra, waiting.slots - usable)  # (all of them: too few)
-        victims = _victims(waiting, hosts, usage, state.quotas, need)
+        victims = _victims(waiting, state.queue, hosts, usage, quotas, need)
         free -= usable  # the free workers that may start it go to it (or to the gang it forms)
         if victims is None:  # so would a freed worker, unless it said no to it
             hosting = {job.job_id for job in hosts}  # (ids: a list's `in` made this O(running^2), 7 s at 10,000)
@@ -156,14 +164,14 @@ def plan(state: QueueState, idle_slots: int, yielding: set[str], cooling: frozen
             if not candidates and not free and not spare:
                 break
             continue
-        usage[waiting.team] = usage.get(waiting.team, 0) + waiting.slots
+        usage[mine] = usage.get(mine, 0) + waiting.slots
         starts.append(waiting.job_id)
-        freed = sum(victim.slots for victim, _, _ in victims)
+        freed = sum(victim.frees for victim, _, _ in victims)
         if freed > need:  # (a gang freed more than it needs)
-            spare[max(victims, key=lambda chosen: chosen[0].slots)[0].job_id] = freed - need
+            spare[max(victims, key=lambda chosen: chosen[0].frees)[0].job_id] = freed - need
         for victim, why, kind in victims:
             candidates.remove(victim)
-            usage[victim.team] -= victim.slots
+            usage[(victim.queue, victim.team)] -= victim.slots
             decisions.append(Yield(victim.job_id, why, waiting.job_id, kind))
     return decisions, starts
 
@@ -180,42 +188,44 @@ def _take(spare: dict[str, int], eligible: list[str], wanted: int) -> int:
     return taken
 
 
-def _victims(waiting: Waiting, running: list[Running], usage: dict[str, int], quotas: dict[str, int],
-             need: int) -> Optional[list[tuple[Running, str, str]]]:
-    """Running jobs whose slots (``need`` of them at least) ``waiting`` may take, each with why; None
-    when they are not enough (all or nothing). Lowest priority first, then the team furthest above its
-    quota; among equals, the smallest jobs first, and then any chosen job of the last rank taken that the
-    others already cover is let go (Kueue's fill-back, within a rank): a 2-node job is not stopped where a
-    1-node job of the same priority frees the slot needed, and no job is let go for a higher one."""
+def _victims(waiting: Waiting, queue: str, running: list[Running], usage: dict[tuple[str, str], int],
+             quotas: dict[tuple[str, str], int], need: int) -> Optional[list[tuple[Running, str, str]]]:
+    """Running jobs whose slots (``need`` of them at least) ``waiting`` (of ``queue``) may take, each with
+    why; None when they are not enough (all or nothing). Lowest priority first, then the team furthest
+    above its quota; among equals, the smallest jobs first, and then any chosen job of the last rank taken
+    that the others already cover is let go (Kueue's fill-back, within a rank): a 2-node job is not stopped
+    where a 1-node job of the same priority frees the slot needed, and no job is let go for a higher one.
+    ``usage`` and ``quotas`` are by (queue, team): a job is borrowed or not by its own queue's quota."""
     usage = dict(usage)  # (each victim chosen leaves its team's use: the next borrowed() sees it gone)
 
     def borrowed(job: Running) -> bool:  # its team would still hold its quota without it
-        return usage.get(job.team, 0) - job.slots >= quotas.get(job.team, 0)
+        return usage.get((job.queue, job.team), 0) - job.slots >= quotas.get((job.queue, job.team), 0)
 
-    quota = quotas.get(waiting.team)
-    below = quota is not None and usage.get(waiting.team, 0) + waiting.slots <= quota
+    quota = quotas.get((queue, waiting.team))
+    below = quota is not None and usage.get((queue, waiting.team), 0) + waiting.slots <= quota
     chosen: list[tuple[Running, str, str]] = []
     taken = 0
-    rank = {job.job_id: (job.priority, quotas.get(job.team, 0) - usage.get(job.team, 0)) for job in running}
-    for job in sorted(running, key=lambda job: (rank[job.job_id], job.slots, job.job_id)):
+    rank = {job.job_id: (job.priority, quotas.get((job.queue, job.team), 0) - usage.get((job.queue, job.team), 0))
+            for job in running}
+    for job in sorted(running, key=lambda job: (rank[job.job_id], job.frees, job.job_id)):
         if taken >= need:
             break
-        if job.team != waiting.team and below and job.priority <= waiting.priority and borrowed(job):
-            why, kind = f"team {job.team}'s slot reclaimed by team {waiting.team}", "reclaim"
-        elif job.priority < waiting.priority and (job.team == waiting.team or borrowed(job)):
+        if job.priority < waiting.priority and (job.team == waiting.team or borrowed(job)):  # (named first: the cause)
             why, kind = f"yielded to job {waiting.job_id} (priority {waiting.priority})", "priority"
+        elif job.team != waiting.team and below and job.priority <= waiting.priority and borrowed(job):
+            why, kind = f"team {job.team}'s slot reclaimed by team {waiting.team}", "reclaim"
         else:
             continue
         chosen.append((job, why, kind))
-        usage[job.team] = usage.get(job.team, 0) - job.slots
-        taken += job.slots
+        usage[(job.queue, job.team)] = usage.get((job.queue, job.team), 0) - job.slots
+        taken += job.frees
     if taken < need:
         return None
     marginal = rank[chosen[-1][0].job_id] if chosen else None
     for victim in reversed(list(chosen)):  # (letting one go leaves its team's use higher: the others stay borrowed)
-        if rank[victim[0].job_id] == marginal and taken - victim[0].slots >= need:
+        if rank[victim[0].job_id] == marginal and taken - victim[0].frees >= need:
             chosen.remove(victim)
-            taken -= victim[0].slots
+            taken -= victim[0].frees
     return chosen
 
 
@@ -247,17 +257,46 @@ class Scheduler:
         if not state.waiting:
             return []
         yielding = set(texts(self.redis.hgetall(keys.queue_yielding(queue))))
-        followers = self._followers([job.job_id for job in state.running if job.slots > 1])
-        placement = self.placement(queue, [job.job_id for job in state.waiting], followers)
-        decisions = decide(state, len(placement.idle), yielding, self._cooling(queue), placement)
+        placement = refusals.place(self.redis, queue, state.waiting)
+        state = self.with_neighbours(state, placement)
+        for other in {job.queue for job in state.neighbours}:  # (their own yields are marked on their queue)
+            yielding |= set(texts(self.redis.hgetall(keys.queue_yielding(other))))
+        followers = self._followers([job.job_id for job in state.running + state.neighbours if job.slots > 1])
+        placement = placement.without(worker for workers in followers.values() for worker in workers)
+        decisions = decide(state, len(placement.idle), yielding, self._cooling(queue, state), placement)
         marked = []
         for decision in decisions:
-            if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(queue), keys.queue_running(queue),
-                                keys.queue_cooling(queue)],
+            home = next((job.queue for job in state.neighbours if job.job_id == decision.job_id), queue)
+            if self._mark(keys=[keys.job(decision.job_id), keys.queue_yielding(home), keys.queue_running(home),
+                                keys.queue_cooling(home)],
                           args=[decision.job_id, decision.reason, YIELD_COOLDOWN_S, decision.for_job]):
                 _log.warning("job %s asked to yield: %s", decision.job_id, decision.reason)
                 marked.append(decision)
         return marked
+
+    def with_neighbours(self, state: QueueState, placement: Placement) -> QueueState:
+        """``state`` with the jobs of other queues that ``queue``'s live workers hold (a worker serving several
+        queues runs one job whatever its queue), and those queues' use and quotas."""
+        own = {job.job_id for job in state.running}
+        foreign = sorted(job_id for job_id in placement.worker_of if job_id not in own)
+        if not foreign:
+            return state
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in foreign:
+            pipe.hmget(keys.job(job_id), ["queue", "team", "slots", "priority", "state"])
+        neighbours = []
+        for job_id, (home, team, slots, priority, now) in zip(foreign, pipe.execute()):
+            home = maybe_text(home) or "default"
+            if maybe_text(now) != "running" or home == state.queue:
+                continue
+            neighbours.append(Running(job_id, maybe_text(team) or "default", max(1, _number(slots, 1)),
+                                      _number(priority, 0), home))
+        followers = self._followers([job.job_id for job in neighbours if job.slots > 1])
+        live = placement.live | {placement.worker_of[job.job_id] for job in neighbours}
+        neighbours = [replace(job, here=1 + len(followers.get(job.job_id, set()) & live)) if job.slots > 1
+                      else replace(job, here=1) for job in neighbours]
+        elsewhere = {home: (self.pool.usage(home), self.pool.quotas_of(home)) for home in {j.queue for j in neighbours}}
+        return replace(state, neighbours=neighbours, elsewhere=elsewhere)
 
     def withdraw_stale(self, queue: str) -> list[str]:
         """Withdraw the marks of ``queue`` whose job they were for no longer waits, where the marked job's
@@ -278,30 +317,32 @@ class Scheduler:
                 withdrawn.append(job_id)
         return withdrawn
 
-    def _cooling(self, queue: str) -> frozenset[str]:
-        """The jobs of ``queue`` asked to yield within ``YIELD_COOLDOWN_S`` (``_MARK`` would refuse them),
-        from the queue's cooling index (older entries are dropped): one script, however many run."""
-        return frozenset(map(text, self._cooling_now(keys=[keys.queue_cooling(queue)], args=[YIELD_COOLDOWN_S])))
+    def _cooling(self, queue: str, state: QueueState) -> frozenset[str]:
+        """The jobs of ``queue`` and of its neighbours' queues asked to yield within ``YIELD_COOLDOWN_S``
+        (``_MARK`` would refuse them), from each queue's cooling index (older entries are dropped): one
+        script a queue, however many run."""
+        found: set[str] = set()
+        for name in {queue, *(job.queue for job in state.neighbours)}:
+            found |= set(map(text, self._cooling_now(keys=[keys.queue_cooling(name)], args=[YIELD_COOLDOWN_S])))
+        return frozenset(found)
 
-    def _followers(self, gang_jobs: list[str]) -> frozenset[str]:
-        """The workers running the other nodes of ``gang_jobs`` (BUSY names only a gang's leader)."""
+    def _followers(self, gang_jobs: list[str]) -> dict[str, set[str]]:
+        """The workers running the other nodes of each of ``gang_jobs`` (BUSY names only a gang's leader)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id in gang_jobs:
             pipe.hgetall(keys.gang(job_id))
-        return frozenset(text(worker) for gang in (pipe.execute() if gang_jobs else []) for field, worker in gang.items()
-                         if text(field).startswith("worker:") and text(field) != "worker:0")
+        return {job_id: {text(worker) for field, worker in gang.items()
+                         if text(field).startswith("worker:") and text(field) != "worker:0"}
+                for job_id, gang in zip(gang_jobs, pipe.execute() if gang_jobs else [])}
 
-    def placement(self, queue: str, waiting: list[str], followers: frozenset[str] = frozenset()) -> Placement:
-        """Where ``queue``'s jobs can go: its live workers (not drained), the worker each running job
-        holds, the workers that cannot host each of ``waiting`` (``refusals``), and the idle ones (live,
-        holding no job, not drained, not one of ``followers``: a gang's other nodes, which BUSY does not name)."""
-        live = self.pool.live_workers(queue)
-        if not live:
-            return Placement()
-        held = [maybe_text(job) for job in self.redis.hmget(keys.BUSY, live)]
-        out = presence.drained(self.redis, live)
-        worker_of = {job: worker for worker, job in zip(live, held) if job is not None}
-        taking = frozenset(worker for worker in live if worker not in out)  # (a drained worker starts nothing)
-        may_idle = taking - followers  # (once: inside the loop below it cost O(workers) per worker, 6 s at 10,000)
-        idle = frozenset(worker for worker, job in zip(live, held) if job is None and worker in may_idle)
-        return Placement(taking, worker_of, refusals.read(self.redis, waiting) if waiting else {}, idle)
+    def placement(self, queue: str, waiting: list[Waiting], followers: frozenset[str] = frozenset()) -> Placement:
+        """Where ``queue``'s ``waiting`` jobs can go (``refusals.place``), ``followers`` (a gang's other nodes,
+        which BUSY does not name) not idle."""
+        return refusals.place(self.redis, queue, waiting).without(followers)
+
+
+def _number(value: object, default: int) -> int:
+    try:
+        return int(float(text(value))) if value is not None else default
+    except ValueError:
+        return default

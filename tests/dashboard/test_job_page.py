@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from baton.storage.artifacts import final_files, read_verified
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
-from tests.dashboard.conftest import screenshot, wait_for
-from tests.helpers import kill_when, make_spec
+from tests.dashboard.conftest import screenshot, start_dashboard, stop, wait_for
+from tests.helpers import kill_when, make_spec, metrics_rows
 
 SPEC = make_spec(name="spiral-mlp", data={"target": "tests.probes:slow_spiral",
                                           "kwargs": {"n_per_class": 2000, "delay_s": 0, "hold_after": 6000}},
@@ -38,6 +40,16 @@ def _kinds(browser) -> list[str]:
 
 def _mid_run_checkpoint(manifest: dict) -> bool:
     return bool(manifest["checkpoints"]) and manifest["checkpoints"][-1]["kind"] == "step" and not manifest["completed"]
+
+
+@pytest.fixture
+def dashboard(cluster):
+    """The dashboard with the docs' own S3 credentials (``test``, which the endpoint takes as any other): a
+    secret that is also part of words (``latest``) is never masked in them, nor in links."""
+    board = start_dashboard({**cluster.env, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"},
+                            cluster.log_dir / "ui.log")
+    yield board
+    stop(board.proc)
 
 
 def test_a_job_page_follows_training_a_kill_and_the_resume_and_downloads_the_best_weights(cluster, dashboard, browser,
@@ -82,6 +94,17 @@ def test_a_job_page_follows_training_a_kill_and_the_resume_and_downloads_the_bes
     store = cluster.store()
     best = read_verified(store, final_files(ManifestStore(store, JobPaths("watched")).read())["best.safetensors"])
     assert digest == hashlib.sha256(best).hexdigest()
+    links = browser.execute_script("return [...document.querySelectorAll('#artifacts a')].map((a) => "
+                                   "[a.dataset.which, a.href, a.innerText])")
+    assert {"best", "latest"} <= {which for which, _, _ in links} and "***" not in str(links), links
+    for _, link, _ in links:  # every link downloads (one masked as la***/ gave 404)
+        assert browser.execute_async_script("const done = arguments[arguments.length - 1];"
+                                            "fetch(arguments[0]).then((r) => done(r.status));", link) == 200, link
+    assert "latest" in browser.find_element("id", "checkpoints").text
+    rows = metrics_rows(store, "watched")  # the learning rate is drawn step by step, not at the validations alone
+    lr_points = wait_for(lambda: int(browser.execute_script("return document.getElementById('lr').dataset.points "
+                                                            "|| '0'")) > 10 * len(rows), 30, "the per-step rate")
+    assert lr_points and all(row["lr_curve"] for row in rows)
     screenshot(browser, "job-finished")
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors

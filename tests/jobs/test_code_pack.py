@@ -113,12 +113,16 @@ def test_baton_run_with_a_missing_code_directory_says_so(tmp_path):
 
 def test_shipping_the_package_folder_instead_of_its_parent_is_refused_at_submit(tmp_path, redis_server):
     root = project(tmp_path / "p")
+    (root / "pkg" / "sub" / "m.py").write_text("def net():\n    pass\n")  # (pkg.sub: a namespace package)
     spec = write_spec(tmp_path, make_spec(model={"target": "pkg.sub.m:net", "kwargs": {}}))
     env = baton_env(BATON_REDIS_URL=redis_server.url, BATON_STORAGE_URL=f"file://{tmp_path / 's'}",
                     BATON_ALLOWED_MODULES="pkg")
-    done = run_baton("submit", str(spec), "--code", str(root / "pkg"), env=env)
-    assert done.returncode == 2, done.stderr
-    assert "package 'pkg' is neither in code.dir" in done.stderr and f"ship its parent, {root}" in done.stderr
-    assert "stored under" not in done.stderr  # (nothing was)
+    for where in (env, {**env, "PYTHONPATH": f"{root}{os.pathsep}{env['PYTHONPATH']}"}):  # (importable here too)
+        done = run_baton("submit", str(spec), "--code", str(root / "pkg"), env=where)
+        assert done.returncode == 2, done.stderr
+        assert f"is the package 'pkg' itself: ship its parent, {root}" in done.stderr, done.stderr
+        assert "stored under" not in done.stderr and len(done.stderr.strip().splitlines()) <= 2  # (nothing was)
     done = run_baton("submit", str(spec), "--code", str(tmp_path), env=env)  # the parent of the project: the store too
     assert done.returncode == 2 and "holds the job store" in done.stderr, done.stderr
+    done = run_baton("submit", str(spec), "--code", str(root), env=env)  # right: its namespace package is found
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

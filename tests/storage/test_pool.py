@@ -193,3 +193,22 @@ def test_a_running_job_with_no_known_total_leaves_the_estimate_unknown_and_the_s
     presence.announce(records.redis, "w", ["default"], 5.0)
     status = records.status("next")
     assert status.position == 1 and status.starts_in_s is None
+
+
+def test_a_job_that_yielded_reads_queued_yielded_and_one_that_lost_its_worker_retrying(records):
+    from baton.jobs.display import details, table
+
+    submit(records, "y")
+    token = claim(records, "y")
+    assert records.release("y", token, "yielded to job u (priority 10) on w") == 2
+    status = records.status("y")
+    assert (status.state, status.yielded, status.shown_state) == (JobState.retrying, True, "queued (yielded)")
+    assert "queued (yielded)" in table([status]) and "state: queued (yielded)" in details(status)
+    token = claim(records, "y", ttl_s=0.05)  # claimed again: the mark goes; then its worker is lost
+    assert not records.status("y").yielded
+    time.sleep(0.1)
+    reaping.reap_once(records.redis, lambda *args: None, records)
+    assert records.status("y").shown_state == "retrying"
+    token = claim(records, "y")
+    assert records.release("y", token, "storage unavailable on w", yielded=False) == 4  # its store away: no yield
+    assert records.status("y").shown_state == "retrying"

@@ -163,3 +163,12 @@ def test_a_gang_that_frees_more_than_needed_leaves_the_rest_to_the_next_waiting_
     placement = Placement(frozenset({"g", "s"}), {"gang": "g", "single": "s"}, {"u2": frozenset({"g"})})
     yields, starts = plan(state, 0, set(), placement=placement)
     assert [(y.job_id, y.for_job) for y in yields] == [("gang", "u1"), ("single", "u2")] and starts == ["u1", "u2"]
+
+
+def test_a_priority_preemption_is_named_as_one_where_a_quota_reclaim_would_also_free_the_slot():
+    state = queue([Running("v1", "vision", 1, 0)], [waiting("n1", 10, team="nlp")], {"nlp": 1})
+    [one] = decide(state, 0, set())
+    assert (one.job_id, one.kind, one.reason) == ("v1", "priority", "yielded to job n1 (priority 10)")
+    state = queue([Running("v1", "vision", 1, 0)], [waiting("n1", 0, team="nlp")], {"nlp": 1})
+    [one] = decide(state, 0, set())  # of equal priority: a reclaim it is
+    assert (one.job_id, one.kind, one.reason) == ("v1", "reclaim", "team vision's slot reclaimed by team nlp")

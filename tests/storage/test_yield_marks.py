@@ -19,9 +19,12 @@ def pool(redis_server) -> tuple[redis.Redis, JobRecords]:
     return client, JobRecords(client)
 
 
-def live(client: redis.Redis, *workers: str) -> None:
+def live(client: redis.Redis, *workers: str, queues: tuple[str, ...] = ("default",), **offer) -> None:
+    """``workers`` serve ``queues`` (their run: ``<worker>-1``), offering ``offer`` (WorkerOffer's fields)."""
+    from baton.schemas.hosting import WorkerOffer
+
     for worker in workers:
-        presence.announce(client, worker, ["default"], 30.0)
+        presence.announce(client, worker, list(queues), 30.0, WorkerOffer(**offer), f"{worker}-1")
 
 
 @pytest.fixture
@@ -73,12 +76,12 @@ def test_no_worker_is_freed_for_a_job_it_said_it_cannot_host(pool):
         submit(records, job, priority=priority)
         claim(records, job, worker=worker)
     submit(records, "urgent", priority=10)
-    refusals.note(client, "urgent", "w2")
+    refusals.note(client, "urgent", "w2", "w2-1")
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent")]
     client.delete(keys.queue_yielding("default"))
     client.hdel(keys.job("low"), "yield_marked_at")
     client.zrem(keys.queue_cooling("default"), "low")  # (the cooldown over)
-    refusals.note(client, "urgent", "w1")
+    refusals.note(client, "urgent", "w1", "w1-1")
     assert Scheduler(client).turn() == []
     submit(records, "urgent2", priority=10)  # a job behind it that w1 can host still gets a worker freed
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("lowest", "urgent2")]
@@ -100,7 +103,7 @@ def test_a_job_behind_one_a_worker_cannot_host_still_gets_that_worker_freed(pool
         presence.set_drained(client, "B", True)
     submit(records, "W1", priority=5)
     submit(records, "W2", priority=3)
-    refusals.note(client, "W1", "A")
+    refusals.note(client, "W1", "A", "A-1")
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "W2")]
 
 
@@ -111,20 +114,22 @@ def test_a_worker_that_can_host_the_job_now_takes_back_its_no(pool):
     from baton.workers.queue import reception
 
     client, _ = pool
-    refusals.note(client, "W", "A")
-    refusals.note(client, "W", "B")
-    ctx = types.SimpleNamespace(redis=client, worker="A")
+    refusals.note(client, "W", "A", "A-1")
+    refusals.note(client, "W", "B", "B-1")
+    live(client, "A", "B")
+    ctx = types.SimpleNamespace(redis=client, worker="A", run="A-1")
     view = reception.JobView(spec=None, spec_error=None, storage_url=None, queue="default")  # (no spec: it can)
     assert reception.refusal(ctx, "W", view) is None
     assert refusals.read(client, ["W"]) == {"W": {"B"}}
 
 
-def test_a_no_is_stamped_with_redis_s_clock_and_lapses_after_ten_minutes(pool):
+def test_a_no_holds_while_its_worker_runs_and_goes_when_it_restarts(pool):
     client, _ = pool
-    refusals.note(client, "W", "A")
-    seconds, _ = client.time()
-    assert abs(int(client.hget(keys.job_refusals("W"), "A")) - seconds) <= 1
-    client.hset(keys.job_refusals("W"), "A", str(seconds - refusals.KEPT_S - 1))
+    live(client, "A", "B")
+    refusals.note(client, "W", "A", "A-1")
+    refusals.note(client, "W", "B", "B-0")  # said in an earlier run of B
+    assert refusals.read(client, ["W"]) == {"W": {"A"}}
+    presence.announce(client, "A", ["default"], 30.0, run="A-2")  # A restarted (with more GPUs, perhaps)
     assert refusals.read(client, ["W"]) == {"W": frozenset()}
 
 
@@ -135,7 +140,7 @@ def test_an_idle_worker_that_said_no_is_no_free_slot_for_the_job(pool):
     submit(records, "low", priority=0)
     claim(records, "low", worker="B")
     submit(records, "urgent", priority=10)
-    refusals.note(client, "urgent", "A")
+    refusals.note(client, "urgent", "A", "A-1")
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent")]
     refusals.withdraw(client, "urgent", "A")
     client.delete(keys.queue_yielding("default"))
@@ -161,11 +166,11 @@ def test_a_gang_follower_that_once_said_no_is_not_taken_for_an_idle_worker(pool)
     submit(records, "low", priority=-1)
     claim(records, "low", worker="w3")
     submit(records, "urgent", priority=10)
-    refusals.note(client, "urgent", "w1")
+    refusals.note(client, "urgent", "w1", "w1-1")
     assert Scheduler(client).turn() == []
     claim(records, "urgent", worker="w2")  # (w2 took it)
     submit(records, "urgent2", priority=10)
-    refusals.note(client, "urgent2", "w1")  # the follower is no idle worker: 'low' yields for this one
+    refusals.note(client, "urgent2", "w1", "w1-1")  # the follower is no idle worker: 'low' yields for this one
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("low", "urgent2")]
 
 
@@ -219,3 +224,60 @@ def test_a_job_in_its_cooldown_but_missing_from_the_index_is_listed_by_the_refus
     scheduler = Scheduler(client)
     assert scheduler.turn() == []  # a-low refused by the script...
     assert [one.job_id for one in scheduler.turn()] == ["b-low"]  # ...and passed over from then on
+
+
+def test_a_worker_serving_two_queues_is_one_slot_a_higher_priority_of_either_takes(pool):
+    """w serves a and b and runs 'low' of queue a (priority 0); 'urgent' of queue b (priority 100) waits:
+    b's turn asks 'low' to yield (marked on a, its own queue), and the status says why it waits."""
+    client, records = pool
+    live(client, "w", queues=("a", "b"))
+    submit(records, "low", queue="a")
+    claim(records, "low", worker="w")
+    submit(records, "urgent", priority=100, queue="b")
+    assert records.status("urgent").waiting == "next to start: every worker serving queue b is busy"
+    [one] = Scheduler(client).turn()
+    assert (one.job_id, one.for_job, one.reason) == ("low", "urgent", "yielded to job urgent (priority 100)")
+    assert client.hkeys(keys.queue_yielding("a")) == ["low"] and not client.exists(keys.queue_yielding("b"))
+    assert Scheduler(client).turn() == []  # its slot counts as freed: nothing else yields for it
+
+
+def test_a_job_of_another_queue_within_its_quota_there_is_not_taken_by_a_reclaim(pool):
+    """Quotas stay each queue's own: 'a1' runs within team x's quota on queue a, on a worker that serves
+    b too; team y, below its quota on b, waits at the same priority: nothing is reclaimed. Beyond x's
+    quota on a, 'a1' is borrowed, and y reclaims it."""
+    client, records = pool
+    live(client, "w", queues=("a", "b"))
+    records.pool.set_quota("a", "x", 1)
+    records.pool.set_quota("b", "y", 1)
+    submit(records, "a1", team="x", queue="a")
+    claim(records, "a1", worker="w")
+    submit(records, "b1", team="y", queue="b")
+    assert Scheduler(client).turn() == []
+    records.pool.set_quota("a", "x", 0)
+    [one] = Scheduler(client).turn()
+    assert (one.job_id, one.kind, one.reason) == ("a1", "reclaim", "team x's slot reclaimed by team y")
+
+
+def test_a_job_no_live_worker_can_host_frees_nobody_and_says_what_none_offers(pool):
+    """Both workers are busy and run no shipped code: a job that ships its code (priority 10) frees neither,
+    however long it waits, and its status says why. A worker that runs shipped code, busy too, is freed."""
+    from baton.schemas.spec import JobSpec
+    from baton.storage.records.job_records import spec_fields
+    from tests.helpers import make_spec
+
+    client, records = pool
+    live(client, "w1", "w2")
+    for worker, job in (("w1", "low"), ("w2", "lower")):
+        submit(records, job)
+        claim(records, job, worker=worker)
+    shipping = JobSpec.parse(make_spec(resources={"priority": 10}, code={"digest": "sha256:" + "0" * 64}))
+    assert records.create("shipper", spec_fields(shipping, "file:///tmp/x"))
+    assert Scheduler(client).turn() == []
+    said = "no live worker of queue default accepts shipped code (BATON_ACCEPT_CODE)"
+    assert records.status("shipper").waiting == said
+    from baton.jobs.pool import queue_views
+    assert queue_views(records, "default")[0].reasons["shipper"] == said
+
+    live(client, "w2", accepts_code=True)  # (w2 restarted with BATON_ACCEPT_CODE on, still running 'lower')
+    assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("lower", "shipper")]
+    assert records.status("shipper").waiting == "next to start: every worker serving queue default is busy"

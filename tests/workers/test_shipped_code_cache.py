@@ -4,6 +4,7 @@ made again when a job changed it, and removed with the worker; a package set nev
 worker runs on."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -13,9 +14,11 @@ import pytest
 
 from baton.storage.layout import code_key
 from baton.storage.stores.file_store import FileStore
-from baton.workers.queue import code_packages
-from baton.workers.queue.code_packages import PackagesFailed
-from baton.workers.queue.shipped_code import CodeRefused, ShippedCode
+from baton.schemas.errors import PermanentError
+from baton.workers.code import packages as code_packages
+from baton.workers.code.archive import stream_cap
+from baton.workers.code.cache import CodeRefused, ShippedCode
+from baton.workers.code.packages import PackagesFailed
 
 from tests.helpers import make_wheel
 
@@ -95,21 +98,71 @@ def test_an_archive_that_does_not_match_its_digest_is_refused_before_unpacking(t
     assert os.listdir(cache.root()) == []
 
 
-@pytest.mark.parametrize("files, links, why", [
-    ({"../escaped.py": b"X = 1\n"}, None, "not a plain path"),
-    ({"/abs/escaped.py": b"X = 1\n"}, None, "not a plain path"),
-    ({"pkg/__init__.py": b""}, {"pkg/link": "../../outside"}, "not a regular file"),
-    ({"torch/__init__.py": b""}, None, "shadow the worker's own torch"),
-    ({"baton.py": b""}, None, "shadow the worker's own baton"),
-    ({"big.bin": b"\0" * 2000}, None, "once unpacked"),
+@pytest.mark.parametrize("files, links, why, refused", [
+    ({"../escaped.py": b"X = 1\n"}, None, "not a plain path", PermanentError),
+    ({"/abs/escaped.py": b"X = 1\n"}, None, "not a plain path", PermanentError),
+    ({"pkg/__init__.py": b""}, {"pkg/link": "../../outside"}, "not a regular file", PermanentError),
+    ({"torch/__init__.py": b""}, None, "shadow the worker's own torch", PermanentError),
+    ({"baton.py": b""}, None, "shadow the worker's own baton", PermanentError),
+    ({"big.bin": b"\0" * 2000}, None, "once unpacked", PermanentError),
 ])
-def test_an_archive_reaching_outside_linking_shadowing_or_too_big_is_refused_whole(tmp_path, files, links, why):
+def test_an_archive_reaching_outside_linking_shadowing_or_too_big_is_refused_whole(tmp_path, files, links, why,
+                                                                                    refused):
     store, digest = stored(tmp_path, files, links)
     (tmp_path / "base").mkdir()
     cache = ShippedCode(1000, tmp_path / "base")
-    with pytest.raises(CodeRefused, match=why):
+    with pytest.raises(refused, match=why):
         cache.unpacked(store, digest, [])
     assert os.listdir(cache.root()) == [] and not list(tmp_path.rglob("escaped.py"))
+
+
+def header_bomb(declared: int) -> bytes:
+    """A small gzip'd tar whose first member is a PAX header declaring ``declared`` bytes of attributes
+    (zeros: they compress ~1000:1), followed by that many."""
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, declared
+    block = header.tobuf(format=tarfile.USTAR_FORMAT)
+    zipped = io.BytesIO()
+    with gzip.GzipFile(fileobj=zipped, mode="wb", compresslevel=9) as out:
+        out.write(block)
+        zero = b"\0" * (1 << 20)
+        for _ in range(declared >> 20):
+            out.write(zero)
+    return zipped.getvalue()
+
+
+def test_an_archive_whose_header_declares_gigabytes_is_refused_without_reading_them(tmp_path):
+    """256 MiB of PAX header in a quarter-megabyte archive (a user's was 1.5 GiB in 1.5 MB): refused, having
+    decompressed at most the worker's bound (here 10 MB of files: 52 MB of stream), never the whole header."""
+    import tracemalloc
+
+    data = header_bomb(1 << 28)
+    assert len(data) < 400_000
+    store = FileStore(tmp_path / "store")
+    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    store.put_bytes(code_key(digest), data)
+    cache = ShippedCode(LIMIT, tmp_path)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PermanentError, match="once decompressed"):
+            cache.unpacked(store, digest, [])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * stream_cap(LIMIT) < 1 << 28, peak  # (tarfile read the whole header: a user's took 2 GB of RSS)
+    assert os.listdir(cache.root()) == []
+
+
+@pytest.mark.parametrize("data, why", [(b"not gzip at all", "not a gzip archive"),
+                                        (gzip.compress(b"\0" * 1024)[:-8], "not one whole gzip archive"),
+                                        (gzip.compress(b"x" * 600), "ReadError")])
+def test_an_archive_that_is_not_a_whole_gzip_tar_fails_the_job_in_one_line(tmp_path, data, why):
+    store = FileStore(tmp_path / "store")
+    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    store.put_bytes(code_key(digest), data)
+    with pytest.raises(PermanentError, match=why) as refused:
+        ShippedCode(LIMIT, tmp_path).unpacked(store, digest, [])
+    assert "\n" not in str(refused.value)
 
 
 def test_a_package_set_that_would_replace_an_installed_distribution_is_refused(tmp_path, monkeypatch):
@@ -123,3 +176,22 @@ def test_a_package_set_that_would_replace_an_installed_distribution_is_refused(t
     (tmp_path / "b").mkdir()
     with pytest.raises(PackagesFailed, match="installs module.*torch"):
         code_packages.install(("innocent==1.0",), tmp_path / "b")
+
+
+def test_a_namespace_package_merges_with_the_workers_and_only_what_would_hide_its_own_is_refused(tmp_path,
+                                                                                                   monkeypatch):
+    """The worker's environment has the namespace package ``google`` (protobuf, google-auth): a package
+    adding ``google.nsdemo`` (as googleapis-common-protos adds ``google.api``) is installed beside it; one
+    shipping its own ``google.protobuf`` is refused, naming it."""
+    pytest.importorskip("google.protobuf")
+    index = make_wheel(tmp_path / "index", "nsdemo", "1.0", {"google/nsdemo/__init__.py": "X = 1\n"})
+    make_wheel(index, "fakeproto", "1.0", {"google/protobuf/__init__.py": "", "google/fakeproto.py": ""})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    (tmp_path / "a").mkdir()
+    assert code_packages.install(("nsdemo==1.0",), tmp_path / "a") == [("nsdemo", "1.0")]
+    assert (tmp_path / "a" / "google" / "nsdemo" / "__init__.py").exists()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(PackagesFailed, match=r"installs module\(s\) google\.protobuf, which") as refused:
+        code_packages.install(("fakeproto==1.0",), tmp_path / "b")
+    assert "google.fakeproto" not in str(refused.value)

@@ -20,7 +20,7 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from baton.workers.training.failures import summary
+from baton.workers.training.failures import failure, summary
 from baton.storage.redaction import RedactingFilter, Redactor
 from baton.schemas.errors import CheckpointWriteFailed, FencedOut, TransientError, formatted_traceback
 from baton.schemas.messages import AttemptEnd, AttemptOrder, Ending, Failure
@@ -60,7 +60,8 @@ def main(conn: Connection, stop: StopFlag, order: AttemptOrder) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is the worker's to record: this process ignores
         # SIGINT and SIGTERM, so a KeyboardInterrupt, a SystemExit or an asyncio.CancelledError here is the job's
         # own code's (unreported, it would look like this process's crash: a loss, retried)
-        remote.end(AttemptEnd(failure=describe_failure(exc, order.allowed_prefixes, control.step_now)))
+        remote.end(AttemptEnd(failure=describe_failure(exc, order.allowed_prefixes, control.step_now,
+                                                       f"`baton logs {order.job_id}`")))
     else:
         remote.end(AttemptEnd(outcome=result.outcome, resumed_from_step=result.resumed_from_step))
     leave()
@@ -86,9 +87,11 @@ def leave() -> None:
     os._exit(0)
 
 
-def describe_failure(exc: BaseException, allowed_prefixes: tuple[str, ...], step: Optional[int] = None) -> Failure:
+def describe_failure(exc: BaseException, allowed_prefixes: tuple[str, ...], step: Optional[int] = None,
+                     full_traceback_at: str = "the job's log") -> Failure:
     for kind, ending in ENDINGS:
         if isinstance(exc, kind):
             return Failure(ending=ending, message=str(exc), type=type(exc).__name__, step=step)
     return Failure(ending=Ending.FAILED, message=str(exc), type=type(exc).__name__, step=step,
-                   summary=summary(exc, allowed_prefixes), traceback=formatted_traceback(exc))
+                   summary=summary(exc, allowed_prefixes), traceback=formatted_traceback(exc),
+                   shown=failure(exc, allowed_prefixes, full_traceback_at))

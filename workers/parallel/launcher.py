@@ -34,6 +34,7 @@ from typing import Callable, Optional
 import torch.distributed as dist
 
 from baton.schemas.errors import FencedOut, PermanentError, exception_chain
+from baton.schemas.hosting import devices_missing
 from baton.schemas.messages import GroupOrder, RankOrder
 from baton.storage import owned_dirs
 
@@ -250,16 +251,6 @@ def _exit_hung(why: str) -> None:
     _log.error("data-parallel attempt stuck: %s; exiting", why)
     logging.shutdown()
     os._exit(EXIT_HUNG)
-
-
-def devices_missing(requested: str, processes: int, have: int) -> Optional[str]:
-    """Why a worker offering ``have`` GPUs cannot give a job of ``processes`` ranks on ``requested``
-    (cpu, cuda, auto) one GPU per rank; None if it can. A worker with no GPU at all is not asked:
-    ``auto`` trains on its CPU, ``cuda`` is refused by ``resolve_device``."""
-    if processes <= 1 or requested == "cpu" or have == 0 or have >= processes:
-        return None
-    return (f"resources.processes: {processes} ranks need {processes} GPUs, one each; this worker offers {have} "
-            f"(route the job to a queue served by workers started with --gpus-per-job {processes})")
 
 
 def offered_gpus() -> int:

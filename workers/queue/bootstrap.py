@@ -33,7 +33,7 @@ from baton.workers.queue.preemption import PREEMPTION
 from baton.workers.queue.spot_notice import NoticePoller
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 from baton.workers.queue.reaper import Reaper
-from baton.workers.queue import shipped_code
+from baton.workers.code import cache as shipped_code
 
 _log = logging.getLogger("baton.worker")
 _context: Optional[WorkerContext] = None
@@ -138,7 +138,9 @@ def _on_ready(sender, **_) -> None:
     # Redis may be away right now (the consumer connected a moment ago): wait for it, as every job
     # would; failing here left a worker taking jobs with no reaper, no preemption handler, no presence
     queues = sorted(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)
-    announce = functools.partial(presence.announce, ctx.redis, ctx.worker, queues, ctx.settings.reaper_period_s)
+    ctx.queues = tuple(queues)
+    announce = functools.partial(presence.announce, ctx.redis, ctx.worker, queues, ctx.settings.reaper_period_s,
+                                 ctx.offer, ctx.run)
     _when_redis_answers(lambda: ctx.redis.delete(keys.worker_stopping(ctx.worker)),  # a previous run's, by this name
                         "clearing this worker's stopping mark")
     PREEMPTION.install(ctx.settings.preempt_grace_s, on_request=mark_stopping)

@@ -28,6 +28,7 @@ from baton.storage.manifest_store import ManifestStore
 from baton.workers.tracking import prometheus
 
 from baton.storage.records import leases
+from baton.storage.records.job_records import CANCELLED_AS_IT_STOPPED
 from baton.workers.queue.redis_retry import while_leased
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ def release_if_still_mine(control: "WorkerControl", attempt: int, publish: Calla
             lambda: wait_until, f"job {job_id}: the release after a Redis outage")
     except LeaseUnconfirmed as exc:
         _log.warning("job %s: %s; a reaper will re-queue it", job_id, exc)
+        return
+    if next_attempt == CANCELLED_AS_IT_STOPPED:
+        _log.info("job %s: cancelled after the Redis outage (asked for meanwhile)", job_id)
         return
     if next_attempt < 0:
         _log.info("job %s: not released after the Redis outage: a reaper or another attempt has moved it on", job_id)

@@ -40,71 +40,23 @@ from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
 from baton.storage.memory.memory_slots import JobMemory
 from baton.storage.records import leases, pausing
+from baton.storage.records.job_records import CANCELLED_AS_IT_STOPPED
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.nodes import ANNOUNCE, REMOTE_FAILURE
-from baton.workers.queue import gang_follower, gang_leader, search_steps
+from baton.workers.queue import gang_leader, search_steps
 from baton.workers.queue.claims import catch_up_with_manifest, release_if_still_mine
 from baton.workers.queue.endings import ACTIONS
-from baton.workers.queue import reception
-from baton.workers.queue.reception import JobView, pass_on, publish, read_job
+from baton.workers.queue.reception import JobView, pass_on, publish
 from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.redis_retry import while_leased
-from baton.workers.queue.shipped_code import CodeRefused
+from baton.workers.code.cache import CodeRefused
 from baton.workers.queue.stall import StallWatchdog, exit_process
 from baton.workers.queue.worker_control import WorkerContext, WorkerControl
 from baton.workers.tracking import prometheus
 from baton.workers.training.failures import summary
 
 _log = logging.getLogger("baton.worker")
-
-
-def run_job(ctx: WorkerContext, job_id: str, attempt: int, queue: Optional[str] = None) -> str:
-    """Take a message of ``job_id``'s attempt: start the first waiting job of ``queue``'s start order that
-    this worker can host (``reception.choices``), or pass the message on if it can host none and not the
-    message's own job. Returns a word saying how it ended (for logs and tests). A job on several nodes is
-    led from here: its gang forms first, then the attempt is claimed (``gang_leader``)."""
-    queue = queue or _queue_of(ctx, job_id)
-    if reception.drained(ctx):
-        return reception.hold_drained(ctx, job_id, attempt)
-    for _ in range(CHOICE_ROUNDS):  # workers that took messages together race for the same first jobs
-        raced = False
-        for choice in reception.choices(ctx, queue, job_id, attempt):
-            if isinstance(choice, reception.Passed):
-                return pass_on(ctx, choice.job_id, choice.attempt, choice.why, choice.event)
-            delivery = Delivery(ctx, choice.job_id, choice.attempt, choice.view)
-            word = gang_leader.lead(ctx, delivery) if choice.view.nodes > 1 else delivery.run()
-            if word != "dropped":  # (dropped: another worker claimed it first, or it no longer waits)
-                return word
-            raced = True
-        if not raced:
-            break
-    if read_job(ctx, job_id) is None:
-        return pass_on(ctx, job_id, attempt, "its record could not be read")
-    return "dropped"
-
-
-CANCELLED_AS_IT_STOPPED = -2
-"""What a release answers when the job was cancelled while it stopped (``JobRecords.release``)."""
-CHOICE_ROUNDS = 3
-"""How many times a worker reads its queue's first waiting jobs again when other workers claimed every
-one it tried first (many workers freed at once): each round, others have started jobs."""
-
-
-def _queue_of(ctx: WorkerContext, job_id: str) -> str:
-    """The queue of a message sent without one (before messages named it)."""
-    view = read_job(ctx, job_id)
-    return view.queue if view is not None else "default"
-
-
-def join_gang(ctx: WorkerContext, job_id: str, attempt: int, nodes: int) -> str:
-    """A join message of a multi-node job: this worker becomes one of its nodes, if it can host one."""
-    view = read_job(ctx, job_id)
-    cannot = reception.refusal(ctx, job_id, view) if view is not None else None
-    if cannot is None and reception.drained(ctx):
-        cannot = f"{ctx.worker} is drained"
-    queue = view.queue if view is not None else "default"
-    return gang_follower.follow(ctx, job_id, attempt, nodes, queue, cannot, reception.PASS_ON_WAIT_S)
 
 
 @dataclass(frozen=True)
@@ -333,8 +285,9 @@ class Held:
         ctx, control = self.ctx, self.control
         error = (failure.summary if failure is not None else None) or what
         trace = (failure.traceback if failure is not None else None) or ""
+        shown = (failure.shown if failure is not None else None) or ""
         where = {} if control.step_now is None else {"step": control.step_now}
-        fields = {"error": ctx.redact(error), "traceback": ctx.redact(trace), **where}
+        fields = {"error": ctx.redact(error), "traceback": ctx.redact(trace), "failure": ctx.redact(shown), **where}
         control.leased(lambda: ctx.records.finish(self.job_id, control.token, JobState.failed, fields),
                        "recording the job failed")
         _log.error("job %s: failed: %s", self.job_id, what)
@@ -347,7 +300,9 @@ class Held:
             next_attempt = control.leased(lambda: ctx.records.release_lost(job_id, control.token, reason, stacks),
                                           "the release of a lost attempt")
         else:
-            next_attempt = control.leased(lambda: ctx.records.release(job_id, control.token, reason), "the release")
+            yielded = retried == "preempted"  # (a stop at a step: a yield; its store away is no yield)
+            next_attempt = control.leased(lambda: ctx.records.release(job_id, control.token, reason, yielded),
+                                          "the release")
         if next_attempt == CANCELLED_AS_IT_STOPPED:
             _log.info("job %s: cancelled (asked while it stopped: %s)", job_id, reason)
         if next_attempt <= 0:
@@ -370,6 +325,9 @@ class Held:
         _log.error("job %s: %s; released as a worker loss%s", self.job_id, reason, ", resuming here" if here else "")
         next_attempt = control.leased(lambda: ctx.records.release_lost(self.job_id, control.token, reason, ""),
                                       "the release of a lost attempt")
+        if next_attempt == CANCELLED_AS_IT_STOPPED:
+            _log.info("job %s: cancelled (asked for before its training process died)", self.job_id)
+            return "cancelled"
         if next_attempt <= 0:
             return "lost"
         prometheus.JOBS_RETRIED.labels("crashed").inc()

@@ -5,6 +5,7 @@ hands back every message and holds until undrained: ``hold_drained``); and the o
 job's next attempt (``publish``)."""
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import time
@@ -15,12 +16,13 @@ import redis
 from kombu.exceptions import KombuError
 
 from baton.schemas.errors import SpecError
+from baton.schemas.hosting import JobNeeds, lacking
 from baton.schemas.spec import JobSpec
+from baton.schemas.status import JobState
 from baton.storage.records import keys, presence, refusals
 from baton.storage.records.connection import maybe_text
 from baton.storage.records.gangs import Gangs
-from baton.storage.records.pool import Pool
-from baton.workers.parallel.launcher import devices_missing
+from baton.storage.records.pool import Pool, Waiting
 from baton.workers.queue.worker_control import WorkerContext
 from baton.workers.training.targets import unavailable
 
@@ -94,14 +96,16 @@ class Passed:
 
 
 def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterator["Choice | Passed"]:
-    """The jobs a message of ``job_id`` may start on this worker, best first: the queue's first waiting
-    jobs that it can host, then the message's own job if it was not among them. Then, if some waiting
-    job could not start here (this worker cannot host it, or it is a multi-node job that must wait for
-    another job's gang to form on the queue), one ``Passed``: the message goes back for another worker.
-    If the queue's order cannot be read (Redis away), only the message's own job."""
+    """The jobs a message of ``job_id`` (of ``queue``) may start on this worker, best first: the first waiting
+    jobs of every queue this worker serves that it can host (``start_order``), then the message's own job if
+    it was not among them. Then, if some waiting job could not start here (this worker cannot host it, or
+    it is a multi-node job that must wait for another job's gang to form on its queue), one ``Passed``:
+    the message goes back for another worker. If the queues' order cannot be read (Redis away), only the
+    message's own job."""
     try:
-        first = Pool(ctx.redis).state(queue, limit=CHOICES).waiting[:CHOICES]
-        forming = Gangs(ctx.redis).busy_with(queue)
+        first = start_order(ctx, queue)
+        gangs = Gangs(ctx.redis)
+        forming: Optional[dict[str, Optional[str]]] = {name: gangs.busy_with(name) for name in served(ctx, queue)}
     except redis.RedisError:
         first, forming = [], None
     passed: Optional[Passed] = None
@@ -118,8 +122,9 @@ def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterat
         why = refusal(ctx, job, view)
         handed = attempt if job == job_id else next_attempt  # (a stale copy of a message is dropped, not passed on)
         here = None if why is None else Passed(job, handed, why)
-        if why is None and view.nodes > 1 and forming not in (None, job):
-            event = f"waiting for nodes: the gang of {forming} is forming on queue {queue} first"
+        gang = forming.get(view.queue) if forming is not None else None
+        if why is None and view.nodes > 1 and forming is not None and gang not in (None, job):
+            event = f"waiting for nodes: the gang of {gang} is forming on queue {view.queue} first"
             here = Passed(job, handed, event, event)
         if here is None:
             yield Choice(job, next_attempt, view)
@@ -129,21 +134,35 @@ def choices(ctx: WorkerContext, queue: str, job_id: str, attempt: int) -> Iterat
         yield passed
 
 
+def served(ctx: WorkerContext, queue: str) -> list[str]:
+    """The queues this worker serves, the message's ``queue`` first."""
+    return [queue, *(name for name in ctx.queues if name != queue)]
+
+
+def start_order(ctx: WorkerContext, queue: str) -> list[Waiting]:
+    """The first ``CHOICES`` waiting jobs of every queue this worker serves, in the order it starts them: by
+    priority across its queues (a worker's slot is one slot, whatever queue it serves), each queue's own
+    order kept (its quotas, its submit times), and at one priority the earliest submitted first (the
+    message's queue first when they tie)."""
+    pool = Pool(ctx.redis)
+    lines = [pool.state(name, limit=CHOICES).waiting[:CHOICES] for name in served(ctx, queue)]
+    if len(lines) == 1:
+        return lines[0]
+    return list(heapq.merge(*lines, key=lambda job: (-job.priority, job.submitted_at)))[:CHOICES]
+
+
 def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
-    """Why this worker cannot give the job what it needs (GPUs for each of its ranks; its code: modules
-    this worker's BATON_ALLOWED_MODULES allows, from packages installed here, or shipped with the job to
-    a worker that accepts shipped code (BATON_ACCEPT_CODE); a store it has probed,
-    holding the job's spec: job_store.py); None if it can, or if the record cannot tell (the claim
-    then decides, as for any job)."""
+    """Why this worker cannot give the job what it needs (what it offers every job: GPUs for each of its
+    ranks, modules its BATON_ALLOWED_MODULES allows, running shipped code (BATON_ACCEPT_CODE); then what it
+    looks up: packages installed here, unless the job ships its code; a store it has probed, holding the
+    job's spec: job_store.py); None if it can, or if the record cannot tell (the claim then decides, as
+    for any job)."""
     if view.spec is None:
         return None  # no spec, or one that does not validate: the claim drops it, or fails it naming what is wrong
-    resources = view.spec.resources
-    missing = devices_missing(resources.device, resources.processes, ctx.offered_gpus())
-    if missing is not None:
-        return missing
-    why = unavailable(view.spec.user_targets(), ctx.settings.allowed_prefixes, installed=not ships_code(view.spec))
-    if why is None and ships_code(view.spec) and not ctx.settings.accept_code:
-        why = "the job ships its own code, and this worker does not run shipped code (BATON_ACCEPT_CODE is off)"
+    lacks = lacking(JobNeeds.of(view.spec), ctx.offer)  # (what it announced it offers: the scheduler knows it too)
+    why = lacks.why if lacks is not None else None
+    if why is None and not ships_code(view.spec):  # (looked up here: a package installed on this worker)
+        why = unavailable(view.spec.user_targets(), ctx.settings.allowed_prefixes)
     if why is None and view.storage_url:
         why = ctx.stores.refusal(job_id, view.storage_url)
     return None if why is None else f"{why} on {ctx.worker}"
@@ -155,7 +174,7 @@ def refusal(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
     why = cannot_host(ctx, job_id, view)
     try:
         if why is not None:
-            refusals.note(ctx.redis, job_id, ctx.worker)
+            refusals.note(ctx.redis, job_id, ctx.worker, ctx.run)
         else:  # (a worker restarted under its name with more GPUs, say, takes back its "no")
             refusals.withdraw(ctx.redis, job_id, ctx.worker)
     except redis.RedisError as exc:
@@ -184,6 +203,20 @@ def pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Opti
         _log.warning("job %s attempt %d: not passed on yet (%s: %s); a reaper will publish it", job_id, attempt,
                      type(exc).__name__, exc)
     return "passed on"
+
+
+def hand_back(ctx: WorkerContext, job_id: str, attempt: int, queue: str) -> None:
+    """This worker starts a job of another queue than the message's: the message goes back to ``queue``
+    at once (a message stands for a job waiting there; without it, such a job would wait for the reaper's
+    re-publish). A copy it turns out not to need is dropped when claimed, as every duplicate is; the message
+    of a job that no longer waits goes nowhere."""
+    try:
+        if ctx.records.state(job_id) not in (JobState.queued, JobState.retrying):
+            return
+        ctx.publish(job_id, attempt, queue)
+    except (redis.RedisError, KombuError, OSError) as exc:  # (a reaper publishes a job whose message went missing)
+        _log.warning("job %s attempt %d: message not handed back to queue %s (%s: %s)", job_id, attempt, queue,
+                     type(exc).__name__, exc)
 
 
 def publish(ctx: WorkerContext, job_id: str, attempt: int) -> None:

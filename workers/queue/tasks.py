@@ -1,4 +1,4 @@
-"""The Celery tasks: thin doors into ``delivery.run_job`` and ``delivery.join_gang``. Loaded by workers only."""
+"""The Celery tasks: thin doors into ``intake.run_job`` and ``intake.join_gang``. Loaded by workers only."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,7 +8,7 @@ from celery.exceptions import Reject
 from baton.workers.queue.bootstrap import worker_context
 from baton.storage.records.messages import JOIN_GANG_TASK, RUN_JOB_TASK
 from baton.workers.queue.celery_app import app
-from baton.workers.queue.delivery import join_gang, run_job
+from baton.workers.queue.intake import join_gang, run_job
 from baton.workers.queue.preemption import PREEMPTION
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TypeVar
@@ -16,6 +17,7 @@ from baton.storage.records import events
 from baton.storage.records.job_records import JobRecords
 from baton.storage.redaction import Redactor
 from baton.schemas.errors import FencedOut, LeaseUnconfirmed
+from baton.schemas.hosting import WorkerOffer
 from baton.schemas.manifest import CheckpointManifest
 from baton.schemas.metrics import val_metrics
 from baton.schemas.settings import BatonSettings
@@ -28,7 +30,7 @@ from baton.workers.training.control import LoopControl, StepReport
 from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.job_store import StoreChecks
 from baton.workers.queue.preemption import Preemption
-from baton.workers.queue.shipped_code import ShippedCode
+from baton.workers.code.cache import ShippedCode
 from baton.workers.queue.redis_retry import while_leased
 
 _log = logging.getLogger("baton.worker")
@@ -52,12 +54,18 @@ class WorkerContext:
     publish_join: Callable[[str, int, int, str], None] = lambda job_id, attempt, nodes, queue: None  # a gang's join
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
     redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
+    queues: tuple[str, ...] = ("default",)  # the queues it serves (set as it starts consuming)
     stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
     code: ShippedCode = field(init=False)  # the jobs' shipped code, unpacked here
+    offer: WorkerOffer = field(init=False)  # what it offers every job (announced with its queues)
+    run: str = field(init=False)  # this run of the worker: a "no" it says to a job holds until it restarts
 
     def __post_init__(self) -> None:
         self.stores = StoreChecks(self.settings.storage_url)
         self.code = ShippedCode(int(self.settings.code_limit_mb * 1e6))
+        self.offer = WorkerOffer(accepts_code=self.settings.accept_code, modules=self.settings.allowed_prefixes,
+                                 gpus=self.offered_gpus())
+        self.run = f"{time.time():.6f}-{os.getpid()}"
 
 
 class WorkerControl(LoopControl):

@@ -39,7 +39,7 @@ from baton.workers.training.data import add_note
 from baton.workers.training.evaluate import evaluate
 from baton.workers.training.layout import Layout, OneProcess, Restored
 from baton.workers.training.progress import BestTracker, Progress
-from baton.workers.training.readings import PendingReadings
+from baton.workers.training.readings import PendingReadings, step_lr
 from baton.workers.training.streams import StreamPlan
 
 CURVE_POINTS = 1000
@@ -145,7 +145,8 @@ class TrainingLoop:
         batch = to_device(batch, parts.device)
         with parts.precision.autocast():
             loss = parts.task.loss(parts.model, batch)
-        self._pending.add_loss(loss, batch_size(batch), p.epoch, p.batch_in_epoch, p.global_step)
+        self._pending.add_loss(loss, batch_size(batch), p.epoch, p.batch_in_epoch, p.global_step,
+                               step_lr(parts.optimizer))
         p.batch_in_epoch += 1
         p.micro_step += 1
         # dividing by 1 changes no bit of the loss or its gradients: skipped (an op and its backward a step)
@@ -169,7 +170,7 @@ class TrainingLoop:
                     raise NonFiniteLossError(f"{where}; policy loop.nonfinite: fail")
                 self._group_nonfinite = self._group_nonfinite or where
                 continue
-            p.record_curve(reading.step, reading.value, reading.samples, self._curve_every)
+            p.record_curve(reading.step, reading.value, reading.samples, self._curve_every, reading.lr)
             p.epoch_loss_sum += reading.value * reading.samples
             p.epoch_samples += reading.samples
             self._samples_timed += reading.samples
@@ -217,18 +218,20 @@ class TrainingLoop:
         lr = self._lr()
         if kind == "epoch" and parts.scheduler is not None and not parts.spec.scheduler.per_step:
             parts.scheduler.step()
-        train_loss, train_curve = self._train_loss(), self._train_curve()
+        train_loss, train_curve = self._train_loss(), p.train_curve(self._curve_every, self.layout.sum_over_ranks)
         values["train_loss"] = train_loss
         is_best = self.best.update(values[self.best.metric], p.global_step, p.epoch + 1)
         row = MetricsRow(
-            epoch=p.epoch + 1, step=p.global_step, train_loss=train_loss, train_curve=train_curve, lr=lr,
+            epoch=p.epoch + 1, step=p.global_step, train_loss=train_loss, train_curve=train_curve,
+            lr_curve=p.lr_curve(self._curve_every), lr=lr,
             grad_norm=p.epoch_grad_norm_sum / p.epoch_steps if p.epoch_steps else math.nan,
             grad_norm_max=p.epoch_grad_norm_max, nonfinite_steps=p.nonfinite_steps,
             samples_per_s=self._throughput(), epoch_s=time.perf_counter() - self._clock, time=time.time(),
             checkpoint=self.checkpointer.checkpoint_key(p.global_step), is_best=is_best,
             **self._checkpoint_costs(), **{k: v for k, v in values.items() if k != "train_loss"},
         ).model_dump()
-        row["train_curve"] = [list(point) for point in row["train_curve"]]  # (as JSON holds it: rows compare equal)
+        for curve in ("train_curve", "lr_curve"):  # (as JSON holds them: rows compare equal)
+            row[curve] = [list(point) for point in row[curve]]
         if kind == "epoch":
             p.start_next_epoch()
         else:
@@ -378,19 +381,6 @@ class TrainingLoop:
         """The training loss per sample since the last validation (over every rank's samples)."""
         loss_sum, samples = self.layout.sum_over_ranks(self.progress.epoch_loss_sum, self.progress.epoch_samples)
         return loss_sum / samples if samples else math.nan
-
-    def _train_curve(self) -> list[tuple[int, float]]:
-        """The interval's per-step training curve: (step, mean loss) per bucket of ``_curve_every`` steps
-        (over every rank's samples; one sum for all buckets), the last one ending at this validation."""
-        p, every = self.progress, self._curve_every
-        buckets = p.curve_buckets(every)
-        if not buckets:
-            return []
-        held = {bucket: (total, samples) for bucket, total, samples in p.curve}
-        sums = self.layout.sum_over_ranks(*(held.get(b, (0.0, 0))[0] for b in buckets),
-                                          *(float(held.get(b, (0.0, 0))[1]) for b in buckets))
-        totals, samples = sums[:len(buckets)], sums[len(buckets):]
-        return [(min((b + 1) * every, p.global_step), t / n) for b, t, n in zip(buckets, totals, samples) if n]
 
     def _lr(self) -> float:
         return float(self.parts.optimizer.param_groups[0]["lr"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Optional
+from typing import Callable, Optional
 
 
 @dataclass
@@ -26,17 +26,38 @@ class Progress:
     epoch_steps: int = 0  # optimizer steps with a finite gradient norm, this epoch
     epoch_sample_offset: int = 0  # samples of this pass consumed before its batch 0 (a resharded resume's)
     curve_from: int = 0  # the step the interval's per-step training curve starts after
-    curve: list = field(default_factory=list)  # [bucket, loss sum, samples] of this interval, in step order
+    curve: list = field(default_factory=list)  # [bucket, loss sum, samples, lr] of this interval, in step order
 
-    def record_curve(self, step_index: int, value: float, samples: int, every: int) -> None:
+    def record_curve(self, step_index: int, value: float, samples: int, every: int, lr: Optional[float] = None) -> None:
         """A finite micro-batch loss of optimizer step ``step_index`` (0-based), for the per-step training
-        curve: summed into its bucket of ``every`` steps."""
+        curve: summed into its bucket of ``every`` steps; ``lr``, the learning rate of that step, is the
+        bucket's (its last step's) when known."""
         bucket = step_index // every
         if self.curve and self.curve[-1][0] == bucket:
             self.curve[-1][1] += value * samples
             self.curve[-1][2] += samples
+            if lr is not None:
+                self.curve[-1][3:] = [lr]  # (an entry of a checkpoint written before it held one: now it does)
         else:
-            self.curve.append([bucket, value * samples, samples])
+            self.curve.append([bucket, value * samples, samples, lr])
+
+    def train_curve(self, every: int, sum_over_ranks: Callable[..., list[float]]) -> list[tuple[int, float]]:
+        """The interval's per-step training curve: (step, mean loss) per bucket of ``every`` steps (over every
+        rank's samples, added up by ``sum_over_ranks``: one sum for all buckets), the last one ending here."""
+        buckets = self.curve_buckets(every)
+        if not buckets:
+            return []
+        held = {entry[0]: (entry[1], entry[2]) for entry in self.curve}
+        sums = sum_over_ranks(*(held.get(b, (0.0, 0))[0] for b in buckets),
+                              *(float(held.get(b, (0.0, 0))[1]) for b in buckets))
+        totals, samples = sums[:len(buckets)], sums[len(buckets):]
+        return [(min((b + 1) * every, self.global_step), t / n) for b, t, n in zip(buckets, totals, samples) if n]
+
+    def lr_curve(self, every: int) -> list[tuple[int, float]]:
+        """The interval's learning rate, step by step: (step, its rate) at each point of the training curve
+        (the rate of the bucket's last step; the same on every rank)."""
+        return [(min((entry[0] + 1) * every, self.global_step), entry[3]) for entry in self.curve
+                if len(entry) > 3 and entry[3] is not None and entry[2]]
 
     def curve_buckets(self, every: int) -> list[int]:
         """Every bucket of the interval up to now, with or without samples (the same on every rank)."""

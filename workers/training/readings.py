@@ -14,6 +14,7 @@ same order, so every sum built from them is bit for bit the one the per-micro-ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -25,6 +26,7 @@ class LossReading:
     epoch: int  # where it was taken, for the non-finite error message
     batch_in_epoch: int
     step: int
+    lr: Optional[float] = None  # the learning rate its optimizer step uses (None: not read without a sync)
 
 
 @dataclass
@@ -32,12 +34,13 @@ class PendingReadings:
     """Losses of the current accumulation group and norms of past steps, not yet read."""
 
     _losses: list[torch.Tensor] = field(default_factory=list)
-    _where: list[tuple[int, int, int, int]] = field(default_factory=list)  # samples, epoch, batch, step
+    _where: list[tuple[int, int, int, int, Optional[float]]] = field(default_factory=list)  # samples, epoch, batch, step, lr
     _norms: list[torch.Tensor] = field(default_factory=list)
 
-    def add_loss(self, loss: torch.Tensor, samples: int, epoch: int, batch_in_epoch: int, step: int) -> None:
+    def add_loss(self, loss: torch.Tensor, samples: int, epoch: int, batch_in_epoch: int, step: int,
+                 lr: Optional[float] = None) -> None:
         self._losses.append(_scalar(loss.detach()))
-        self._where.append((samples, epoch, batch_in_epoch, step))
+        self._where.append((samples, epoch, batch_in_epoch, step, lr))
 
     def add_norm(self, norm: torch.Tensor) -> None:
         self._norms.append(_scalar(norm.detach()))
@@ -73,3 +76,12 @@ def _to_floats(tensors: list[torch.Tensor]) -> list[float]:
 def _stacked_floats(tensors: list[torch.Tensor]) -> list[float]:
     """Tensors of one dtype and device read back in one transfer."""
     return torch.stack(tensors).tolist()
+
+
+def step_lr(optimizer: torch.optim.Optimizer) -> Optional[float]:
+    """The learning rate the coming optimizer step uses, where reading it costs no device synchronisation (a
+    tensor rate on an accelerator is left unread: the run's rate curve then has validation points only)."""
+    lr = optimizer.param_groups[0]["lr"]
+    if isinstance(lr, torch.Tensor):
+        return float(lr) if lr.device.type == "cpu" else None
+    return float(lr)

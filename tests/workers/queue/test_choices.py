@@ -11,7 +11,7 @@ import redis
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import JobSpec
 from baton.storage.layout import JobPaths
-from baton.storage.records import leases, refusals
+from baton.storage.records import leases, presence, refusals
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.local import register_spec
 from baton.storage.records.job_records import JobRecords, spec_fields
@@ -27,7 +27,9 @@ def ctx(redis_server, tmp_path):
     (tmp_path / "store").mkdir()
     settings = BatonSettings(redis_url=redis_server.url, storage_url=f"file://{tmp_path}/store",
                              allowed_modules="tests.probes")
-    return WorkerContext(settings, client, JobRecords(client), lambda *a: None, Preemption(), "w@test")
+    ctx = WorkerContext(settings, client, JobRecords(client), lambda *a: None, Preemption(), "w@test")
+    presence.announce(client, ctx.worker, ["default"], 30.0, ctx.offer, ctx.run)  # (as it does when it starts)
+    return ctx
 
 
 def submit(ctx: WorkerContext, job_id: str, spec: dict) -> None:
@@ -70,3 +72,28 @@ def test_the_message_of_a_job_running_elsewhere_passes_on_a_waiting_one_not_itse
     assert leases.claim(ctx.redis, "running", 1, "other@test", 30).ok
     offered = list(choices(ctx, "default", "running", 1))
     assert [c.job_id for c in offered] == ["waiting"] and isinstance(offered[0], Passed)
+
+
+def test_a_worker_serving_two_queues_starts_the_highest_priority_of_either_and_hands_the_message_back(ctx):
+    """A worker of queues a and b takes a message of queue a: it starts b's priority-100 job first (a
+    worker's slot is one slot), then a's in a's own order, and the message goes back to queue a (it
+    stands for a job waiting there)."""
+    from baton.workers.queue import intake
+
+    published: list = []
+    ctx.queues = ("a", "b")
+    ctx.publish = lambda job_id, attempt, queue: published.append((job_id, attempt, queue))
+    submit(ctx, "a-early", make_spec(**{**HOSTED, "resources": {**HOSTED["resources"], "queue": "a"}}))
+    submit(ctx, "a-high", make_spec(**{**HOSTED, "resources": {**HOSTED["resources"], "queue": "a", "priority": 5}}))
+    submit(ctx, "b-urgent", make_spec(**{**HOSTED, "resources": {**HOSTED["resources"], "queue": "b",
+                                                                 "priority": 100}}))
+    submit(ctx, "b-late", make_spec(**{**HOSTED, "resources": {**HOSTED["resources"], "queue": "b"}}))
+    offered = [c.job_id for c in choices(ctx, "a", "a-early", 1)]
+    assert offered == ["b-urgent", "a-high", "a-early", "b-late"]
+
+    # the job it starts here holds a spec that does not read: the claim fails it at once (no training process)
+    unreadable = spec_fields(JobSpec.parse(HOSTED), ctx.settings.storage_url)
+    assert ctx.records.create("b-broken", {**unreadable, "spec": "{not json", "queue": "b", "priority": "1000"})
+    assert intake.run_job(ctx, "a-early", 1, "a") == "failed"
+    assert ctx.records.status("b-broken").state.value == "failed"
+    assert published == [("a-early", 1, "a")]  # the message of queue a went back to queue a

@@ -235,7 +235,7 @@ def test_a_worker_with_too_few_gpus_passes_a_data_parallel_job_on_unclaimed(env,
     from baton.schemas.spec import JobSpec
     from baton.workers.parallel.launcher import devices_missing
     from baton.workers.queue import reception
-    from baton.workers.queue.delivery import run_job
+    from baton.workers.queue.intake import run_job
     from baton.workers.queue.worker_control import WorkerContext
     from baton.workers.queue.preemption import PREEMPTION
 
@@ -343,3 +343,29 @@ def test_the_heartbeat_writes_the_newest_offered_progress_with_its_renewals(env)
     assert client.hmget(keys.job("h"), "step", "latest_checkpoint") == ["500", "ck-500"]
     assert _calls(client, "hset") - sets <= 3  # one per renewal (at most a couple ran), not one per offer
     assert beat.take_pending() == {}
+
+
+def test_every_path_that_would_queue_a_running_job_again_honours_a_cancel_asked_for_meanwhile(env):
+    """A cancel reaches a running job at its next step; if its attempt ends before that step (a lapsed
+    lease, a lost or hung attempt, a release after a Redis outage), the job ends cancelled there,
+    uncounted, with no message published and no place in its line."""
+    client, records, publish = env
+    for job_id in ("lapsed", "lost", "outage"):
+        new_job(records, job_id, max_attempts=1)  # (its last retry: it would have failed)
+    lapsed = lease.claim(client, "lapsed", 1, "w1", ttl_s=0.1)
+    lost = lease.claim(client, "lost", 1, "w1", ttl_s=5)
+    outage = lease.claim(client, "outage", 1, "w1", ttl_s=5)
+    assert lapsed.ok and lost.ok and outage.ok
+    assert {records.cancel(job_id) for job_id in ("lapsed", "lost", "outage")} == {"requested"}
+    time.sleep(0.2)
+
+    assert reaper.reap_once(client, publish, records) == [("lapsed", "cancelled")]
+    assert records.release_lost("lost", lost.token, "the training process died", "") == -2
+    assert records.release_if_still_mine("outage", outage.token, 1, "w1", "Redis was unreachable") == -2
+    for job_id in ("lapsed", "lost", "outage"):
+        status = records.status(job_id)
+        assert (status.state.value, status.attempt, status.lost) == ("cancelled", 1, 0), status
+        assert not client.sismember(keys.ACTIVE, job_id) and not client.hget(keys.job(job_id), "cancel_requested")
+        assert not client.hget(keys.job(job_id), "publish_pending")
+    assert queued_messages(client) == [] and records.pool.state("default").waiting == []
+    assert records.pool.usage("default") == {} and reaper.reap_once(client, publish, records) == []

@@ -13,7 +13,8 @@ import pytest
 from baton.schemas.settings import BatonSettings
 from baton.storage.records.messages import make_app, publish_run
 
-from tests.helpers import assert_same_training, descendants, kill_when, make_spec, read_manifest, wait_for
+from tests.helpers import (assert_same_training, descendants, kill_when, make_spec, read_manifest, run_baton,
+                           wait_for)
 from tests.workers.conftest import SPEC  # noqa: F401 (tests in other modules import it from here)
 
 # `reference`: SPEC run uninterrupted, once per session (tests/workers/conftest.py)
@@ -106,6 +107,13 @@ def test_user_code_exception_fails_once_with_its_traceback(cluster, target, erro
     assert final.state.value == "failed" and final.attempt == 1, (final.state, final.attempt, final.error)
     assert error in final.error
     assert "Traceback" in final.traceback and "probes.py" in final.traceback
+    # for a terminal: the cause first, then only the job's own frames; the whole traceback in its log
+    assert final.failure.startswith(f"error: {error}") and "probes.py" in final.failure, final.failure
+    assert "baton/" not in final.failure and final.failure.endswith("`baton logs broken`"), final.failure
+    if target == "raising":
+        shown = run_baton("status", "broken", env=cluster.env)
+        assert shown.returncode == 0 and len(shown.stdout.splitlines()) <= 40, shown.stdout  # (67-85 lines before)
+        assert final.failure in shown.stdout and "delivery.py" not in shown.stdout, shown.stdout
     time.sleep(3 * BatonSettings().reaper_period_s)  # reapers have looked at it: still no retry
     again = job.status()
     assert (again.state.value, again.attempt, again.lost) == ("failed", 1, 0)
@@ -169,3 +177,55 @@ def test_a_checkpoint_writer_killed_at_every_checkpoint_is_a_counted_loss_not_a_
         killer.join()
     assert (final.state.value, final.attempt, final.lost) == ("failed", 2, 2), final
     assert "checkpoint writer process" in final.error and "max_attempts" in final.error, final.error
+
+
+def held_spec(hold, hold_after: int, priority: int = 0, max_attempts: int = 2) -> dict:
+    """SPEC, held still by tests.probes.slow_spiral's ``hold`` file after ``hold_after`` samples."""
+    return make_spec(**{**SPEC, "data": {**SPEC["data"], "kwargs": {**SPEC["data"]["kwargs"], "hold": str(hold),
+                                                                   "hold_after": hold_after}},
+                        "resources": {**SPEC["resources"], "priority": priority},
+                        "retry": {"max_attempts": max_attempts}})
+
+
+def test_a_cancel_asked_before_the_worker_or_its_training_process_dies_ends_the_job_cancelled(cluster, tmp_path):
+    """The job is held between two steps (it cannot stop at its next step), a cancel is asked for, and then
+    its training process (a crash: its worker would run it again here) or its whole worker (SIGKILL: the
+    reaper would re-queue it) dies. Either way it ends cancelled at once, with its last commit, and makes
+    nothing yield: neither trains it again, nor fails it for its last retry."""
+    cluster.start_workers(2)
+    holds = {name: tmp_path / f"hold-{name}" for name in ("low", "crashed", "killed")}
+    for hold in holds.values():
+        hold.touch()
+    try:
+        low = cluster.client.submit(held_spec(holds["low"], 0), "low")  # priority 0: the one a re-queue would stop
+        wait_for(lambda: os.path.exists(f"{holds['low']}.held"), what="the low-priority job held")
+        low_worker = low.status().worker
+
+        crashed = cluster.client.submit(held_spec(holds["crashed"], 6 * 32, priority=5, max_attempts=1), "crashed")
+        wait_for(lambda: os.path.exists(f"{holds['crashed']}.held"), what="the job held after 6 steps")
+        assert crashed.cancel() == "requested"
+        os.kill(crashed.status().pid, signal.SIGKILL)  # its training process dies before its next step
+        final = wait_for(lambda: (s := crashed.status()).state.value != "running" and s, what="the crashed job's end")
+        assert (final.state.value, final.attempt) == ("cancelled", 1), final  # (it failed: its last retry)
+        holder = cluster.worker(final.worker)
+        assert holder.name != low_worker and "attempt 2 started" not in holder.log()
+
+        killed = cluster.client.submit(held_spec(holds["killed"], 6 * 32, priority=5), "killed")
+        wait_for(lambda: os.path.exists(f"{holds['killed']}.held"), what="the job held after 6 steps")
+        assert killed.status().worker == holder.name  # (the only free worker)
+        assert killed.cancel() == "requested"
+        holder.signal(signal.SIGKILL)  # the whole worker dies: its lease lapses
+        final = wait_for(lambda: (s := killed.status()).state.value != "running" and s, what="the killed job's end")
+        assert (final.state.value, final.attempt) == ("cancelled", 1), final  # (it waited, and made job low yield)
+        assert "lost its worker" in final.last_event
+        committed = read_manifest(cluster.store(), "killed")  # what a resume would start from
+        assert committed and {e["attempt"] for e in committed["checkpoints"]} == {1}
+        assert [e.kind for e in killed.events()][-2:] == ["lost", "cancelled"]
+
+        still = low.status()
+        assert (still.state.value, still.attempt, still.worker) == ("running", 1, low_worker)
+        assert "yielded" not in [e.kind for e in low.events()] and not cluster.client.records.raw("low").get(
+            "yield_requested")
+    finally:
+        for hold in holds.values():
+            hold.unlink(missing_ok=True)

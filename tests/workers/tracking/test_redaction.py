@@ -33,6 +33,17 @@ def test_a_url_password_holding_an_at_sign_is_hidden_whole():
     assert shown_uri("http://user:p@ss@mlflow:5000/api") == "http://mlflow:5000/api"
 
 
+def test_a_secret_is_redacted_where_it_stands_as_a_value_never_inside_another_word():
+    """The docs' S3 credentials are ``test``: 'latest' showed as 'la***' and its link was broken."""
+    redact = Redactor({"AWS_SECRET_ACCESS_KEY": "test", "MY_API_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false"})
+    for kept in ("latest", "contest", "running the test suite", f"x{TOKEN}y", "shuffle=false", "/jobs/latest/best"):
+        assert redact(kept) == kept
+    assert redact("AWS_SECRET_ACCESS_KEY=test") == "AWS_SECRET_ACCESS_KEY=***"
+    assert redact('{"secret": "test"}') == '{"secret": "***"}' and redact("key: test\nnext") == "key: ***\nnext"
+    assert redact("test") == "***"
+    assert redact(f"Bearer {TOKEN} sent") == "Bearer *** sent" and redact(f"({TOKEN})") == "(***)"
+
+
 def test_a_secret_quoted_in_a_jobs_exception_is_redacted_in_its_status_and_the_workers_log(cluster):
     worker, = cluster.start_workers(1, MY_API_TOKEN=TOKEN)
     job = cluster.client.submit(make_spec(model={"target": "tests.probes:secret_quoting", "kwargs": {}}), "quoted")

@@ -6,26 +6,41 @@ relative path (no link of any kind, no device, no absolute path, no ``..``), or 
 the worker's ``BATON_CODE_LIMIT_MB`` once unpacked, or one shipping a top-level ``torch`` or ``baton``,
 is refused whole (``ArchiveRefused``) before anything is written. Only then is it extracted, with
 tarfile's ``data`` filter on top.
+
+Nothing in it is read unbounded: the gzip stream is decompressed up to ``stream_cap`` bytes (the
+unpacked limit, and room for the members' headers) and refused past it, before tarfile reads a header,
+so neither a small archive that decompresses to gigabytes nor a header declaring gigabytes of extended
+attributes can make the worker read more than that.
 """
 from __future__ import annotations
 
 import io
 import tarfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from baton.schemas.code import PROTECTED
 
 MAX_MEMBERS = 100_000
+HEADER_ROOM_BYTES = 32_000_000
+"""Room in the decompressed stream for the members' headers, beyond their files' bytes (``stream_cap``)."""
 
 
 class ArchiveRefused(Exception):
     """What is wrong with an archive (its first problem)."""
 
 
+def stream_cap(limit_bytes: int) -> int:
+    """The most of a decompressed archive a worker reads: its files (``limit_bytes``) padded to tar's blocks,
+    and their headers."""
+    return 2 * limit_bytes + HEADER_ROOM_BYTES
+
+
 def unpack(data: bytes, into: Path, limit_bytes: int) -> int:
     """Extract ``data`` (a gzip'd tar) into the new directory ``into``; the files' bytes."""
+    stream = decompress(data, stream_cap(limit_bytes))
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as tar:
             members = tar.getmembers()
             size = check(members, limit_bytes)
             into.mkdir()
@@ -33,6 +48,26 @@ def unpack(data: bytes, into: Path, limit_bytes: int) -> int:
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise ArchiveRefused(f"{type(exc).__name__}: {exc}") from None
     return size
+
+
+def decompress(data: bytes, cap: int) -> bytes:
+    """``data`` (gzip) decompressed, refused once past ``cap`` bytes (read no further) or when it is not one
+    whole gzip stream."""
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    out = bytearray()
+    pending = data
+    try:
+        while pending and not inflate.eof:
+            out += inflate.decompress(pending, cap + 1 - len(out))
+            if len(out) > cap:
+                raise ArchiveRefused(f"over {cap / 1e6:.0f} MB once decompressed (BATON_CODE_LIMIT_MB allows "
+                                      f"{(cap - HEADER_ROOM_BYTES) / 2e6:.0f} MB of files)")
+            pending = inflate.unconsumed_tail
+    except zlib.error as exc:
+        raise ArchiveRefused(f"not a gzip archive ({exc})") from None
+    if not inflate.eof or inflate.unused_data:
+        raise ArchiveRefused("not one whole gzip archive (cut short, or followed by other data)")
+    return bytes(out)
 
 
 def check(members: list[tarfile.TarInfo], limit_bytes: int) -> int:

@@ -4,17 +4,20 @@ The set is resolved against the worker's own environment (``pip install --dry-ru
 installed here satisfies what it can); a resolution that would replace an installed distribution
 (torch, baton, or anything baton itself imports) is refused. What is missing is installed, exactly
 those versions and nothing else (``--no-deps``), into a directory of its own; one that then holds a
-top-level module an installed distribution provides is refused too. Either refusal, and a version
+module that would hide one the worker has is refused too (a namespace package such as ``google`` merges
+with the worker's: only the names inside it are compared). Either refusal, and a version
 that does not exist, fails the job (``PackagesFailed``); a package index this worker cannot reach is
 this worker's problem (``PackagesUnreachable``: a loss here, retried on another worker).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Optional
 
 from packaging.utils import canonicalize_name
 
@@ -56,7 +59,7 @@ def install(requirements: tuple[str, ...], into: Path) -> list[tuple[str, str]]:
     if missing:
         _pip(["install", "--no-deps", "--no-compile", "--target", str(into),
               *[f"{name}=={version}" for name, version in missing]], "install")
-    shadowing = sorted(set(_top_level(into)) & (set(metadata.packages_distributions()) | set(PROTECTED)))
+    shadowing = shadowed(into)
     if shadowing:
         raise PackagesFailed(f"code.pip {wanted}: installs module(s) {', '.join(shadowing)}, which the worker's own "
                              "packages provide")
@@ -70,13 +73,55 @@ def _installed(name: str):
         return None
 
 
-def _top_level(directory: Path) -> list[str]:
-    names = []
+def shadowed(overlay: Path) -> list[str]:
+    """The modules of ``overlay`` that would hide one of the worker's own: a top-level name its packages
+    provide (torch and baton always), unless both are namespace packages (PEP 420: ``google``, say), whose
+    portions merge; then the same question is asked of the names inside."""
+    provided = set(metadata.packages_distributions()) | set(PROTECTED)
+    found: list[str] = []
+    for name, path in _modules(overlay).items():
+        if name in provided:
+            found += _clashes(name, path, _namespace_portions(name))
+    return sorted(found)
+
+
+def _modules(directory: Path) -> dict[str, Path]:
+    """The importable names ``directory`` holds (a package's directory, a module's file), each with its path."""
+    names: dict[str, Path] = {}
     for path in directory.iterdir():
         if path.name.endswith((".dist-info", ".egg-info", ".data")) or path.name in ("bin", "__pycache__"):
             continue
-        names.append(path.name.split(".")[0] if path.is_file() else path.name)
+        names.setdefault(path.name.split(".")[0] if path.is_file() else path.name, path)
     return names
+
+
+def _namespace_portions(name: str) -> Optional[list[Path]]:
+    """The directories of the worker's top-level namespace package ``name``; None when ``name`` is a regular
+    module or package (or none at all: then it is not the worker's to merge). Imports nothing."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is not None or not spec.submodule_search_locations:
+        return None
+    return [Path(portion) for portion in spec.submodule_search_locations]
+
+
+def _clashes(dotted: str, ours: Path, portions: Optional[list[Path]]) -> list[str]:
+    """``dotted`` (ours at ``ours``) against the worker's namespace package of ``portions`` (None: a regular
+    one): the names of ours that would hide the worker's."""
+    if portions is None or not ours.is_dir() or (ours / "__init__.py").exists():
+        return [dotted]  # (a regular package or module of ours in the worker's place: it hides the worker's)
+    clashes: list[str] = []
+    for name, path in _modules(ours).items():
+        theirs = [portion / name for portion in portions if (portion / name).is_dir()]
+        regular = any(list(portion.glob(f"{name}.*")) for portion in portions) or any(
+            (directory / "__init__.py").exists() for directory in theirs)
+        if regular:
+            clashes.append(f"{dotted}.{name}")
+        elif theirs:
+            clashes += _clashes(f"{dotted}.{name}", path, theirs)
+    return clashes
 
 
 def _pip(args: list[str], what: str) -> None:

@@ -2,9 +2,9 @@
 
 - **Archives.** Fetched from the job's store under its digest, checked against it (a tampered or
   damaged archive is refused, never unpacked: ``CodeRefused``), then unpacked once per digest
-  (``code_archive``: every member checked, links and paths out refused) and made read-only.
+  (``archive``: every member checked, links and paths out refused) and made read-only.
 - **Packages** (``code.pip``): installed once per set into an overlay beside the worker's environment,
-  never over it (``code_packages``).
+  never over it (``packages``).
 
 Both live in one directory this worker process owns (``owned_dirs``: 0700, removed when the worker
 stops, swept by the next worker when it was killed). A training process is forked from a forkserver
@@ -33,16 +33,17 @@ from baton.storage import owned_dirs
 from baton.storage.layout import code_key
 from baton.storage.stores.base import ObjectStore
 
-from baton.workers.queue import code_archive, code_packages
-from baton.workers.queue.code_packages import PackagesUnreachable
+from baton.workers.code import archive as code_archive, packages as code_packages
+from baton.workers.code.packages import PackagesUnreachable
 
 PREFIX = "baton-code-"
 
 
 class CodeRefused(BatonError):
-    """The job's archive did not match its digest (tampered with, or damaged), or could not be unpacked
-    safely, or its packages' index was out of this worker's reach: it is not run here. A loss on this
-    worker, counted (``Ending.CODE``)."""
+    """The job's archive did not match its digest (tampered with, or damaged), or its packages' index was
+    out of this worker's reach: it is not run here. A loss on this worker, counted (``Ending.CODE``). An
+    archive, as submitted, that may not be unpacked (a path out, a link, larger than BATON_CODE_LIMIT_MB,
+    a header bomb) fails the job instead (``PermanentError``): every worker would refuse it."""
 
 
 class ShippedCode:
@@ -91,8 +92,8 @@ class ShippedCode:
             key = code_key(digest)
             try:
                 if store.size(key) > self.limit_bytes:
-                    raise CodeRefused(f"code {digest}: the archive is over {self.limit_bytes / 1e6:.0f} MB "
-                                      "(BATON_CODE_LIMIT_MB); refused, not run")
+                    raise PermanentError(f"code {digest}: the archive is over {self.limit_bytes / 1e6:.0f} MB "
+                                         "(BATON_CODE_LIMIT_MB); refused, not run")
                 data = store.get_bytes(key)
             except FileNotFoundError:
                 raise PermanentError(f"code {digest}: the store {store.url} no longer holds the job's archive "
@@ -153,9 +154,9 @@ class ShippedCode:
             _read_only(staging)
             prints = fingerprint(staging)
             os.rename(staging, target)
-        except code_archive.ArchiveRefused as exc:
+        except code_archive.ArchiveRefused as exc:  # the job's own archive, as submitted: the job fails
             _remove(staging)
-            raise CodeRefused(f"{what}: {exc}; refused, not run") from None
+            raise PermanentError(f"{what}: {exc}; refused, not run") from None
         except OSError as exc:
             _remove(staging)
             raise CodeRefused(f"{what}: {type(exc).__name__}: {exc}") from None
