@@ -95,7 +95,7 @@ def priority_trial(client: JobClient, root: Path, index: int, reference: int) ->
             "succeeded": all(s.state.value == "succeeded" for s in [*finals, urgent.status()])}
 
 
-def fair_share(client: JobClient, root: Path, jobs: int) -> dict:
+def fair_share(client: JobClient, root: Path, jobs: int, epochs: int = SHORT_EPOCHS) -> dict:
     client.set_quota("a", "default", 1)
     client.set_quota("b", "default", 1)
     tag = str(int(time.time()))
@@ -109,7 +109,7 @@ def fair_share(client: JobClient, root: Path, jobs: int) -> dict:
             dirs[name].mkdir()
             if team == "b" and not n:
                 b_arrives = time.time()
-            submitted.append(client.submit(spec(dirs[name], SHORT_EPOCHS, team=team), name))
+            submitted.append(client.submit(spec(dirs[name], epochs, team=team), name))
     finals = [job.wait(timeout=900, progress=False) for job in submitted]
     spans = {name: [(min(t), max(t)) for t in forwards(d).values() if t] for name, d in dirs.items()}
     last_start = {team: max(s for name, runs in spans.items() if name.startswith(team) for s, _ in runs) for team in "ab"}
@@ -129,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=6, help="short jobs per team in the fair-share run")
+    parser.add_argument("--epochs", type=int, default=SHORT_EPOCHS, help="epochs of each of those jobs")
     parser.add_argument("--out", default="bench/results/pool.json")
     args = parser.parse_args()
 
@@ -152,7 +153,7 @@ def main() -> None:
             trials.append(row)
             print(f"  priority trial {index}: trained {row['start_s']:.2f}s after submit; {row['yielded']} job(s) "
                   f"yielded, redone {row['redone']}", flush=True)
-        share = fair_share(client, root, args.jobs)
+        share = fair_share(client, root, args.jobs, args.epochs)
     finally:
         stop_workers(workers)
         redis.stop()
@@ -164,7 +165,8 @@ def main() -> None:
         print(f"{row['trial']:>5} {row['start_s']:>8.2f} {row['yielded']:>8} {str(row['redone']):>8}")
     starts = [row["start_s"] for row in trials]
     print(f"median start {statistics.median(starts):.2f}s, max {max(starts):.2f}s")
-    print(f"\nfair share, quotas a=1 b=1, {args.jobs} short jobs each (a's submitted first): slot-seconds while both "
+    print(f"\nfair share, quotas a=1 b=1, {args.jobs} jobs of {args.epochs} epoch(s) each (a's submitted first): "
+          "slot-seconds while both "
           f"had work: a {share['slot_s']['a']:.1f}, b {share['slot_s']['b']:.1f}; share error {share['share_error']:.1%}")
     write_result({"priority": trials, "start_s_median": statistics.median(starts), "start_s_max": max(starts),
                   "redone_max": max((r for row in trials for r in row["redone"]), default=0), "fair_share": share},

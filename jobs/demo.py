@@ -2,7 +2,7 @@
 
 Starts a redis-server and an S3 endpoint (moto's server) on free loopback ports unless given
 real ones, two ``baton worker`` processes, submits the spiral job, SIGKILLs the worker holding it
-halfway, shows it resuming on the other worker, fetches the best model and the report, and checks
+right after the job's first checkpoint, shows it resuming from there on the other worker, fetches the best model and the report, and checks
 the result bit for bit against ``baton run`` of the same spec.
 """
 from __future__ import annotations
@@ -86,6 +86,25 @@ def _wait(job, until: Callable[[JobStatus], bool], say: Say, timeout_s: float = 
     raise TimeoutError("the demo job did not get there in time")
 
 
+def _wait_for_a_checkpoint(job, store, say: Say, timeout_s: float = 300) -> tuple[JobStatus, Optional[int]]:
+    """The job's status once it has committed a checkpoint mid-run (the store's manifest, read every 10 ms:
+    a small job trains in seconds, faster than its status is written), and that checkpoint's step; None
+    when it finished first."""
+    paths, deadline, shown = JobPaths(job.id), time.monotonic() + timeout_s, 0.0
+    while time.monotonic() < deadline:
+        try:
+            manifest = ManifestStore(store, paths).read()
+        except FileNotFoundError:
+            manifest = None
+        if manifest is not None and (manifest.completed or manifest.latest is not None):
+            return job.status(), None if manifest.completed or manifest.latest is None else manifest.latest.step
+        if time.monotonic() - shown > 0.5:
+            shown = time.monotonic()
+            say("  " + progress_line(job.status()))
+        time.sleep(0.01)
+    raise TimeoutError("the demo job committed no checkpoint in time")
+
+
 def _reference(spec: Path, out: Path, threads: int) -> Path:
     """`baton run` of the same spec, in a process of its own, with the worker's thread count."""
     store = out / "reference"
@@ -114,11 +133,13 @@ def run_demo(spec: Path, out: Path, redis_url: Optional[str], storage_url: Optio
         client = JobClient(redis_url=redis_url, storage_url=storage_url)
         job = client.submit(spec)
         say(f"submitted {spec} as job {job.id}")
-        status = _wait(job, lambda s: bool(s.total_steps) and (s.step or 0) >= (s.total_steps or 0) // 2, say)
+        status, committed = _wait_for_a_checkpoint(job, open_store(storage_url), say)
         holder = next(w for w in workers if w.name == status.worker)
         holder.signal(signal.SIGKILL)
-        say(f"SIGKILL to {holder.name} (pid {holder.pid}) at step {status.step}/{status.total_steps}: "
-            "its lease will expire and the other worker takes the job over")
+        said = f"right after the job committed its checkpoint at step {committed}" if committed is not None else \
+            "after the job finished training (it committed no checkpoint before its end)"
+        say(f"SIGKILL to {holder.name} (pid {holder.pid}) {said}: its lease will expire and the other worker "
+            "takes the job over from its last checkpoint")
         final = _wait(job, lambda s: False, say)
         say(f"job {final.state.value}: attempt {final.attempt} on {final.worker}, resumed from step {final.resumed_from}")
         if final.state.value != "succeeded":
