@@ -50,19 +50,22 @@ class Access:
         if origin is not None and origin.split("://", 1)[-1].lower() != (request.headers.get("host") or "").lower():
             raise HTTPException(403, f"an action from another site ({origin}) is refused")
 
-    def clean(self, value: Any) -> Any:
+    def clean(self, value: Any, names: bool = True) -> Any:
         """``value`` with every string redacted (secrets of this environment, any URL's password), but the
-        names of things (``IDENTIFIERS``): a job's id or a checkpoint's key is what a link is made of."""
+        names of things in baton's own answers (``IDENTIFIERS``, while ``names``): a job's id or a checkpoint's
+        key is what a link is made of. What the user wrote (``USER_CONTENT``: a spec's kwargs) is redacted whole."""
         if isinstance(value, str):
             return self.redact(value)
         if isinstance(value, dict):
-            return {key: item if key in IDENTIFIERS and isinstance(item, str) else self.clean(item)
-                    for key, item in value.items()}
+            return {key: item if names and key in IDENTIFIERS and isinstance(item, str)
+                    else self.clean(item, names and key not in USER_CONTENT) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self.clean(item) for item in value]
+            return [self.clean(item, names) for item in value]
         return value
 
 
-IDENTIFIERS = frozenset({"id", "job_id", "for_job", "sweep", "search", "key", "which", "kind", "state", "queue",
+IDENTIFIERS = frozenset({"id", "job_id", "for_job", "sweep", "search", "key", "which", "file", "kind", "state", "queue",
                          "team", "worker", "name", "latest_checkpoint", "best_checkpoint", "monitor"})
 """The fields of the API's answers that name things (ids, keys, states): shown as they are."""
+USER_CONTENT = frozenset({"spec", "overrides", "report", "kwargs", "metrics", "search"})
+"""Where an answer holds what a user wrote or a job computed: nothing below these is exempt from redaction."""

@@ -49,7 +49,8 @@ def details(s: JobStatus) -> str:
     rows = [
         ("id", s.id), ("name", s.name), ("state", s.shown_state), ("queue", s.queue),
         ("team", s.team), ("priority", str(s.priority)),
-        ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"), ("worker", s.worker or "-"),
+        ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"),
+        ("worker" if s.state.value == "running" else "last worker", s.worker or "-"),
         ("training process", _training_process(s)),
         ("epoch", _epoch(s)),
         ("step", f"{s.step}/{s.total_steps}" if s.total_steps else "-"),
@@ -71,7 +72,7 @@ def details(s: JobStatus) -> str:
                      f"the first validation at or past step {s.pause_at}"))
     if s.last_event and not s.state.terminal:
         rows.append(("last event", s.last_event))
-    if s.error:
+    if s.error and not s.failure:  # (the failure's first line is the error)
         rows.append(("error", s.error))
     width = max(18, *(len(k) for k, _ in rows))
     text = "\n".join(f"{k:>{width}}: {v}" for k, v in rows)
@@ -81,11 +82,13 @@ def details(s: JobStatus) -> str:
 
 
 def table(statuses: list[JobStatus]) -> str:
-    header = f"{'ID':<40} {'STATE':<10} {'ATT':>3} {'STEP':>13} {'VAL_LOSS':>9} {'WORKER':<24}"
+    width = max([10, *(len(s.shown_state) for s in statuses)])  # ("queued (yielded)" is wider than the others)
+    header = f"{'ID':<40} {'STATE':<{width}} {'ATT':>3} {'STEP':>13} {'VAL_LOSS':>9} {'WORKER':<24}"
     lines = [header]
     for s in statuses:
         steps = f"{s.step}/{s.total_steps}" if s.total_steps else "-"
-        lines.append(f"{s.id:<40} {s.shown_state:<10} {s.attempt:>3} {steps:>13} {_num(s.val_loss):>9} {s.worker or '-':<24}")
+        lines.append(f"{s.id:<40} {s.shown_state:<{width}} {s.attempt:>3} {steps:>13} {_num(s.val_loss):>9} "
+                     f"{s.worker or '-':<24}")
     return "\n".join(lines)
 
 
@@ -121,7 +124,8 @@ def queue_table(view) -> str:
     if state.waiting:
         lines += ["", "waiting, in the order they will start:"]
         lines += _columns([["POS", "JOB", "TEAM", "PRIORITY", "WHY IT WAITS"]] + [
-            [str(w.position), w.job_id, w.team, str(w.priority), view.reasons.get(w.job_id, "")] for w in state.waiting])
+            [str(w.position), w.job_id + (" (yielded)" if w.job_id in view.yielded else ""), w.team, str(w.priority),
+             view.reasons.get(w.job_id, "")] for w in state.waiting])
     if view.running:
         lines += ["", "running:"]
         lines += _columns([["JOB", "WORKER", "TEAM", "PRIORITY", "STEP"]] + [

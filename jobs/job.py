@@ -88,10 +88,10 @@ class Job:
         attempt = continue_job(self.client.records.redis, self.id, pause_at, "continued by the user")
         if attempt < 0:
             if pause_at is not None:
-                raise ValueError(f"job {self.id} is {self.status().state.value}: only a paused job resumes to pause again")
+                raise ValueError(f"job {self.id}: {self.status().state.value}; only a paused job resumes to pause again")
             attempt = self.client.records.resume(self.id)
         if attempt < 0:
-            raise ValueError(f"job {self.id} is {self.status().state.value}: only cancelled, failed or paused jobs resume")
+            raise ValueError(f"job {self.id}: {self.status().state.value}; only cancelled, failed or paused jobs resume")
         self.client._publish(self.id, attempt)
         return attempt
 
@@ -103,7 +103,7 @@ class Job:
         if result == "missing":
             raise JobNotFound(f"no job {self.id!r}")
         if result != "ok":
-            raise ValueError(f"job {self.id} is {result}: only a waiting or running job's priority can change")
+            raise ValueError(f"job {self.id}: {result}; only a waiting or running job's priority can change")
 
     def _store(self) -> ObjectStore:
         status = self.status()

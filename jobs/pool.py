@@ -8,7 +8,7 @@ from typing import Optional
 from baton.schemas.errors import JobNotFound
 from baton.schemas.spec import NAME_PATTERN
 from baton.schemas.status import JobStatus
-from baton.storage.records import presence, refusals
+from baton.storage.records import keys, presence, refusals
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records.pool import QueueState, why_waiting
 
@@ -20,6 +20,7 @@ class QueueView:
     running: list[JobStatus]
     workers: list[str]  # live workers serving the queue
     drained: set[str]  # those of them drained (``baton drain``): they take no job
+    yielded: frozenset[str] = frozenset()  # the waiting jobs that yielded their worker (queued again, nothing lost)
 
     @property
     def queue(self) -> str:
@@ -43,7 +44,12 @@ def queue_views(records: JobRecords, queue: Optional[str] = None) -> list[QueueV
                 running.append(records.status(job.job_id))
             except JobNotFound:
                 continue
-        views.append(QueueView(state, reasons, running, workers, drained))
+        pipe = records.redis.pipeline(transaction=False)
+        for waiting in state.waiting:
+            pipe.hget(keys.job(waiting.job_id), "yielded")
+        yielded = frozenset(waiting.job_id for waiting, mark in zip(state.waiting, pipe.execute() if state.waiting
+                                                                    else []) if mark)
+        views.append(QueueView(state, reasons, running, workers, drained, yielded))
     return views
 
 

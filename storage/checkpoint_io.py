@@ -26,6 +26,9 @@ from baton.schemas.errors import CheckpointCorrupt, CheckpointUnloadable, Checkp
 
 FORMAT_VERSION = 1
 ROWS_KEY = "metrics"
+SHARDS_KEY = "shards"
+"""In the state of a sharded checkpoint: the local directory it was downloaded to (verified), which
+every rank loads from; the rest of that state is rank 0's own file."""
 
 
 class RowLines:

@@ -2,10 +2,10 @@
 worker's own log, a URL quoted in a message.
 
 A secret is the value of an environment variable whose name says so (``SECRET``, ``TOKEN``,
-``PASSWORD``...), or the password of any URL (``scheme://user:PASSWORD@host``). It is redacted where it
-stands as a value, never as a part of another word (``test`` in ``latest``); a short one only after
-``=``, ``:`` or a quote. What names things (a job's id, a checkpoint's key, a link) is the caller's to
-leave alone (``baton.dashboard.access``).
+``PASSWORD``...), or the password of any URL (``scheme://user:PASSWORD@host``). A secret of 8 characters
+or more is redacted wherever it appears; a shorter one where it stands as a whole token, never as a part
+of another word (``test`` in ``latest``). What names things (a job's id, a checkpoint's key, a link) is the
+caller's to leave alone (``baton.dashboard.access``).
 """
 from __future__ import annotations
 
@@ -20,19 +20,18 @@ URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<pa
 redis-py read it), so a password may hold '@'."""
 MIN_SECRET_CHARS = 4
 """Shorter values are not redacted (hiding every "1" would hide the log, not a secret)."""
-SHORT_SECRET_CHARS = 8
-"""A secret shorter than this (``test``, say) is a word as well: it is redacted only where it stands as a value
-(after ``=``, ``:`` or a quote); a longer one wherever it stands alone."""
+WORD_CHARS = 8
+"""A secret shorter than this (``test``, ``hunter2``) may be a word, or a part of one (``latest``): it is
+redacted where it stands as a whole token. A longer one (a key, a token) is redacted wherever it appears,
+glued to other characters too (``Bearer<token>``, ``\\n<token>`` in a repr)."""
 NOT_SECRETS = frozenset({"true", "false", "none", "null", "yes", "no", "auto"})
 """Values of a variable named like a secret that are settings, not secrets (``TOKENIZERS_PARALLELISM=false``)."""
 REDACTED = "***"
-_ALONE_AFTER, _ALONE_BEFORE = r"(?<![A-Za-z0-9])", r"(?![A-Za-z0-9])"
-"""A secret is a whole token, never part of a longer word (``test`` in ``latest``), nor of an identifier."""
 
 
 class Redactor:
-    """Replaces the secrets of an environment, and any URL's password, in text: each where it stands alone,
-    never inside another word."""
+    """Replaces the secrets of an environment, and any URL's password, in text: a long secret wherever it
+    appears, a short one where it stands as a whole token (never inside another word)."""
 
     def __init__(self, environ: Mapping[str, str] = os.environ):
         secrets = set()
@@ -43,18 +42,16 @@ class Redactor:
                 secrets.update(line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_SECRET_CHARS)
             secrets.update(m["password"] for m in URL_PASSWORD.finditer(value) if len(m["password"]) >= MIN_SECRET_CHARS)
         ordered = sorted(secrets, key=len, reverse=True)  # a longer secret first: it may hold a shorter
-        long = [re.escape(secret) for secret in ordered if len(secret) >= SHORT_SECRET_CHARS]
-        short = [re.escape(secret) for secret in ordered if len(secret) < SHORT_SECRET_CHARS]
-        parts = [f"(?P<pre>){_ALONE_AFTER}(?:{'|'.join(long)}){_ALONE_BEFORE}"] if long else []
-        if short:  # (as a value: after '=', ':' or a quote, or the whole text)
-            parts.append(f"(?P<value>(?:^|[=:\"'`])[ \t]*){_ALONE_AFTER}(?:{'|'.join(short)}){_ALONE_BEFORE}")
-        self._pattern = re.compile("|".join(parts), re.MULTILINE) if parts else None
+        long = [re.escape(secret) for secret in ordered if len(secret) >= WORD_CHARS]
+        short = [re.escape(secret) for secret in ordered if len(secret) < WORD_CHARS]
+        parts = [f"(?:{'|'.join(long)})"] if long else []
+        if short:
+            parts.append(f"(?<![A-Za-z0-9])(?:{'|'.join(short)})(?![A-Za-z0-9])")
+        self._pattern = re.compile("|".join(parts)) if parts else None
 
     def __call__(self, text: str) -> str:
         text = URL_PASSWORD.sub(lambda m: f"{m['head']}{REDACTED}@", text)
-        if self._pattern is None:
-            return text
-        return self._pattern.sub(lambda m: (m["pre"] if m["pre"] is not None else m["value"]) + REDACTED, text)
+        return self._pattern.sub(REDACTED, text) if self._pattern is not None else text
 
 
 class RedactingFilter(logging.Filter):

@@ -123,7 +123,14 @@ def cluster(redis_server, s3_server, s3_bucket, s3_env, tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none."""
+    """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none. The quick tier
+    (``-m quick``: a maintainer's edit-test loop, about 2 minutes) is every test not marked ``slow`` (one
+    that takes seconds: processes started, a run trained) outside the benchmarks' runs, and the slow tests
+    marked ``quick`` that stand for their modules (a worker's loss, a shipped job, a multi-rank job...)."""
+    quick = pytest.mark.quick
+    for item in items:
+        if "quick" not in item.keywords and "slow" not in item.keywords and "tests/bench/" not in item.nodeid:
+            item.add_marker(quick)
     import torch
 
     if torch.cuda.is_available():

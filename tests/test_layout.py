@@ -156,3 +156,18 @@ def test_a_single_node_attempt_holds_no_multi_node_branch():
                 if name.startswith("baton.workers.attempt")
                 for number, line in enumerate(path.read_text().splitlines(), 1) if "gang" in line.lower()]
     assert not mentions, "workers/attempt mentions gangs:\n" + "\n".join(mentions)
+
+
+def test_a_workers_main_process_imports_no_library_a_job_alone_needs():
+    """A worker's main process claims jobs, renews leases and reads records: its start should not pay for the
+    libraries of a job's loop (torchmetrics, scipy, matplotlib: ~1 s of a core) nor for sharded checkpoints
+    (torch.distributed.checkpoint, DTensor: ~0.4 s). Its forkserver imports those, once, for the jobs."""
+    import subprocess
+    import sys
+
+    heavy = ("torchmetrics", "scipy", "matplotlib", "torch.distributed.checkpoint", "torch.distributed.tensor")
+    code = ("import sys, baton.workers.queue.tasks; "
+            f"print(' '.join(m for m in {heavy!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], f"a worker's main process imports {done.stdout.strip()}"

@@ -98,6 +98,7 @@ def test_none_of_batons_folders_is_importable_by_its_bare_name(tmp_path):
         assert done.returncode == 1 and f"No module named '{name}'" in done.stderr, (name, done.stderr)
 
 
+@pytest.mark.slow
 def test_baton_run_trains_the_users_own_packages(project):
     store = project / "store"
     done = run_in(project, BATON_COMMAND, "run", "jobs/tiny.yaml", "--id", "tiny", "--storage", f"file://{store}",
@@ -107,6 +108,7 @@ def test_baton_run_trains_the_users_own_packages(project):
     assert manifest["completed"] is True
 
 
+@pytest.mark.slow
 def test_a_worker_trains_the_users_own_packages(project, redis_server, s3_bucket, s3_env):
     redis_lib.Redis.from_url(redis_server.url).flushdb()
     env = user_env(project, **s3_env, BATON_REDIS_URL=redis_server.url, BATON_STORAGE_URL=f"s3://{s3_bucket}/runs",

@@ -3,12 +3,15 @@ docs/architecture.md#types). It runs from a fresh checkout: every baton.* import
 the links under baton/, not through setuptools' editable hook, which type checkers cannot follow."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
 from tests.helpers import REPO
 
 
+@pytest.mark.slow
 def test_mypy_passes_and_resolves_every_baton_import(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache")], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
@@ -16,6 +19,7 @@ def test_mypy_passes_and_resolves_every_baton_import(tmp_path):
     assert "Success: no issues found" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_an_unresolved_baton_import_is_an_error_not_an_unchecked_any(tmp_path):
     """A misspelled module of baton's must fail the check (the library's missing stubs may be ignored)."""
     probe = tmp_path / "probe.py"

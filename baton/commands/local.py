@@ -44,7 +44,6 @@ def run(
     4 the job is running in another `baton run` or was submitted to a queue (nothing done), 130 aborted by a second signal (the next
     run resumes from the last committed checkpoint).
     """
-    from baton.storage.checkpointing import writer_start
     from baton.storage.layout import JobPaths, new_job_id
     from baton.storage.stores.open import open_client_store, open_store
 
@@ -57,8 +56,6 @@ def run(
     first = open_client_store(storage or settings.storage_url)
     first.read_versioned(JobPaths(job_id).manifest)
     first.list(JobPaths(job_id).root)  # (a GET's 404 may be a web server's: a listing says whether this is S3)
-    if parsed.resources.ranks == 1:  # ranks start writers of their own
-        writer_start.prestart()  # the checkpoint writer imports torch on one core while this process does on the other
     store = open_store(storage or settings.storage_url)
     show_bar = sys.stdout.isatty() if progress is None else progress
     raise typer.Exit(_train_here(parsed, job_id, store, settings, show_bar))
@@ -89,8 +86,11 @@ def _import_code_dir(parsed) -> None:
 def _train_here(parsed, job_id: str, store, settings: BatonSettings, show_bar: bool) -> int:
     """``baton run``'s exit code: the job's, or one line saying what stopped it, and what to do next."""
     from baton.jobs.infra import STORE_ERRORS
+    from baton.storage.checkpointing import writer_start
     from baton.workers.attempt.local import run_local  # (torch: seconds to import)
 
+    if parsed.resources.ranks == 1:  # (ranks start writers of their own)
+        writer_start.fork_spare()  # the checkpoint writer, forked with torch imported: it imports nothing itself
     try:
         return run_local(parsed, job_id, store, settings.allowed_prefixes, show_bar)
     except SpecError as exc:

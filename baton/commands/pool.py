@@ -25,7 +25,7 @@ def queue(name: Optional[str] = typer.Option(None, "--queue", "-Q", help="Only t
 
 @quota_app.command("set")
 def quota_set(
-    team: str = typer.Argument(..., help="The team (resources.team of its jobs)."),
+    team: str = typer.Argument(..., metavar="TEAM", help="The team (resources.team of its jobs)."),
     queue_name: Optional[str] = typer.Option(None, "--queue", "-Q", help="The queue (default: default)."),
     slots: int = typer.Option(..., "--slots", help="Worker slots guaranteed (a job on N nodes holds N)."),
 ) -> None:
@@ -67,7 +67,7 @@ def quota_list() -> None:
 
 @quota_app.command("rm")
 def quota_rm(
-    team: str = typer.Argument(..., help="The team."),
+    team: str = typer.Argument(..., metavar="TEAM", help="The team."),
     queue_name: str = typer.Option("default", "--queue", "-Q", help="The queue."),
 ) -> None:
     """Remove TEAM's quota on a queue (exit 1 if it had none)."""

@@ -22,6 +22,7 @@ torch.distributed.checkpoint writes.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -35,10 +36,14 @@ from baton.storage.checkpointing.plain import Plain, only_scalars
 if TYPE_CHECKING:
     from baton.storage.checkpointing.shared_buffers import SharedBuffers
 
-try:  # a sharded job's parameters and optimizer state (FSDP2): only the rank's own shard is copied
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch built without distributed
-    DTensor = None
+
+
+def _dtensor() -> Any:
+    """DTensor (a sharded job's parameters and optimizer state, FSDP2: only the rank's own shard is copied),
+    where something has imported it: no tensor can be one before. (Importing it costs a worker ~0.4 s of a
+    core, sympy and dynamo included, which a job that shards nothing never needs.)"""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 BUSY_COPY_THREADS = 1
 """torch intra-op threads for the snapshot's host copies when the cores are busy (the training's
@@ -93,7 +98,8 @@ class Copies:
 def storage_key(tensor: torch.Tensor) -> int:
     """What ``stable`` holds for a tensor: its storage's address (views and state_dict aliases of a
     parameter share it); a DTensor's is its local shard's (a DTensor has no storage of its own)."""
-    if DTensor is not None and isinstance(tensor, DTensor):
+    dtensor = _dtensor()
+    if dtensor is not None and isinstance(tensor, dtensor):
         tensor = tensor.to_local()
     return tensor.untyped_storage().data_ptr()
 
@@ -202,10 +208,11 @@ class HostSnapshot:
     def _walk(self, obj: Any, path: str) -> Any:
         if isinstance(obj, Plain):
             return obj
-        if DTensor is not None and isinstance(obj, DTensor):  # its local shard, in a DTensor of the same layout
+        dtensor = _dtensor()
+        if dtensor is not None and isinstance(obj, dtensor):  # its local shard, in a DTensor of the same layout
             local = self._copy_tensor(obj.to_local(), path)
             # built as DCP's own staging builds it: from_local would move the host copy back to the mesh's device
-            return DTensor(local, obj._spec, requires_grad=False)
+            return dtensor(local, obj._spec, requires_grad=False)
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj, path)
         if isinstance(obj, dict):

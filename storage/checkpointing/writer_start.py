@@ -1,22 +1,29 @@
 """Starting a checkpoint writer process (``writer_process.py``) ahead of its checkpointer.
 
-A writer spends its first ~1.8 s of a core importing torch. Started when the checkpointer is made,
-that import ran beside the first epochs; on two cores with a loop of two intra-op threads, whose
-threads wait on each other at every operation, it made each of the first ~20 epochs of the spiral
-example 2-6x slower (1.2-1.6 s of wall time a run, bench/loop_ablation.py). ``prestart()`` starts
-it while the training process is itself still starting (``baton run`` calls it before importing
-torch): both imports run at once, one on each core, and the writer waits, idle, for its
-checkpointer's configuration.
+A writer started as a new interpreter spends its first ~1.8 s of a core importing torch. Started when
+the checkpointer is made, that import ran beside the first epochs; on two cores with a loop of two
+intra-op threads, whose threads wait on each other at every operation, it made each of the first ~20
+epochs of the spiral example 2-6x slower (1.2-1.6 s of wall time a run, bench/loop_ablation.py).
+So a process that has imported torch and started no thread yet (``baton run`` once its imports are
+done, a worker's training process as it starts) forks its writer instead (``fork_spare``): torch is
+imported already, nothing is paid again. Elsewhere ``prestart()`` starts one while the process is
+itself still starting: both imports run at once, one on each core, and the writer waits, idle, for
+its checkpointer's configuration.
 
 This module imports nothing heavy: it runs before torch is imported. A spare that no checkpointer
 takes (the job had finished already, or the thread writer was chosen) exits when its pipe closes:
-when this process exits, or at ``discard()``.
+when this process exits, or at ``discard()``. A training process forked from a worker's forkserver has
+torch imported and no thread yet: it forks its spare instead (``fork_spare``), which imports nothing.
 """
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -30,10 +37,47 @@ WRITER_ENV = "BATON_CHECKPOINT_WRITER"
 
 @dataclass
 class StartedWriter:
-    proc: subprocess.Popen
+    proc: "subprocess.Popen | ForkedChild"
     to_child: Connection
     from_child: Connection
     nice: int
+
+
+class ForkedChild:
+    """A writer forked from this process (``fork_spare``), as much of ``subprocess.Popen`` as the checkpointer
+    uses: its pid, ``poll``, ``wait`` (a timeout raises ``subprocess.TimeoutExpired``) and ``kill``."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> Optional[int]:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # (reaped elsewhere)
+                    self.returncode = 0
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"checkpoint writer {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 _spare: Optional[StartedWriter] = None
@@ -70,6 +114,70 @@ def prestart() -> None:
         _spare = start(background_nice())
     except (ValueError, OSError):
         _spare = None
+
+
+def fork_spare() -> None:
+    """Fork this process's spare writer, where this process has imported torch and started no thread yet (a
+    training process just forked from its worker's forkserver): the writer then has torch already, instead
+    of a new interpreter importing it (about 1-2 s of a core an attempt). Elsewhere (a thread runs, the
+    settings choose the thread writer): as ``prestart``, or nothing."""
+    global _spare
+    from baton.storage.checkpointing.priority import background_nice
+
+    if _spare is not None or os.environ.get(WRITER_ENV, "process").strip() == "thread":
+        return
+    if threading.active_count() > 1 or "torch" not in sys.modules:  # (a fork copies one thread; no torch: no gain)
+        prestart()
+        return
+    try:
+        nice = background_nice()
+    except ValueError:
+        return  # (the checkpointer refuses the setting, naming it)
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the writer: nothing of this process's but its two pipes and standard streams
+        code = 1
+        try:
+            _keep_only({0, 1, 2, to_child_r, from_child_w})
+            _name(WRITER_NAME)
+            from baton.storage.checkpointing import writer_process
+
+            writer_process.main(["writer", str(to_child_r), str(from_child_w), str(parent), str(nice)])
+            code = 0
+        except BaseException:  # noqa: BLE001 - said on stderr; the checkpointer sees the pipe end and says how
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(to_child_r)
+    os.close(from_child_w)
+    _spare = StartedWriter(ForkedChild(pid), Connection(to_child_w, readable=False),
+                           Connection(from_child_r, writable=False), nice)
+
+
+WRITER_NAME = "baton-writer"
+"""The name a forked writer goes by (``/proc/PID/comm``, ``ps -o comm``): its command line is its parent's."""
+
+
+def _name(name: str) -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_NAME = 15
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15])
+
+
+def _keep_only(kept: set[int]) -> None:
+    """Close every descriptor of this (forked) process but ``kept`` (a copy of the training process's pipe
+    to its worker, say, must not outlive the training process here)."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        fd = int(name)
+        if fd not in kept:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def take(nice: int) -> StartedWriter:

@@ -86,7 +86,7 @@ redis.call('DEL', KEYS[2])
 pool_left(KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'updated_at', ARGV[4], 'finished_at', ARGV[4])
 if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
-job_event(KEYS[1], ARGV[4], ARGV[3], '')
+job_event(KEYS[1], ARGV[4], ARGV[3], ARGV[3] == 'failed' and (redis.call('HGET', KEYS[1], 'error') or '') or '')
 redis.call('DEL', KEYS[1] .. ':live')
 redis.call('HDEL', KEYS[1], 'cancel_requested')
 redis.call('SREM', KEYS[3], ARGV[2])
@@ -309,18 +309,20 @@ class JobRecords:
         now = seconds + micros / 1e6
         waiting = state.find(status.id)
         status.position = waiting.position if waiting is not None else None
-        placement = refusals.place(self.redis, status.queue, [waiting] if waiting is not None else [])
+        ahead = state.waiting[:waiting.position][-refusals.HEADS:] if waiting is not None else []  # (it, last)
+        placement = refusals.place(self.redis, status.queue, ahead[::-1])
         if not placement.served:
             if status.updated_at is None or now - status.updated_at >= UNSERVED_AFTER_S:
                 status.waiting = (f"no live worker serves queue {status.queue!r}: start one with `baton worker "
                                   f"--queues {status.queue}` (with the same BATON_REDIS_URL)")
             return
         if waiting is not None:
-            status.waiting = refusals.unmet_reason(placement, status.queue, status.id) or why_waiting(
-                state, waiting, placement)
+            unmet = refusals.unmet_reason(placement, status.queue, status.id, status.last_event)
+            status.waiting = unmet or why_waiting(state, waiting, placement)
             if status.waiting.endswith("within moments") and (status.last_event or "").startswith("waiting for"):
                 status.waiting = status.last_event  # a worker passed it on, saying why: more than its place in line
-            status.starts_in_s = starts_in(state, waiting, self.pool.remaining_s(state))
+            if unmet is None:  # (a job nothing can host has no start to estimate)
+                status.starts_in_s = starts_in(state, waiting, self.pool.remaining_s(state))
 
     def list_ids(self, limit: int = 100) -> list[str]:
         """Newest first."""

@@ -18,7 +18,7 @@ The order is what a worker takes (``start_order``: the first one it can host) an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Hashable, Optional
 
 import redis
 
@@ -303,13 +303,29 @@ LIMIT = 1e15
 """The largest magnitude a record's number is read as (priorities are within +-1e9, times within 1e10)."""
 
 
-def _merge(lines: dict[str, list[Waiting]], usage: dict[str, int], quotas: dict[str, int]) -> list[Waiting]:
+def merged_order(states: list[QueueState]) -> list[Waiting]:
+    """The start order of a worker that serves several queues (``states``, their waiting jobs as read): as
+    one queue's, by priority, then by how far the job's team is below its quota *on the job's own queue*,
+    then by submit time. (A worker freed so that a team below its quota on one queue gets its slot must
+    start that team's job, not an older one of another queue: else it yields back and forth.)"""
+    lines: dict[Hashable, list[Waiting]] = {}
+    usage: dict[Hashable, int] = {}
+    quotas: dict[Hashable, int] = {}
+    for state in states:
+        for job in state.waiting:
+            lines.setdefault((state.queue, job.team), []).append(job)
+        usage.update({(state.queue, team): n for team, n in state.usage.items()})
+        quotas.update({(state.queue, team): n for team, n in state.quotas.items()})
+    return _merge(lines, usage, quotas)
+
+
+def _merge(lines: dict[Any, list[Waiting]], usage: dict[Any, int], quotas: dict[Any, int]) -> list[Waiting]:
     """The teams' lines as one start order: at each place, the head that comes first by (priority,
     its team's use minus its quota, submit time), its team's use then counted with its slots."""
     heads = {team: 0 for team, line in lines.items() if line}
     order: list[Waiting] = []
     while heads:
-        def rank(team: str) -> tuple[int, int, float, str]:
+        def rank(team: Any) -> tuple[int, int, float, str]:
             head = lines[team][heads[team]]
             return -head.priority, usage.get(team, 0) - quotas.get(team, 0), head.submitted_at, head.job_id
         team = min(heads, key=rank)
@@ -326,12 +342,15 @@ def why_waiting(state: QueueState, job: Waiting, placement: "Placement") -> str:
     """Why ``job`` waits, in one line: what stands before it in ``state``'s start order, else whether a
     live worker of the queue is free to start it (``placement``: the queue's workers as they stand, a
     worker busy with a job of another queue it serves included)."""
-    ahead = state.waiting[:job.position - 1]
-    higher = sum(1 for other in ahead if other.priority > job.priority)
+    ahead = [other for other in state.waiting[:job.position - 1] if not placement.nowhere(other.job_id)]
+    higher = sum(1 for other in ahead if other.priority > job.priority)  # (a job nothing can host holds up none)
     quota, used = state.quotas.get(job.team), state.usage.get(job.team, 0)
     if higher:
         return f"behind {higher} job(s) of higher priority"
-    if quota is not None and used >= quota and any(other.team != job.team for other in ahead):
+    standing = used - (quota or 0)
+    if quota is not None and used >= quota and any(
+            other.team != job.team and other.priority == job.priority
+            and state.usage.get(other.team, 0) - state.quotas.get(other.team, 0) < standing for other in ahead):
         return f"team {job.team} is at its quota of {quota} slot(s)"
     if ahead:
         return (f"behind {len(ahead)} job(s) of priority {job.priority} submitted earlier or of teams further "

@@ -82,8 +82,13 @@ local function reap_job(id, now, republish_after, unclaimed_after, republish_max
     redis.call('ZREM', '@D', id)
     local worker = redis.call('HGET', job, 'worker') or '?'
     if redis.call('HEXISTS', job, 'cancel_requested') == 1 then  -- its worker never stopped it: it ends here
-      job_event(job, now, 'lost', 'lease of ' .. worker .. ' expired')
-      cancel_if_asked(job, id, now, 'lost its worker (lease of ' .. worker .. ' expired)')
+      if outage == '1' or redis.call('EXISTS', '@O') == 1 then
+        job_event(job, now, 'lapsed', 'lease of ' .. worker .. ' lapsed while Redis was unreachable')
+        cancel_if_asked(job, id, now, 'stopped (its lease lapsed while Redis was unreachable)')
+      else
+        job_event(job, now, 'lost', 'lease of ' .. worker .. ' expired')
+        cancel_if_asked(job, id, now, 'lost its worker (lease of ' .. worker .. ' expired)')
+      end
       return {'cancelled'}
     end
     local function requeue(word, event)  -- back to its line, its next attempt marked for publishing

@@ -95,9 +95,15 @@ class Placement:
                          self.served)
 
 
+HEADS = 256
+"""The most waiting jobs of a queue whose hosts are looked up at once (a queue's start order, a status's jobs
+ahead): those further back are assumed hostable until they come this far."""
+
+
 def place(client: redis.Redis, queue: str, waiting: list[Waiting]) -> Placement:
-    """Where ``queue``'s ``waiting`` jobs can go now: its live workers, those drained, the job each holds,
-    and which of them cannot host each waiting job, by what they offer and by what they said."""
+    """Where ``queue``'s ``waiting`` jobs (the first ``HEADS``) can go now: its live workers, those drained, the
+    job each holds, and which of them cannot host each waiting job, by what they offer and by what they said."""
+    waiting = waiting[:HEADS]
     live = Pool(client).live_workers(queue)
     if not live:
         return Placement()
@@ -109,7 +115,7 @@ def place(client: redis.Redis, queue: str, waiting: list[Waiting]) -> Placement:
     refused = read(client, [job.job_id for job in waiting]) if waiting else {}
     unmet: dict[str, str] = {}
     groups: dict[WorkerOffer, set[str]] = {}  # (workers of one pool mostly offer the same: each offer once)
-    for worker, offer in presence.offers(client, sorted(taking)).items():
+    for worker, offer in presence.offers(client, sorted(live)).items():
         groups.setdefault(offer, set()).add(worker)
     for job in waiting:
         needs = read_needs(job.needs)
@@ -122,17 +128,22 @@ def place(client: redis.Redis, queue: str, waiting: list[Waiting]) -> Placement:
             if lacks is not None:
                 lack |= workers
                 said = said or lacks.needs
-        refused[job.job_id] = refused.get(job.job_id, frozenset()) | lack
+        refused[job.job_id] = refused.get(job.job_id, frozenset()) | (lack & taking)
         if said is not None and taking <= lack:
-            unmet[job.job_id] = said
+            drained_able = len(set(live) - taking - lack)
+            unmet[job.job_id] = said + (f"; {drained_able} drained worker(s) do (`baton undrain WORKER`)"
+                                        if drained_able else "")
     return Placement(taking, worker_of, refused, idle, unmet, len(live))
 
 
-def unmet_reason(placement: Placement, queue: str, job_id: str) -> Optional[str]:
-    """What a waiting job's status says when no live worker of ``queue`` that takes jobs can host it."""
+def unmet_reason(placement: Placement, queue: str, job_id: str, last_event: Optional[str] = None) -> Optional[str]:
+    """What a waiting job's status says when no live worker of ``queue`` that takes jobs can host it (its
+    ``last_event``: what the last worker that met it said)."""
     if not placement.nowhere(job_id):
         return None
     needs = placement.unmet.get(job_id)
     if needs is not None:
         return f"no live worker of queue {queue} {needs}"
-    return f"no live worker of queue {queue} can host it (each said why: see its events)"
+    said = (last_event or "").partition("passed it on: ")[2]
+    return f"no live worker of queue {queue} can host it" + (f" (the last to meet it: {said})" if said else
+                                                              " (each found something missing when it met it)")

@@ -142,3 +142,20 @@ def wait_for_listed(dashboard, job_id: str) -> dict:
 
     return wait_for(lambda: next((j for j in dashboard.get("/api/jobs")["jobs"] if j["id"] == job_id), None), 30,
                     f"{job_id} in the listing")
+
+
+def test_redaction_leaves_ids_and_links_whole_and_hides_a_secret_a_spec_names_as_a_name(monkeypatch):
+    """With the docs' S3 secret (``test``) 'latest' stays 'latest' (its download link was broken as 'la***');
+    a secret in the user's own spec is hidden whatever its key is called."""
+    from baton.dashboard.access import Access
+
+    token = "tok-abcdef123456"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("MY_API_TOKEN", token)
+    cleaned = Access(None, []).clean({
+        "status": {"id": "test", "latest_checkpoint": "jobs/test/attempt-1/checkpoints/step-4.pt", "error": "key test"},
+        "artifacts": [{"which": "latest", "file": "test-latest-step4.pt"}],
+        "spec": {"model": {"kwargs": {"name": token, "key": token, "id": token}}}})
+    assert cleaned["status"]["id"] == "test" and cleaned["artifacts"][0] == {"which": "latest", "file": "test-latest-step4.pt"}
+    assert cleaned["status"]["latest_checkpoint"] == "jobs/test/attempt-1/checkpoints/step-4.pt"
+    assert cleaned["status"]["error"] == "key ***" and token not in str(cleaned["spec"])

@@ -52,6 +52,7 @@ def dashboard(cluster):
     stop(board.proc)
 
 
+@pytest.mark.slow
 def test_a_job_page_follows_training_a_kill_and_the_resume_and_downloads_the_best_weights(cluster, dashboard, browser,
                                                                                           tmp_path):
     hold = tmp_path / "hold"

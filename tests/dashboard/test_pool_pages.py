@@ -3,6 +3,8 @@ them, a cancel that needs the token (refused with 403 without it, and nothing ch
 `baton run` shown from its store alone, and a credential quoted by a job's error shown redacted."""
 from __future__ import annotations
 
+import pytest
+
 import re
 
 from tests.dashboard.conftest import TOKEN, screenshot, wait_for
@@ -25,6 +27,7 @@ def _cli_rows(env) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in lines]
 
 
+@pytest.mark.slow
 def test_the_queue_page_matches_baton_queue_and_a_cancel_needs_the_token(cluster, dashboard, browser):
     cluster.start_workers(1, queues="pool")
     client = cluster.client
@@ -60,6 +63,7 @@ def test_the_queue_page_matches_baton_queue_and_a_cancel_needs_the_token(cluster
     client.job("hog").cancel()
 
 
+@pytest.mark.slow
 def test_the_workers_page_shows_each_worker_and_its_job(cluster, dashboard, browser):
     (worker,) = cluster.start_workers(1)
     job = cluster.client.submit(LONG, "busy")
@@ -73,6 +77,7 @@ def test_the_workers_page_shows_each_worker_and_its_job(cluster, dashboard, brow
     job.cancel()
 
 
+@pytest.mark.slow
 def test_a_baton_run_job_shows_from_its_store_alone(cluster, dashboard, browser):
     path = write_spec(cluster.log_dir, make_spec(loop={"epochs": 2}, checkpoint={"every_steps": 10}))
     ran = run_baton("run", str(path), "--id", "solo", "--storage", cluster.storage_url, env=cluster.env)
@@ -90,6 +95,7 @@ def test_a_baton_run_job_shows_from_its_store_alone(cluster, dashboard, browser)
     screenshot(browser, "store-only-job")
 
 
+@pytest.mark.slow
 def test_a_credential_quoted_by_a_job_error_never_reaches_a_page(cluster, browser):
     from tests.dashboard.conftest import start_dashboard, stop
 

@@ -14,6 +14,7 @@ from baton.storage.manifest_store import ManifestStore
 from tests.helpers import REPO, baton_env, make_spec, read_manifest, run_baton, start_baton, write_spec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example,min_accuracy", [("spiral.yaml", 0.95), ("digits.yaml", 0.95)])
 def test_example_jobs_learn(example, min_accuracy, tmp_path):
     done = run_baton("run", str(REPO / "examples" / example), "--id", "ex", "--storage", f"file://{tmp_path}")
@@ -44,6 +45,7 @@ def test_run_with_a_bad_spec_exits_2_and_writes_nothing(tmp_path):
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.slow
 def test_user_code_exception_exits_1_with_its_traceback(tmp_path):
     spec = write_spec(tmp_path, make_spec(model={"target": "tests.probes:raising", "kwargs": {}}))
     result = run_baton("run", str(spec), "--id", "x", "--storage", f"file://{tmp_path}")
@@ -51,6 +53,7 @@ def test_user_code_exception_exits_1_with_its_traceback(tmp_path):
     assert "boom from user model code" in result.stderr and "Traceback" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_base_exception_from_the_jobs_code_is_its_failure_shown_as_any_other(tmp_path):
     spec = write_spec(tmp_path, make_spec(model={"target": "tests.probes:cancelling", "kwargs": {}}))
     result = run_baton("run", str(spec), "--id", "x", "--storage", f"file://{tmp_path}")
@@ -59,6 +62,7 @@ def test_a_base_exception_from_the_jobs_code_is_its_failure_shown_as_any_other(t
     assert "the whole traceback is in the job's log: baton logs x" in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_finished_job_says_so_and_exits_0(tmp_path):
     spec = write_spec(tmp_path, make_spec(loop={"epochs": 1}, scheduler={"name": "none"}))
     args = ("run", str(spec), "--id", "once", "--storage", f"file://{tmp_path}")
@@ -67,6 +71,7 @@ def test_finished_job_says_so_and_exits_0(tmp_path):
     assert again.returncode == 0 and "already finished" in again.stdout
 
 
+@pytest.mark.slow
 def test_same_id_with_a_different_spec_is_refused(tmp_path):
     first = write_spec(tmp_path, make_spec(loop={"epochs": 1}, scheduler={"name": "none"}), "a.yaml")
     second = write_spec(tmp_path, make_spec(loop={"epochs": 2}, scheduler={"name": "none"}), "b.yaml")
@@ -75,6 +80,7 @@ def test_same_id_with_a_different_spec_is_refused(tmp_path):
     assert result.returncode == 2 and "different spec" in result.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_at_the_next_step_and_exits_3(tmp_path):
     spec = write_spec(tmp_path, make_spec(checkpoint={"every_steps": 1000}, loop={"epochs": 30}))
     proc = start_baton("run", str(spec), "--id", "t", "--storage", f"file://{tmp_path}", log=tmp_path / "log")
@@ -105,6 +111,7 @@ def test_a_job_id_that_is_not_one_is_refused_in_one_line(tmp_path, command):
     (0, r"while loading sample 0 of the training set .*\n  while training step \d+ \(epoch 1, its batch \d+\)"),
     (7, r"while loading sample 7 of the validation set .*\n  while validating after step \d+ \(epoch 1\)"),
 ])
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_failing_data_set_shows_the_cause_where_and_the_users_frames_first(tmp_path, index, where, num_workers):
     """With loader workers, torch re-raises the worker's exception with its traceback as text: shown the same."""
@@ -128,6 +135,7 @@ def test_a_failing_data_set_shows_the_cause_where_and_the_users_frames_first(tmp
     assert "workers/training/data.py" in log and "tests/probes.py" in log and f"record {index} is corrupt" in log
 
 
+@pytest.mark.slow
 def test_fetch_finds_a_baton_run_job_in_its_store(tmp_path, redis_server):
     """A `baton run` job has no record in Redis: `baton fetch` reads its store, the configured one
     (BATON_STORAGE_URL) or the one named with --storage; a job the store does not hold is one line."""

@@ -28,6 +28,7 @@ def test_invalid_spec_is_refused_at_submit_and_nothing_reaches_redis(cluster, tm
     assert redis.Redis.from_url(cluster.redis_url).dbsize() == 0
 
 
+@pytest.mark.slow
 def test_submit_wait_status_list_metrics_and_fetch(cluster, tmp_path):
     cluster.start_workers(1)
     result = run_baton("submit", str(write_spec(tmp_path, QUICK)), "--id", "quick", "--wait", env=cluster.env)
@@ -62,6 +63,7 @@ def test_submit_wait_status_list_metrics_and_fetch(cluster, tmp_path):
     assert fetched.returncode == 0 and (tmp_path / "cli/quick/curves.png").is_file()
 
 
+@pytest.mark.slow
 def test_a_job_cancelled_while_queued_never_runs(cluster):
     job = cluster.client.submit(QUICK, "never")
     assert job.cancel() == "cancelled"
@@ -79,6 +81,7 @@ def test_ids_are_unique(cluster):
     assert run_baton("status", "nope", env=cluster.env).returncode == 1
 
 
+@pytest.mark.slow
 def test_a_job_goes_only_to_workers_serving_its_queue(cluster):
     from tests.workers.queue.test_worker_loss import wait_for
 

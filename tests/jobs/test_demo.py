@@ -3,6 +3,8 @@ directory (its job ships inside the package), and a machine without its local se
 one line, what to install."""
 from __future__ import annotations
 
+import pytest
+
 import re
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ def _demo(cwd, *args: str, prelude: str = "", timeout: float = 600) -> subproces
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_from_a_directory_without_the_examples(tmp_path):
     result = _demo(tmp_path, "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -11,6 +11,7 @@ from tests.helpers import make_spec, metrics_rows, run_baton, write_spec
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 
+@pytest.mark.slow
 def test_fetch_brings_the_event_files_of_a_job(tmp_path):
     store_url = f"file://{tmp_path / 'store'}"
     spec = write_spec(tmp_path, make_spec(loop={"epochs": 2}))

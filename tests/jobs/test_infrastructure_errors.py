@@ -31,6 +31,7 @@ def _one_line(args: list[str], env: dict, *named: str) -> str:
     return said
 
 
+@pytest.mark.slow
 def test_a_wrong_redis_url(place):
     spec, env = place
     env = dict(env, BATON_REDIS_URL="redis://:hunter22hunter@127.0.0.1:1/0")
@@ -59,6 +60,7 @@ def test_a_bucket_that_does_not_exist(place, tmp_path):
         _one_line(args, env, "s3://no-such-bucket/runs", "the bucket does not exist", "BATON_STORAGE_URL")
 
 
+@pytest.mark.slow
 def test_credentials_the_store_refuses(place, s3_server, tmp_path):
     spec, env = place
     gateway = S3Gateway(s3_server.port, access_keys={env["AWS_ACCESS_KEY_ID"]})
@@ -86,6 +88,7 @@ def test_no_credentials_at_all(place, tmp_path, monkeypatch):
         _one_line(args, env, "no AWS credentials found", "AWS_ACCESS_KEY_ID")
 
 
+@pytest.mark.slow
 def test_an_endpoint_that_is_down(place):
     from baton.jobs.services import free_port
 
@@ -110,6 +113,7 @@ def test_debug_shows_the_traceback(place):
     assert result.returncode != 0 and "Traceback" in result.stderr and "ConnectionError" in result.stderr
 
 
+@pytest.mark.slow
 def test_fetch_of_a_baton_run_job_needs_no_redis_and_a_missing_bucket_is_not_no_job(place, tmp_path):
     spec, env = place
     store = f"file://{tmp_path / 'store'}"

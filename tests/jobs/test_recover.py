@@ -37,6 +37,7 @@ def mid_epoch_checkpoint(manifest: dict) -> bool:
     return latest is not None and latest["kind"] == "step" and latest["batch_in_epoch"] > 0
 
 
+@pytest.mark.slow
 def test_a_job_whose_record_redis_lost_is_recovered_and_resumes_bit_exact(cluster, reference):
     (worker,) = cluster.start_workers(1)
     job = cluster.client.submit(SPEC, "forgotten")
@@ -62,6 +63,7 @@ def test_a_job_whose_record_redis_lost_is_recovered_and_resumes_bit_exact(cluste
     assert_same_training(reference, "reference", cluster.store(), "forgotten")
 
 
+@pytest.mark.slow
 def test_a_finished_job_is_recovered_as_succeeded_and_a_live_record_is_left_alone(cluster):
     spec = make_spec(loop={"epochs": 1}, checkpoint={"every_steps": 10})
     path = write_spec(cluster.log_dir, spec)

@@ -3,6 +3,8 @@ first; epochs counted from 1 in log lines as in the status; the step of the chec
 stopped with; and, for a job that waits, that no live worker serves its queue."""
 from __future__ import annotations
 
+import pytest
+
 import re
 
 from baton.storage.records import job_records as records
@@ -17,6 +19,7 @@ REGRESSION = make_spec(model={"target": "builtin:mlp", "kwargs": {"in_features":
                        checkpoint={"every_steps": None, "monitor": "val_mae", "mode": "min"})
 
 
+@pytest.mark.slow
 def test_status_shows_the_tasks_own_metrics_the_monitored_one_first(cluster):
     cluster.start_workers(1)
     job = cluster.client.submit(REGRESSION, "regress")
@@ -32,6 +35,7 @@ def test_status_shows_the_tasks_own_metrics_the_monitored_one_first(cluster):
     assert final.epoch == final.epochs == 3 and re.search(r"epoch 3: step \d+ train_loss", log)
 
 
+@pytest.mark.slow
 def test_a_cancelled_jobs_status_shows_the_step_of_the_checkpoint_it_stopped_with(cluster):
     cluster.start_workers(1)
     job = cluster.client.submit(SPEC, "stopped")
@@ -54,6 +58,7 @@ def test_a_cancelled_jobs_status_shows_the_step_of_the_checkpoint_it_stopped_wit
     assert run_baton("status", "--events", env=cluster.env).returncode == 2
 
 
+@pytest.mark.slow
 def test_a_job_on_a_queue_no_live_worker_serves_says_so_until_one_does(cluster, monkeypatch):
     monkeypatch.setattr(records, "UNSERVED_AFTER_S", 1.0)
     cluster.start_workers(1, queues="default")
@@ -70,6 +75,7 @@ def test_a_job_on_a_queue_no_live_worker_serves_says_so_until_one_does(cluster, 
     assert waiting.wait(timeout=60, progress=False).state.value == "succeeded"
 
 
+@pytest.mark.slow
 def test_a_failed_jobs_status_says_where_it_failed_and_at_which_step(cluster):
     cluster.start_workers(1)
     spec = make_spec(data={"target": "tests.probes:failing_at", "kwargs": {"index": 0}, "num_workers": 2},

@@ -50,6 +50,7 @@ def held_decider(client: JobClient, held, search_id: str) -> subprocess.Popen:
                             cwd=REPO)
 
 
+@pytest.mark.slow
 def test_a_decider_killed_mid_round_leaves_the_trials_an_undisturbed_search_has(client, tmp_path):
     client.search(SPEC, SEARCH, search_id="calm")
     held = tmp_path / "held"
@@ -218,6 +219,7 @@ def test_the_sweep_commands_answer_an_unknown_id_in_one_line_with_exit_1(client)
     assert "| 3 | byline-3 | cancelled |" in page.read_text() and page.with_name("rungs.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_a_trial_a_decider_creates_after_the_cancel_is_cancelled_and_one_it_left_unindexed_too(client, tmp_path):
     """The cancel marks the search first, then cancels every trial record of it, indexed or not: a decider held
     between a trial's record and its index (or killed there) cannot leave a trial to train."""

@@ -104,6 +104,7 @@ def stores(s3_bucket, gateway):
     return store_through(gateway, s3_bucket), open_store(f"s3://{s3_bucket}/runs")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", ["process", "thread"])
 def test_a_stale_attempt_woken_after_a_takeover_overwrites_nothing(writer, s3_bucket, gateway, monkeypatch):
     store = open_store(f"s3://{s3_bucket}/runs")

@@ -49,10 +49,11 @@ def test_a_worker_refuses_to_start_on_such_a_store(s3_bucket, s3_env, careless_g
         result = run_baton("worker", "--name", "careless@test", env=env, timeout=45)
     except subprocess.TimeoutExpired:
         pytest.fail("the worker started on a store that ignores conditional writes")
-    assert result.returncode != 0
+    assert result.returncode == 5  # (an infrastructure mistake, as for every command)
     assert url in result.stderr and "conditional" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_store_briefly_unreachable_at_start_is_waited_for_not_refused(s3_bucket, s3_env, s3_server, monkeypatch):
     """A blip while a worker (or a slot restarted after a stall) starts must not leave it refusing
     to run (exit 2) for good; an outage that outlasts the waits is refused, naming why."""

@@ -107,6 +107,7 @@ def test_a_sweep_from_another_pid_namespace_keeps_a_live_owners_directory_and_ta
     assert sweep(sweep_code, shm, tmp) >= 1 and not made.exists(), "a dead process's directory stayed"
 
 
+@pytest.mark.slow
 def test_a_pid_reused_in_another_namespace_does_not_keep_a_dead_owners_directory(places):
     """Every container's first processes have the same small pids: the directory of a SIGKILLed
     owner in an earlier container is swept even while a process with its pid lives in the next."""

@@ -277,7 +277,12 @@ def test_a_job_no_live_worker_can_host_frees_nobody_and_says_what_none_offers(po
     assert records.status("shipper").waiting == said
     from baton.jobs.pool import queue_views
     assert queue_views(records, "default")[0].reasons["shipper"] == said
+    assert records.status("shipper").starts_in_s is None  # (nothing can start it: no estimate)
+    submit(records, "plain")  # behind it in line, but nothing holds it up: it is next to start
+    assert records.status("plain").waiting == "next to start: every worker serving queue default is busy"
 
     live(client, "w2", accepts_code=True)  # (w2 restarted with BATON_ACCEPT_CODE on, still running 'lower')
     assert [(one.job_id, one.for_job) for one in Scheduler(client).turn()] == [("lower", "shipper")]
     assert records.status("shipper").waiting == "next to start: every worker serving queue default is busy"
+    presence.set_drained(client, "w2", True)  # the one that could host it drained: what to do is said
+    assert records.status("shipper").waiting == f"{said}; 1 drained worker(s) do (`baton undrain WORKER`)"

@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Optional
 
 from baton.workers.training.failures import failure, summary
+from baton.storage.checkpointing import writer_start
 from baton.storage.redaction import RedactingFilter, Redactor
 from baton.schemas.errors import CheckpointWriteFailed, FencedOut, TransientError, formatted_traceback
 from baton.schemas.messages import AttemptEnd, AttemptOrder, Ending, Failure
@@ -41,6 +42,7 @@ from the attempt is the job's own failure)."""
 
 def main(conn: Connection, stop: StopFlag, order: AttemptOrder) -> None:
     die_with_parent(os.getppid())
+    writer_start.fork_spare()  # first, while this process has no thread: the checkpoint writer, torch imported
     # a forkserver's child inherits "forkserver" as its default start method: the job's DataLoader workers
     # must start as in any other process (forked from this one, its logging and data set included)
     multiprocessing.set_start_method(None, force=True)

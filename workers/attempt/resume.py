@@ -27,7 +27,7 @@ from baton.storage.checkpoint_io import rows_of
 from baton.storage.memory import memory_slots
 from baton.storage.memory.memory_slots import InMemoryState
 from baton.storage.stores.retry import retry_transient
-from baton.workers.parallel.sharded_state import SHARDS_KEY
+from baton.storage.checkpoint_io import SHARDS_KEY
 
 READ_RETRY_S = 120.0
 """How long reading a checkpoint is retried through transient storage errors."""

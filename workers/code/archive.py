@@ -7,23 +7,27 @@ the worker's ``BATON_CODE_LIMIT_MB`` once unpacked, or one shipping a top-level 
 is refused whole (``ArchiveRefused``) before anything is written. Only then is it extracted, with
 tarfile's ``data`` filter on top.
 
-Nothing in it is read unbounded: the gzip stream is decompressed up to ``stream_cap`` bytes (the
-unpacked limit, and room for the members' headers) and refused past it, before tarfile reads a header,
-so neither a small archive that decompresses to gigabytes nor a header declaring gigabytes of extended
-attributes can make the worker read more than that.
+Nothing in it is read unbounded: the gzip stream is decompressed, a megabyte at a time, into a file of the
+worker's (not its memory) up to ``stream_cap`` bytes (the unpacked limit, and room for the members'
+headers) and refused past it; then its headers alone are walked, and the extended ones (PAX records, long
+names) refused past ``HEADER_ROOM_BYTES`` in all, before tarfile parses any. Neither a small archive that
+decompresses to gigabytes nor headers declaring gigabytes of attributes make the worker read, hold or
+parse more than that.
 """
 from __future__ import annotations
 
-import io
 import tarfile
+import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from baton.schemas.code import PROTECTED
 
 MAX_MEMBERS = 100_000
 HEADER_ROOM_BYTES = 32_000_000
-"""Room in the decompressed stream for the members' headers, beyond their files' bytes (``stream_cap``)."""
+"""Room in the decompressed stream for the members' headers, beyond their files' bytes (``stream_cap``), and
+the most its extended headers (PAX records, long names) may hold in all."""
 
 
 class ArchiveRefused(Exception):
@@ -37,37 +41,71 @@ def stream_cap(limit_bytes: int) -> int:
 
 
 def unpack(data: bytes, into: Path, limit_bytes: int) -> int:
-    """Extract ``data`` (a gzip'd tar) into the new directory ``into``; the files' bytes."""
-    stream = decompress(data, stream_cap(limit_bytes))
-    try:
-        with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as tar:
-            members = tar.getmembers()
-            size = check(members, limit_bytes)
-            into.mkdir()
-            tar.extractall(into, members=members, filter="data")
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        raise ArchiveRefused(f"{type(exc).__name__}: {exc}") from None
+    """Extract ``data`` (a gzip'd tar) into the new directory ``into`` (its decompressed stream held in a
+    file beside it, gone with it); the files' bytes."""
+    with tempfile.TemporaryFile(dir=into.parent, prefix=".stream-") as stream:
+        decompress(data, stream, stream_cap(limit_bytes))
+        check_headers(stream, HEADER_ROOM_BYTES)
+        stream.seek(0)
+        try:
+            with tarfile.open(fileobj=stream, mode="r:") as tar:
+                members = tar.getmembers()
+                size = check(members, limit_bytes)
+                into.mkdir()
+                tar.extractall(into, members=members, filter="data")
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            raise ArchiveRefused(f"{type(exc).__name__}: {exc}") from None
     return size
 
 
-def decompress(data: bytes, cap: int) -> bytes:
-    """``data`` (gzip) decompressed, refused once past ``cap`` bytes (read no further) or when it is not one
-    whole gzip stream."""
+CHUNK_BYTES = 1 << 20
+"""What decompression writes at a time (all it holds in memory)."""
+
+
+def decompress(data: bytes, out: BinaryIO, cap: int) -> None:
+    """``data`` (gzip) decompressed into ``out``, refused once past ``cap`` bytes (decompressing no further)
+    or when it is not one whole gzip stream."""
     inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    out = bytearray()
-    pending = data
+    written, pending = 0, data
     try:
         while pending and not inflate.eof:
-            out += inflate.decompress(pending, cap + 1 - len(out))
-            if len(out) > cap:
+            chunk = inflate.decompress(pending, min(CHUNK_BYTES, cap + 1 - written))
+            written += len(chunk)
+            if written > cap:
                 raise ArchiveRefused(f"over {cap / 1e6:.0f} MB once decompressed (BATON_CODE_LIMIT_MB allows "
                                       f"{(cap - HEADER_ROOM_BYTES) / 2e6:.0f} MB of files)")
+            out.write(chunk)
             pending = inflate.unconsumed_tail
     except zlib.error as exc:
         raise ArchiveRefused(f"not a gzip archive ({exc})") from None
     if not inflate.eof or inflate.unused_data:
         raise ArchiveRefused("not one whole gzip archive (cut short, or followed by other data)")
-    return bytes(out)
+
+
+EXTENDED = (b"x", b"g", b"L", b"K")
+"""Tar's header entries that hold metadata for the next member (PAX records, GNU long names and links)."""
+
+
+def check_headers(stream: BinaryIO, room: int) -> None:
+    """Walk the tar ``stream``'s headers, a block each, skipping the members' bytes; ArchiveRefused once its
+    extended headers hold more than ``room`` bytes in all (tarfile would parse every one of them)."""
+    stream.seek(0)
+    held = offset = 0
+    while True:
+        stream.seek(offset)
+        block = stream.read(512)
+        if len(block) < 512 or block == bytes(512):
+            return
+        field = block[124:136]
+        try:
+            size = int.from_bytes(field[1:], "big") if field[0] & 0x80 else int(field.strip(b"\0 ") or b"0", 8)
+        except ValueError:
+            return  # (not a header tarfile can read: it says so)
+        if block[156:157] in EXTENDED:
+            held += size
+            if held > room:
+                raise ArchiveRefused(f"its extended headers hold over {room / 1e6:.0f} MB (PAX records, long names)")
+        offset += 512 + (size + 511) // 512 * 512
 
 
 def check(members: list[tarfile.TarInfo], limit_bytes: int) -> int:

@@ -74,10 +74,10 @@ def _installed(name: str):
 
 
 def shadowed(overlay: Path) -> list[str]:
-    """The modules of ``overlay`` that would hide one of the worker's own: a top-level name its packages
-    provide (torch and baton always), unless both are namespace packages (PEP 420: ``google``, say), whose
+    """The modules of ``overlay`` that would hide one of the worker's own: a top-level name its packages or
+    Python's standard library provide (torch and baton always), unless both are namespace packages (PEP 420: ``google``, say), whose
     portions merge; then the same question is asked of the names inside."""
-    provided = set(metadata.packages_distributions()) | set(PROTECTED)
+    provided = set(metadata.packages_distributions()) | set(PROTECTED) | set(sys.stdlib_module_names)
     found: list[str] = []
     for name, path in _modules(overlay).items():
         if name in provided:

@@ -23,7 +23,7 @@ from baton.storage import owned_dirs
 from baton.workers.parallel import rendezvous
 from baton.workers.parallel.distributed import RankGroup, RankSeat
 from baton.workers.parallel.launcher import RANKS_PREFIX, RENDEZVOUS_TIMEOUT_S, Meeting, Ranks, check_devices
-from baton.workers.parallel.sharded_state import SHARDS_KEY
+from baton.storage.checkpoint_io import SHARDS_KEY
 
 ANNOUNCE = "peers_announce"
 REMOTE_FAILURE = "peers_remote_failure"

@@ -117,7 +117,7 @@ def _resume_state(order: GroupOrder, store) -> Optional[dict]:
     """The state this rank resumes from: the sharded checkpoint's directory rank 0's node downloaded and
     verified, or the checkpoint read and verified here; None from the start."""
     from baton.storage.checkpoint_io import load_bytes
-    from baton.workers.parallel.sharded_state import SHARDS_KEY
+    from baton.storage.checkpoint_io import SHARDS_KEY
 
     if order.resume_dir:
         return {SHARDS_KEY: order.resume_dir}

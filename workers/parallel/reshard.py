@@ -141,7 +141,7 @@ def resharding_of(state: Optional[dict[str, Any]], entry: Optional[CheckpointEnt
     checkpoint written by another number of ranks, where ``resources.reshard`` allows it (PermanentError
     where not); any other checkpoint resumes only on the count that wrote it."""
     from baton.workers.parallel.distributed import check_same_processes
-    from baton.workers.parallel.sharded_state import SHARDS_KEY
+    from baton.storage.checkpoint_io import SHARDS_KEY
 
     if state is None or SHARDS_KEY not in state:
         check_same_processes(state, world_size)

@@ -25,16 +25,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from baton.storage.checkpoint_io import load_bytes
+from baton.storage.checkpoint_io import SHARDS_KEY, load_bytes
 from baton.workers.training import train_state
 from baton.workers.training.components import Components
 from baton.workers.training.progress import BestTracker, Progress
 
 from baton.workers.parallel import reshard
 
-SHARDS_KEY = "shards"
-"""In the state of a sharded checkpoint: the local directory it was downloaded to (verified), which
-every rank loads from; the rest of that state is rank 0's own file."""
 
 SHARDED = ("model", "optimizer")
 """The parts of the state DCP writes; the rest is the rank's own file."""

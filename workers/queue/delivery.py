@@ -183,10 +183,11 @@ class Held:
             return self.end(Ending.CODE, f"{exc} on {ctx.worker}")
         except TransientError as exc:
             return self.end(Ending.STORAGE, f"storage unavailable on {ctx.worker}: {exc}")
-        except Exception as exc:  # the job's spec: record it, do not retry
+        except Exception as exc:  # the job's spec or code as the worker found it: record it, do not retry
             return self.end(Ending.FAILED, f"{type(exc).__name__}: {exc}", failure=Failure(
                 ending=Ending.FAILED, message=str(exc), type=type(exc).__name__,
-                summary=summary(exc, ctx.settings.allowed_prefixes), traceback=formatted_traceback(exc)))
+                summary=summary(exc, ctx.settings.allowed_prefixes), traceback=formatted_traceback(exc),
+                shown=f"error: {type(exc).__name__}: {exc}"))  # (no frame of the job's: baton's own words say it)
         for line in setup_log:
             _log.info("job %s: %s", self.job_id, line)
         self.process = TrainingProcess(self._order(spec, storage_url).model_copy(

@@ -5,9 +5,9 @@ hands back every message and holds until undrained: ``hold_drained``); and the o
 job's next attempt (``publish``)."""
 from __future__ import annotations
 
-import heapq
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -22,9 +22,9 @@ from baton.schemas.status import JobState
 from baton.storage.records import keys, presence, refusals
 from baton.storage.records.connection import maybe_text
 from baton.storage.records.gangs import Gangs
-from baton.storage.records.pool import Pool, Waiting
+from baton.storage.records.pool import Pool, Waiting, merged_order
 from baton.workers.queue.worker_control import WorkerContext
-from baton.workers.training.targets import unavailable
+from baton.workers.training.installed import unavailable
 
 _log = logging.getLogger("baton.worker")
 
@@ -33,8 +33,9 @@ CHOICES = 16
 first it can host (a job for GPUs this worker does not offer, or modules it may not import, is left to
 its own message, which another worker takes)."""
 PASS_ON_WAIT_S = 10.0
-"""How long a worker that cannot host a job holds its message before handing it back to the queue
-(so that the queue's other workers, not this one at once, take it next)."""
+"""How long the message of a job a worker cannot host is held before it goes back to the queue: by this
+worker, when another live worker may host it (that one, not this one at once, takes it next); else aside,
+while this worker takes its next message (a job nobody can host holds up none)."""
 
 
 @dataclass(frozen=True)
@@ -140,15 +141,14 @@ def served(ctx: WorkerContext, queue: str) -> list[str]:
 
 
 def start_order(ctx: WorkerContext, queue: str) -> list[Waiting]:
-    """The first ``CHOICES`` waiting jobs of every queue this worker serves, in the order it starts them: by
-    priority across its queues (a worker's slot is one slot, whatever queue it serves), each queue's own
-    order kept (its quotas, its submit times), and at one priority the earliest submitted first (the
-    message's queue first when they tie)."""
+    """The first ``CHOICES`` waiting jobs of every queue this worker serves, in the order it starts them:
+    by priority across its queues (a worker's slot is one slot, whatever queue it serves), then by how far
+    each job's team is below its quota on the job's own queue, then by submit time (``merged_order``)."""
     pool = Pool(ctx.redis)
-    lines = [pool.state(name, limit=CHOICES).waiting[:CHOICES] for name in served(ctx, queue)]
-    if len(lines) == 1:
-        return lines[0]
-    return list(heapq.merge(*lines, key=lambda job: (-job.priority, job.submitted_at)))[:CHOICES]
+    states = [pool.state(name, limit=CHOICES) for name in served(ctx, queue)]
+    if len(states) == 1:
+        return states[0].waiting[:CHOICES]
+    return merged_order(states)[:CHOICES]
 
 
 def cannot_host(ctx: WorkerContext, job_id: str, view: JobView) -> Optional[str]:
@@ -197,12 +197,39 @@ def pass_on(ctx: WorkerContext, job_id: str, attempt: int, why: str, event: Opti
         if not ctx.records.pass_on(job_id, attempt, event, wait_s):
             return "dropped"
         queue = maybe_text(ctx.redis.hget(keys.job(job_id), "queue")) or "default"
-        time.sleep(wait_s)
-        ctx.publish(job_id, attempt, queue)
-    except (redis.RedisError, KombuError, OSError) as exc:  # not published: the reaper publishes it again later
+    except redis.RedisError as exc:  # not passed on: the reaper publishes it again later
         _log.warning("job %s attempt %d: not passed on yet (%s: %s); a reaper will publish it", job_id, attempt,
                      type(exc).__name__, exc)
+        return "passed on"
+    if wait_s <= 0:
+        _publish_passed(ctx, job_id, attempt, queue)
+    elif _others_may_host(ctx, job_id, queue):  # held here meanwhile: the next to take it is another worker
+        time.sleep(wait_s)
+        _publish_passed(ctx, job_id, attempt, queue)
+    else:  # nobody can: held aside, not by this worker, which takes its next message now (another job's)
+        timer = threading.Timer(wait_s, _publish_passed, (ctx, job_id, attempt, queue))
+        timer.daemon = True
+        timer.start()
     return "passed on"
+
+
+def _others_may_host(ctx: WorkerContext, job_id: str, queue: str) -> bool:
+    """Whether a live worker of ``queue`` other than this one may host the job (by what it offers, and what it
+    said); Redis away: yes (the message is held here, as before)."""
+    try:
+        needs = maybe_text(ctx.redis.hget(keys.job(job_id), "needs")) or ""
+        placement = refusals.place(ctx.redis, queue, [Waiting(job_id, job_id, "", 0, 0.0, 0, 1, needs=needs)])
+    except redis.RedisError:
+        return True
+    return bool(placement.live - {ctx.worker} - placement.refused.get(job_id, frozenset()))
+
+
+def _publish_passed(ctx: WorkerContext, job_id: str, attempt: int, queue: str) -> None:
+    try:
+        ctx.publish(job_id, attempt, queue)
+    except (KombuError, OSError, redis.RedisError) as exc:  # not published: the reaper publishes it again later
+        _log.warning("job %s attempt %d: not passed on yet (%s: %s); a reaper will publish it", job_id, attempt,
+                     type(exc).__name__, exc)
 
 
 def hand_back(ctx: WorkerContext, job_id: str, attempt: int, queue: str) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import inspect
 from typing import Any, Callable, Mapping, Optional
 
@@ -14,8 +13,16 @@ from baton.schemas.errors import PermanentError
 from baton.schemas.spec import DataSpec, ModelSpec, TargetSpec, TaskSpec
 from baton.schemas.targets import disallowed_message, module_allowed, parse_target
 
-from baton.workers.training import builtins, rng
+from baton.workers.training import rng
 from baton.workers.training.task_api import BoundTask
+
+
+def _builtins():
+    """baton's built-in models, data sets and tasks: imported when a spec is built, not by whoever only asks
+    whether its targets may be imported (a worker's main process: torchmetrics alone is ~1 s of a core)."""
+    from baton.workers.training import builtins
+
+    return builtins
 
 
 def resolve(target: str, builtin_registry: Mapping[str, Callable], allowed_prefixes: tuple[str, ...]) -> Callable:
@@ -39,31 +46,6 @@ def resolve(target: str, builtin_registry: Mapping[str, Callable], allowed_prefi
     return fn
 
 
-def unavailable(targets: dict[str, str], allowed_prefixes: tuple[str, ...], installed: bool = True) -> Optional[str]:
-    """Why this process could not import one of a job's targets (``{"model.target": "pkg.mod:fn"}``):
-    its module is outside this process's allowlist, or (``installed``: the job ships no code of its own)
-    its package is not installed here. None if every one may be imported. Imports nothing (a top-level
-    package is only looked up)."""
-    for field, text in targets.items():
-        target = parse_target(text)
-        if target.is_builtin:
-            continue
-        if not module_allowed(target.module, allowed_prefixes):
-            allowed = ",".join(allowed_prefixes) or "(unset)"
-            return f"{field}: module {target.module!r} is not allowed here (BATON_ALLOWED_MODULES={allowed})"
-        if not installed:
-            continue
-        package = target.module.split(".")[0]
-        try:
-            found = importlib.util.find_spec(package) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return (f"{field}: package {package!r} is not installed here (install it on the workers, or ship it with "
-                    "the job: `baton submit --code`)")
-    return None
-
-
 def _accepts(fn: Callable, name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters
@@ -73,7 +55,7 @@ def _accepts(fn: Callable, name: str) -> bool:
 
 
 def build_model(spec: ModelSpec, allowed_prefixes: tuple[str, ...]) -> nn.Module:
-    model = resolve(spec.target, builtins.MODELS, allowed_prefixes)(**spec.kwargs)
+    model = resolve(spec.target, _builtins().MODELS, allowed_prefixes)(**spec.kwargs)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model target {spec.target} returned {type(model).__name__}, not an nn.Module")
     return model
@@ -81,7 +63,7 @@ def build_model(spec: ModelSpec, allowed_prefixes: tuple[str, ...]) -> nn.Module
 
 def build_dataset(spec: "TargetSpec | DataSpec", seed: int, allowed_prefixes: tuple[str, ...]) -> Dataset:
     """A map-style Dataset or an IterableDataset (``spec`` is data or data.val: target and kwargs)."""
-    fn = resolve(spec.target, builtins.DATA, allowed_prefixes)
+    fn = resolve(spec.target, _builtins().DATA, allowed_prefixes)
     kwargs: dict[str, Any] = dict(spec.kwargs)
     if _accepts(fn, "seed"):
         kwargs["seed"] = seed
@@ -94,7 +76,7 @@ def build_dataset(spec: "TargetSpec | DataSpec", seed: int, allowed_prefixes: tu
 
 
 def build_task(spec: TaskSpec, allowed_prefixes: tuple[str, ...]) -> BoundTask:
-    return BoundTask(resolve(spec.target, builtins.TASKS, allowed_prefixes)(**spec.kwargs), spec.target)
+    return BoundTask(resolve(spec.target, _builtins().TASKS, allowed_prefixes)(**spec.kwargs), spec.target)
 
 
 def build_collate(spec: Optional[TargetSpec], allowed_prefixes: tuple[str, ...]) -> Optional[Callable]:

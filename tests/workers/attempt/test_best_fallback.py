@@ -3,6 +3,8 @@ best.safetensors holds the best committed checkpoint that verifies (or is absent
 says which, and why."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import math
 import os
@@ -165,6 +167,7 @@ def _sigterm_when(proc, store: FileStore, job: str, timeout: float = 120) -> Non
     raise AssertionError("no checkpoint after the best one was committed")
 
 
+@pytest.mark.slow
 def test_a_deleted_best_checkpoint_lets_baton_run_finish_and_say_so(tmp_path):
     """`baton run`, stopped by SIGTERM after its best checkpoint; the best object is deleted from the
     file store, and the same --id finishes the job: exit 0, the note printed."""

@@ -28,6 +28,7 @@ def _run(tmp_path, name: str, interval: float, resources: dict) -> FileStore:
 
 @pytest.mark.parametrize("resources", [{}, {"processes": 2}, {"processes": 2, "strategy": "fsdp"}],
                          ids=["one-process", "ddp", "fsdp"])
+@pytest.mark.slow
 def test_short_epochs_are_checkpointed_by_time_and_the_training_is_the_same(tmp_path, resources):
     """With 2 ranks, every rank must skip the same checkpoints (they agree in a collective), or the
     run would hang in its next gather."""
@@ -47,6 +48,7 @@ def test_short_epochs_are_checkpointed_by_time_and_the_training_is_the_same(tmp_
     assert rows[-1]["ckpt_skipped"] >= len(skipped)
 
 
+@pytest.mark.slow
 def test_every_committed_checkpoint_has_its_rows_in_metrics_jsonl(tmp_path):
     """The rows of validations whose checkpoint was skipped go with the next checkpoint taken, a periodic
     one included: at every commit, metrics.jsonl holds every row the latest checkpoint's state holds (a

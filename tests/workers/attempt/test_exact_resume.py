@@ -29,6 +29,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_sigkill_mid_epoch_then_resume_is_bit_exact(case, tmp_path):
     spec_path = write_spec(tmp_path, CASES[case])

@@ -2,6 +2,8 @@
 any state_dict, tied weights included."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -25,6 +27,7 @@ for path in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_a_model_with_tied_weights_loads_its_exported_weights_strictly_in_a_fresh_process(run_job, tmp_path):
     spec = make_spec(model=TIED,
                      data={"target": "builtin:stdlib_text", "kwargs": {"block": 16, "max_bytes": 20000},

@@ -4,6 +4,8 @@ run whose process is gone (SIGKILL) is taken over at once on the same machine, a
 directories it left (its checkpoint spool, TensorBoard's local files) are removed."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import subprocess
@@ -39,6 +41,7 @@ def _every_referenced_checkpoint_exists(store: FileStore, job_id: str) -> None:
     assert not missing, f"committed checkpoints deleted: {missing}"
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_one_trains_the_other_refuses_and_a_third_mid_run_refuses(tmp_path, reference):
     hold = tmp_path / "hold"  # the one that trains waits here, past its first checkpoints, until the third came
     hold.touch()
@@ -70,6 +73,7 @@ def test_two_runs_started_together_one_trains_the_other_refuses_and_a_third_mid_
     assert_same_training(reference, "reference", store, "twice")
 
 
+@pytest.mark.slow
 def test_a_run_killed_outright_is_taken_over_at_once_and_ends_bit_exact(tmp_path, reference):
     spec_path = write_spec(tmp_path, SPEC)
     url = f"file://{tmp_path / 'store'}"
@@ -83,6 +87,7 @@ def test_a_run_killed_outright_is_taken_over_at_once_and_ends_bit_exact(tmp_path
     assert_same_training(reference, "reference", store, "taken")
 
 
+@pytest.mark.slow
 def test_following_the_log_of_a_run_killed_outright_stops_and_says_so(tmp_path):
     from baton.storage.job_log import log_chunks
 
@@ -106,6 +111,7 @@ def test_following_the_log_of_a_run_killed_outright_stops_and_says_so(tmp_path):
     assert "attempt 1 of job followed started" in out
 
 
+@pytest.mark.slow
 def test_baton_run_refuses_a_job_submitted_to_a_queue(cluster, tmp_path):
     """A queue's job is its workers': a `baton run` of it would claim the next attempt, fencing out the
     worker that holds it (and be fenced out by the next claim), running the job twice over."""
@@ -121,6 +127,7 @@ def test_baton_run_refuses_a_job_submitted_to_a_queue(cluster, tmp_path):
     assert not cluster.store().exists("jobs/queued-one/manifest.json")  # nothing trained, nothing claimed
 
 
+@pytest.mark.slow
 def test_the_scratch_of_a_run_killed_outright_is_removed_by_the_next_run(tmp_path):
     spec_path = write_spec(tmp_path, SPEC)
     url = f"file://{tmp_path / 'store'}"
@@ -142,6 +149,7 @@ def test_the_scratch_of_a_run_killed_outright_is_removed_by_the_next_run(tmp_pat
     assert not scratch(), f"scratch left behind: {sorted(scratch())}"
 
 
+@pytest.mark.slow
 def test_baton_recover_leaves_a_baton_run_job_to_baton_run(cluster, tmp_path):
     """A job `baton run` started has no queue's record: recovering it into the queue would have a worker
     fence out the run (live or not) and run the job a second time. It is skipped, saying why; a queued

@@ -41,6 +41,7 @@ def test_before_it_finished_a_first_signal_asks_for_a_stop_and_a_second_aborts_w
     assert ended.value.code == 130
 
 
+@pytest.mark.slow
 def test_signals_from_the_finished_line_to_the_exit_do_not_turn_a_finished_job_into_130(tmp_path):
     """Ctrl-C pressed as `baton run` prints its end: the job is done, whatever the moment (late in the
     interpreter's shutdown the default handler would end the process with SIGINT's status)."""

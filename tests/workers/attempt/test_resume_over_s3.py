@@ -71,6 +71,7 @@ def _latest_mid_epoch(manifest: dict) -> bool:
         and manifest["checkpoints"][-1]["batch_in_epoch"] > 0
 
 
+@pytest.mark.slow
 def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(held_setup, reference, gateway, tmp_path):
     spec, url, store, env = held_setup
 
@@ -87,6 +88,7 @@ def test_sigkill_mid_upload_and_mid_epoch_resumes_bit_exact(held_setup, referenc
     assert_same_training(reference, "reference", store, "cut")
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(held_setup, reference, gateway, tmp_path):
     spec, url, store, env = held_setup
     proc = start_baton("run", str(spec), "--id", "cut", "--storage", url, env=env, log=tmp_path / "cut.log")
@@ -112,6 +114,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_stays_bit_exact(held_setup, re
     assert_same_training(reference, "reference", store, "cut")
 
 
+@pytest.mark.slow
 def test_endpoint_unreachable_for_seconds_mid_run(setup, reference, proxy, tmp_path):
     spec, url, store, env = setup
     proc = start_baton("run", str(spec), "--id", "flaky", "--storage", url, env=env, log=tmp_path / "flaky.log")

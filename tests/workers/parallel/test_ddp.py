@@ -72,6 +72,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_two_ranks_sigkilled_twice_mid_epoch_resume_bit_exact(tmp_path, ddp_reference):
     """`baton run` of 2 ranks: first the whole run SIGKILLed mid-epoch (rank 0 and rank 1 at once),
     then, resumed, rank 1 alone SIGKILLed mid-epoch: rank 0 sees the broken collective, names the
@@ -198,6 +199,7 @@ def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_
     assert hung == [] and [p.poll() for p in failing.procs + lagging.procs] == [65, -signal.SIGKILL]
 
 
+@pytest.mark.slow
 def test_ranks_on_the_cpu_share_the_machines_cores_when_the_spec_sets_no_threads(tmp_path):
     """Each rank taking every core made 2 ranks on 2 cores contend (35 s against 24 s with 1 thread each)."""
     import subprocess

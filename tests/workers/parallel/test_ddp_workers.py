@@ -49,6 +49,7 @@ def sigkill_worker_pid_when(worker, store, job_id: str, ready) -> dict:
     raise AssertionError("kill condition never held")
 
 
+@pytest.mark.slow
 def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orphans(cluster, ddp_reference):
     reference = ddp_reference
     cluster.start_workers(3)  # the third takes the job after the second holder's SIGTERM (all started first:

@@ -126,6 +126,7 @@ def fsdp_reference(tmp_path_factory):
     return run_reference(tmp_path_factory.mktemp("fsdp-reference"), FSDP)
 
 
+@pytest.mark.slow
 def test_sigkilled_twice_and_a_corrupt_shard_resume_bit_exact(tmp_path, fsdp_reference):
     """`baton run` of 2 sharded ranks: SIGKILLed whole mid-epoch; resumed, rank 1 alone SIGKILLed
     mid-epoch (rank 0 names it and exits); then one shard of the latest checkpoint corrupted: the
@@ -185,6 +186,7 @@ def test_sigkilled_twice_and_a_corrupt_shard_resume_bit_exact(tmp_path, fsdp_ref
     assert loaded.returncode == 0 and "loaded" in loaded.stdout, loaded.stderr  # strict: every key, full shapes
 
 
+@pytest.mark.slow
 def test_fsdp_and_ddp_agree_on_every_validation(tmp_path, fsdp_reference):
     """The same global batches under ddp (gradients all-reduced, whole optimizer on each rank) and fsdp
     (reduce-scattered, each rank stepping its shard): only the summation order differs."""
@@ -197,6 +199,7 @@ def test_fsdp_and_ddp_agree_on_every_validation(tmp_path, fsdp_reference):
     assert sharded[-1]["train_loss"] < 0.95 * sharded[0]["train_loss"]  # it learns
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_rank_at_one_step_and_loses_nothing(tmp_path, fsdp_reference):
     """SIGTERM to rank 0 alone (the stop flag carries it to rank 1): both ranks stop at the same step
     and write the one stop checkpoint, whose every rank file is at that step; resumed from it, the
@@ -205,6 +208,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_loses_nothing(tmp_path, fsdp_r
     assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
 
 
+@pytest.mark.slow
 def test_bf16_with_gradient_accumulation_resumes_bit_exact(tmp_path):
     """bf16 through FSDP's mixed-precision policy, 2 micro-batches per step, clipping on the global
     norm: stopped mid-epoch and resumed, equal to the uninterrupted run tensor for tensor."""
@@ -241,6 +245,7 @@ def stop_and_resume(tmp_path: Path, spec: dict, job_id: str) -> FileStore:
     return store
 
 
+@pytest.mark.slow
 def test_ranks_with_uneven_validation_shards_run_the_same_forwards(tmp_path):
     """33 validation samples on 2 ranks in batches of 16: 17 and 16 samples, 2 batches against 1. Every
     forward of a sharded model gathers from every rank, so rank 1 runs its batch again, unscored

@@ -36,6 +36,7 @@ def gang_of(cluster, job_id: str):
     return Gangs(cluster.client.records.redis).read(job_id)
 
 
+@pytest.mark.slow
 def test_two_nodes_train_as_one_group_equal_to_one_node(cluster, fsdp_reference, tmp_path):
     cluster.start_workers(2, **NODES_ENV)
     job = cluster.client.submit(TWO_NODES, "two")
@@ -47,6 +48,7 @@ def test_two_nodes_train_as_one_group_equal_to_one_node(cluster, fsdp_reference,
     assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "two", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_node_sigkilled_the_gang_forms_again_and_ends_bit_exact(cluster, fsdp_reference, tmp_path):
     """The follower's worker SIGKILLed mid-epoch (its rank dies with it, the leader's collective fails):
     the attempt is lost, the job re-queued; the leader and a spare form the next gang, which resumes
@@ -64,6 +66,7 @@ def test_a_node_sigkilled_the_gang_forms_again_and_ends_bit_exact(cluster, fsdp_
     assert not any(alive(worker.proc.pid) for worker in cluster.workers if worker is follower)
 
 
+@pytest.mark.slow
 def test_a_gang_that_cannot_fill_is_released_without_using_an_attempt(cluster, tmp_path):
     cluster.start_workers(1, BATON_GANG_TIMEOUT_S="2", **NODES_ENV)
     job = cluster.client.submit(TWO_NODES, "alone")
@@ -75,6 +78,7 @@ def test_a_gang_that_cannot_fill_is_released_without_using_an_attempt(cluster, t
     assert (final.attempt, final.lost) == (1, 0)
 
 
+@pytest.mark.slow
 def test_sigterm_on_a_node_stops_every_rank_at_one_step_and_loses_nothing(cluster, fsdp_reference, tmp_path):
     """SIGTERM to the follower's worker: it passes it to its rank, the whole group agrees to stop at
     the next step, one stop checkpoint is committed by the leader and the job goes back to the queue
@@ -99,6 +103,7 @@ def test_sigterm_on_a_node_stops_every_rank_at_one_step_and_loses_nothing(cluste
     assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
 
 
+@pytest.mark.slow
 def test_the_job_code_failing_on_another_node_fails_the_job_once_with_its_traceback(cluster):
     import re
 
@@ -115,6 +120,7 @@ def test_the_job_code_failing_on_another_node_fails_the_job_once_with_its_traceb
     assert re.search(r"tests/probes\.py.*ValueError: sample \d+ is unreadable on rank 1", final.traceback, re.S)
 
 
+@pytest.mark.slow
 def test_two_gangs_on_two_workers_both_finish(cluster):
     """Two jobs of 2 nodes submitted at once to a queue of 2 workers: were each to take one worker and
     wait for another, neither would ever start. One gang forms at a time, so one runs, then the other."""
@@ -125,6 +131,7 @@ def test_two_gangs_on_two_workers_both_finish(cluster):
     assert [(f.state.value, f.attempt, f.lost) for f in finals] == [("succeeded", 1, 0)] * 2, [f.error for f in finals]
 
 
+@pytest.mark.slow
 def test_the_leader_sigkilled_its_gang_ends_and_a_new_one_ends_bit_exact(cluster, fsdp_reference, tmp_path):
     """The leader's worker SIGKILLed mid-epoch (its rank 0 dies with it): the follower's rank is stopped
     by its worker (the gang expires without its leader), the job's lease lapses and a reaper queues it
@@ -154,6 +161,7 @@ def rendezvous_endpoints(cluster) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_a_stranger_at_a_resumed_gangs_rendezvous_gets_nothing_and_the_job_ends_bit_exact(cluster, fsdp_reference,
                                                                                           tmp_path):
     """The resumed gang loads its sharded checkpoint over the checkpoint group (DCP's planning
@@ -187,6 +195,7 @@ def test_a_stranger_at_a_resumed_gangs_rendezvous_gets_nothing_and_the_job_ends_
     assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "guarded", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_place_freed_while_a_gang_forms_is_offered_again_at_once(cluster):
     """A 3-node gang forms with its leader and one follower; the follower's worker is SIGTERMed and
     leaves. Two spare workers then start: the freed place must be offered again, so that both join

@@ -17,6 +17,7 @@ CAUSE = r"ValueError: sample \d+ is unreadable on rank 1 \(on rank 1 of 2\)"
 WHERE = r"while loading sample \d+ of the training set \(its index in your data set\)"
 
 
+@pytest.mark.slow
 def test_baton_run_shows_the_exception_rank_1_raised_with_its_own_frames(tmp_path):
     url = f"file://{tmp_path / 'store'}"
     done = run_baton("run", str(write_spec(tmp_path, FAILING)), "--id", "bad", "--storage", url)

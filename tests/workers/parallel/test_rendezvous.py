@@ -4,6 +4,8 @@ sends (torch's object collectives unpickle what the peers send: code of the send
 The intruder is ``tests/intruder.py``; every group here is a real gloo group of real processes."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import re
@@ -23,6 +25,7 @@ SPEC = make_spec(data={"kwargs": {"n_per_class": 200}, "batch_size": 16}, loop={
                  checkpoint={"every_steps": 2}, resources={"processes": 2})
 
 
+@pytest.mark.slow
 def test_a_foreign_process_cannot_join_the_group_nor_have_rank_0_unpickle_what_it_sends(tmp_path):
     """The real rank 1 is held (SIGSTOP) as soon as it starts, so that the intruder comes first; it
     tries every port rank 0 listens on. Then rank 1 goes on and the job must end as if no one came."""
@@ -102,6 +105,7 @@ def test_rank_0_does_not_unpickle_what_a_member_of_its_group_sends(tmp_path):
     assert rank1 == "sent" and rank0.startswith("refused: UnpicklingError"), (rank0, rank1)
 
 
+@pytest.mark.slow
 def test_a_rank_that_does_not_prove_the_attempts_secret_is_refused_before_anything_is_exchanged(tmp_path):
     """One that got through the store (as a process that took a rank's place on a listening port
     would) but holds no secret is found by the group's proof."""
@@ -114,6 +118,7 @@ def test_a_rank_that_does_not_prove_the_attempts_secret_is_refused_before_anythi
     assert rank0.startswith(refused.format(1)) and rank1.startswith(refused.format(0)), (rank0, rank1)
 
 
+@pytest.mark.slow
 def test_a_rank_without_the_secret_cannot_read_the_rendezvous(tmp_path):
     """Its address cannot be opened by the ranks, nor theirs by it: each side ends in a loss."""
     rank0, rank1 = intruders("join", [str(tmp_path), "a" * 64], [str(tmp_path), "b" * 64])
@@ -131,6 +136,7 @@ def stranger_at_the_store(tmp_path, keep_writing_s: float, needed: Optional[list
                               needed=needed))
 
 
+@pytest.mark.slow
 def test_a_stranger_at_a_multinode_store_cannot_take_a_place_in_the_checkpoint_group(tmp_path):
     """It comes first and the real rank 1 comes after it: the group forms with the real rank 1, and
     nothing the stranger sent is unpickled."""
@@ -140,6 +146,7 @@ def test_a_stranger_at_a_multinode_store_cannot_take_a_place_in_the_checkpoint_g
     assert not stranger.startswith("joined"), stranger
 
 
+@pytest.mark.slow
 def test_a_stranger_who_keeps_its_address_in_the_store_ends_the_attempt_as_a_loss(tmp_path):
     """It writes its address over the real rank 1's for longer than the rendezvous may take: rank 0
     cannot form the checkpoint group, and says so as a loss (not the job's failure) in time."""
@@ -154,6 +161,7 @@ def test_a_stranger_who_keeps_its_address_in_the_store_ends_the_attempt_as_a_los
     assert rank0.startswith("RankLost: ") and "not sealed with this attempt's secret" in rank0, (rank0, rank1, stranger)
 
 
+@pytest.mark.slow
 def test_a_stranger_holding_one_connection_of_three_ranks_is_found_by_the_proof(tmp_path):
     """In a ring all-gather the honest ranks relay each other's proofs, so a stranger holding one
     connection (rank 1 slow, the stranger first at a listening port with the pair's number) never had
@@ -172,6 +180,7 @@ def test_a_stranger_holding_one_connection_of_three_ranks_is_found_by_the_proof(
         assert ranks[victim] != "joined", (ranks, stranger)
 
 
+@pytest.mark.slow
 def test_a_stranger_deleting_a_ranks_address_ends_the_attempt_within_the_rendezvous_timeout(tmp_path):
     """gloo waits for an address with the collective timeout (20 s here); the rendezvous gives up at
     its own (3 s): a loss, in time."""

@@ -209,6 +209,7 @@ def served(directory: Path) -> list[int]:
     return indices
 
 
+@pytest.mark.slow
 def test_two_ranks_stopped_mid_epoch_resume_resharded_on_one(tmp_path):
     """`baton run` of 2 sharded ranks, SIGTERMed mid-epoch (a stop checkpoint of 2 shards); run again
     with 1 rank: refused without resources.reshard, then resharded with it. The state DCP loads on one

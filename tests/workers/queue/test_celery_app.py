@@ -1,6 +1,8 @@
 """baton's Celery settings, and a plain `celery -A baton.workers.queue.celery_app worker` running a job."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -27,6 +29,7 @@ def test_rediss_requires_certificate_verification():
     assert celery_settings(BatonSettings(redis_url="redis://h:6379/0"))["broker_use_ssl"] is None
 
 
+@pytest.mark.slow
 def test_plain_celery_worker_runs_a_job(cluster, tmp_path):
     log = open(tmp_path / "plain.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "baton.workers.queue.celery_app", "worker", "--hostname", "plain@test",

@@ -97,3 +97,14 @@ def test_a_worker_serving_two_queues_starts_the_highest_priority_of_either_and_h
     assert intake.run_job(ctx, "a-early", 1, "a") == "failed"
     assert ctx.records.status("b-broken").state.value == "failed"
     assert published == [("a-early", 1, "a")]  # the message of queue a went back to queue a
+
+
+def test_across_queues_a_team_below_its_quota_on_its_own_queue_starts_before_an_older_job(ctx):
+    """The scheduler freed this worker (queues a and b) so that team y, below its quota on b, gets its slot:
+    the worker starts y's job, not team x's older one of queue a (which would yield again a minute later,
+    and again, while y's job never started)."""
+    ctx.queues = ("a", "b")
+    ctx.records.pool.set_quota("b", "y", 1)
+    submit(ctx, "alow", make_spec(**{**HOSTED, "resources": {**HOSTED["resources"], "queue": "a", "team": "x"}}))
+    submit(ctx, "bq", make_spec(**{**HOSTED, "resources": {**HOSTED["resources"], "queue": "b", "team": "y"}}))
+    assert [c.job_id for c in choices(ctx, "a", "alow", 1)] == ["bq", "alow"]

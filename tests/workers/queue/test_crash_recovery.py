@@ -45,6 +45,7 @@ def running_between_checkpoints(cluster, job, after_step: int):
     return wait_for(check, timeout=120, every=0.02)
 
 
+@pytest.mark.slow
 def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluster, counted):
     directory, reference, reference_forwards = counted
     cluster.start_workers(2)
@@ -70,6 +71,7 @@ def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluste
     assert_same_training(reference, "reference", cluster.store(), "crashed")
 
 
+@pytest.mark.slow
 def test_a_crash_halfway_through_a_copy_falls_back_to_the_copy_before(cluster, counted, tmp_path):
     """The copy of step 7 is cut halfway (a failpoint kills the process there, part of the new state
     written over the slot's older copy): the worker resumes from step 6's copy, never the torn one."""
@@ -86,6 +88,7 @@ def test_a_crash_halfway_through_a_copy_falls_back_to_the_copy_before(cluster, c
     assert_same_training(reference, "reference", cluster.store(), "torn")
 
 
+@pytest.mark.slow
 def test_what_a_crashed_training_process_leaves_is_killed_by_its_worker(cluster, tmp_path):
     """A DataLoader worker hung in the data set's code never looks at its parent again: when the training
     process is SIGKILLed, the worker (the subreaper of what its training processes leave) ends it."""

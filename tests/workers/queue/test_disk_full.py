@@ -5,6 +5,8 @@ spooled checkpoint file fails as a full disk does, with an OSError inside torch.
 buffer, one tensor, stays under the limit)."""
 from __future__ import annotations
 
+import pytest
+
 import sys
 from dataclasses import dataclass
 
@@ -42,6 +44,7 @@ class LimitedWorker(WorkerProcess):
         return self
 
 
+@pytest.mark.slow
 def test_a_checkpoint_the_disk_cannot_hold_is_a_worker_loss_not_the_jobs_failure(cluster):
     worker = LimitedWorker("full@test", {"BATON_METRICS_PORT": "0", **cluster.env},
                            str(cluster.log_dir / "full.log")).start()
@@ -56,6 +59,7 @@ def test_a_checkpoint_the_disk_cannot_hold_is_a_worker_loss_not_the_jobs_failure
     assert "full@test" in final.error
 
 
+@pytest.mark.slow
 def test_a_store_that_cannot_take_the_checkpoint_is_the_machines_fault_under_baton_run(tmp_path):
     """An OSError where the checkpoint's object goes (here a directory in its place, as a full disk or
     a broken mount would fail the write) is this machine's: `baton run` says the job did not fail."""

@@ -41,6 +41,7 @@ EXAMPLES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_example_through_workers_matches_baton_run_and_its_best_loads(name, cluster, tmp_path):
     spec, monitor, build = EXAMPLES[name]
@@ -68,6 +69,7 @@ def test_example_through_workers_matches_baton_run_and_its_best_loads(name, clus
     assert load.stdout.split()[0] == monitor
 
 
+@pytest.mark.slow
 def test_a_job_that_sets_no_thread_count_trains_the_same_bits_on_a_worker_as_in_baton_run(cluster, tmp_path):
     """G1 with the spec's defaults: the worker's training process takes the thread count `baton run`
     takes (torch's own default here, not the count the worker pinned for itself), and records it."""

@@ -14,6 +14,7 @@ from tests.workers.queue.test_worker_loss import wait_for
 QUICK = make_spec(loop={"epochs": 1}, scheduler={"name": "none"})
 
 
+@pytest.mark.slow
 def test_a_job_on_a_file_store_not_the_workers_own_is_passed_on_saying_why(cluster, tmp_path):
     worker, = cluster.start_workers(1)  # its store: the cluster's S3 bucket
     local = JobClient(redis_url=cluster.redis_url, storage_url=f"file://{tmp_path / 'laptop'}")
@@ -27,6 +28,7 @@ def test_a_job_on_a_file_store_not_the_workers_own_is_passed_on_saying_why(clust
     assert not (tmp_path / "laptop" / "jobs" / "on-my-disk" / "manifest.json").exists()  # nothing trained
 
 
+@pytest.mark.slow
 def test_a_job_whose_store_does_not_hold_its_spec_is_passed_on(cluster):
     import redis
 

@@ -3,6 +3,8 @@ the job on, as one with too few GPUs does, instead of failing it for good; a wor
 then does, and no attempt was used."""
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import make_spec
 from tests.workers.queue.test_worker_loss import wait_for
 
@@ -10,6 +12,7 @@ USER_MODEL = make_spec(model={"target": "tests.probes:linear", "kwargs": {}}, lo
                        scheduler={"name": "none"})
 
 
+@pytest.mark.slow
 def test_a_worker_not_allowed_the_jobs_module_passes_it_on_to_one_that_is(cluster):
     strict, = cluster.start_workers(1, BATON_ALLOWED_MODULES="teamcode")
     job = cluster.client.submit(USER_MODEL, "elsewhere")

@@ -21,6 +21,7 @@ def reference(tmp_path_factory):
     return store, sum(forwards_counted(str(root / "forwards")).values())
 
 
+@pytest.mark.slow
 def test_a_paused_job_leaves_the_pool_and_resumes_bit_equal(cluster, tmp_path, reference):
     cluster.start_workers(1)  # one slot: the second job runs only if the paused first holds none
     client = cluster.client

@@ -50,6 +50,7 @@ def _check_yielded(cluster, job, directory, reference, reason: str):
     assert "yield_requested" not in raw
 
 
+@pytest.mark.slow
 def test_a_higher_priority_job_makes_the_lowest_one_yield_and_starts_within_10_s(cluster, tmp_path, reference):
     cluster.start_workers(2)
     client = cluster.client
@@ -77,6 +78,7 @@ def test_a_higher_priority_job_makes_the_lowest_one_yield_and_starts_within_10_s
     _check_yielded(cluster, job, directory, reference, "yielded to job urgent (priority 10)")
 
 
+@pytest.mark.slow
 def test_a_team_below_its_quota_reclaims_a_borrowed_slot(cluster, tmp_path, reference):
     cluster.start_workers(2)
     client = cluster.client
@@ -102,6 +104,7 @@ def test_a_team_below_its_quota_reclaims_a_borrowed_slot(cluster, tmp_path, refe
     _check_yielded(cluster, job, directory, reference, "reclaimed")
 
 
+@pytest.mark.slow
 def test_a_drained_worker_yields_its_job_and_takes_no_other_until_undrained(cluster, tmp_path, reference):
     worker, = cluster.start_workers(1)
     client = cluster.client
@@ -127,6 +130,7 @@ def test_a_drained_worker_yields_its_job_and_takes_no_other_until_undrained(clus
     _check_yielded(cluster, job, directory, reference, "drained")
 
 
+@pytest.mark.slow
 def test_a_reclaim_that_would_be_undone_is_not_made_and_nothing_yields_back_and_forth(cluster, tmp_path):
     """The thrash case: team a borrows team b's slot with priority-5 jobs; team b's priority-0 job waits.
     Reclaiming the slot would be undone (the yielded priority-5 job starts first again, and would take

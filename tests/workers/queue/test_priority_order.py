@@ -3,6 +3,8 @@ messages arrive in: priority first, then submit time; `position`, the status's r
 say so while they wait."""
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import make_spec, run_baton
 from tests.workers.queue.test_worker_loss import wait_for
 
@@ -16,6 +18,7 @@ def _with(spec: dict, **resources) -> dict:
     return {**spec, "resources": {**spec["resources"], **resources}}
 
 
+@pytest.mark.slow
 def test_waiting_jobs_start_by_priority_then_submit_time_and_say_where_they_stand(cluster):
     worker, = cluster.start_workers(1)
     client = cluster.client

@@ -88,6 +88,7 @@ def restartable(tmp_path, s3_server, s3_bucket, s3_env, monkeypatch):
     server.stop()
 
 
+@pytest.mark.slow
 def test_a_redis_restart_during_a_checkpoint_commit_does_not_fail_the_job(restartable, reference):
     cluster, server, proxy = restartable
     # a long lease: the outage must end inside it however loaded this machine is
@@ -111,6 +112,7 @@ def test_a_redis_restart_during_a_checkpoint_commit_does_not_fail_the_job(restar
     assert_same_training(reference, "reference", cluster.store(), "outage")
 
 
+@pytest.mark.slow
 def test_redis_restored_from_a_backup_behind_the_store_costs_no_attempt(restartable, reference):
     """Defect 3: attempt numbers (the fencing tokens) lived only in Redis. Redis comes back from a
     backup taken at attempt 1 while attempt 2 trains: the claim of "attempt 2" again (a second holder
@@ -140,6 +142,7 @@ def test_redis_restored_from_a_backup_behind_the_store_costs_no_attempt(restarta
     assert_same_training(reference, "reference", cluster.store(), "rewound")
 
 
+@pytest.mark.slow
 def test_redis_paused_past_the_lease_costs_no_retry_attempt(restartable, reference):
     """redis-server SIGSTOPped (by PID) for twice the lease TTL: the lease lapses by Redis's own
     clock while nobody can renew it. With retry.max_attempts 1 one counted loss would fail the job:
@@ -186,6 +189,7 @@ def test_a_replica_answering_masterdown_during_a_failover_is_waited_out_not_a_jo
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_worker_whose_start_meets_a_redis_outage_waits_for_it_and_starts_whole(redis_server, s3_bucket, s3_env,
                                                                                   tmp_path):
     """Redis gone between the worker's broker connection and its start-up's own Redis calls: the worker
@@ -213,6 +217,7 @@ def test_a_worker_whose_start_meets_a_redis_outage_waits_for_it_and_starts_whole
         proxy.close()
 
 
+@pytest.mark.slow
 def test_a_redis_restart_while_a_gang_starts_does_not_fail_the_job(restartable):
     """A two-node gang is admitted; once its leader's worker serves the attempt's training process,
     that process is held at its storage calls (through the S3 proxy, before it publishes the

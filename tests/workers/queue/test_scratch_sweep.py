@@ -3,6 +3,8 @@ local event files) in the temporary directory: the next worker started on the ma
 and never those of a worker still running."""
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from tests.helpers import kill_when, make_spec
@@ -21,6 +23,7 @@ def has_both(dirs: set[Path]) -> bool:
     return all(any(path.name.startswith(prefix) for path in dirs) for prefix in SCRATCH_PREFIXES)
 
 
+@pytest.mark.slow
 def test_a_killed_workers_scratch_is_removed_by_the_next_worker_and_a_live_ones_kept(cluster, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -63,6 +63,7 @@ def shipping(cluster, monkeypatch):
     return cluster
 
 
+@pytest.mark.slow
 def test_a_shipped_job_survives_sigkill_on_workers_without_its_package_bit_exact(shipping, tmp_path, monkeypatch):
     project = write_package(tmp_path / "project", 1)
     shipping.start_workers(2, BATON_ACCEPT_CODE="1")
@@ -89,6 +90,7 @@ def test_a_shipped_job_survives_sigkill_on_workers_without_its_package_bit_exact
         assert sorted(tar.getnames()) == [".gitignore", f"{PACKAGE}/__init__.py", f"{PACKAGE}/nets.py"]
 
 
+@pytest.mark.slow
 def test_two_versions_of_one_package_each_run_their_own_on_one_worker(shipping, tmp_path):
     shipping.start_workers(1, BATON_ACCEPT_CODE="1")
     stamps = []
@@ -102,6 +104,7 @@ def test_two_versions_of_one_package_each_run_their_own_on_one_worker(shipping, 
     assert "already unpacked" not in shipping.client.job("v2").logs()
 
 
+@pytest.mark.slow
 def test_an_archive_changed_in_the_store_is_refused_as_a_loss_and_never_run(shipping, tmp_path):
     stamp = tmp_path / "stamp"
     store = shipping.store()
@@ -119,6 +122,8 @@ def test_an_archive_changed_in_the_store_is_refused_as_a_loss_and_never_run(ship
     assert not stamp.exists()  # the model was never built
 
 
+@pytest.mark.slow
+@pytest.mark.quick  # (stands for its module in the quick tier)
 def test_an_archive_bomb_fails_its_job_in_one_line_and_the_worker_lives_on(shipping):
     """An archive a quarter of a megabyte big whose header declares 256 MiB (a user's: 1.5 GiB in 1.5 MB took
     the worker to 2 GB of RSS, starved its heartbeat and was recorded as a lost worker): the job fails at
@@ -135,11 +140,13 @@ def test_an_archive_bomb_fails_its_job_in_one_line_and_the_worker_lives_on(shipp
     final = job.wait(timeout=120, progress=False)
     assert (final.state.value, final.attempt, final.lost) == ("failed", 1, 0), final.error
     assert "once decompressed" in final.error and "\n" not in final.error, final.error
+    assert final.failure == f"error: {final.error}", final.failure  # (one line: no frame of baton's)
     assert "lost" not in [event.kind for event in job.events()]
     after = shipping.client.submit(make_spec(loop={"epochs": 1}), "after")
     assert after.wait(timeout=120, progress=False).state.value == "succeeded" and worker.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_a_worker_that_does_not_accept_shipped_code_passes_the_job_on(shipping, tmp_path):
     shipping.start_workers(1)  # BATON_ACCEPT_CODE unset
     job = shipping.client.submit(spec(loop={"epochs": 1}), "refused", code=write_package(tmp_path / "project", 1))
@@ -156,6 +163,7 @@ def tiny_wheel(directory: Path) -> Path:
     return make_wheel(directory, "tinydep", "1.0", {"tinydep/__init__.py": "FACTOR = 2\n"})
 
 
+@pytest.mark.slow
 def test_packages_the_workers_lack_are_installed_once_per_set_and_a_missing_one_fails_clearly(shipping, tmp_path):
     index = tiny_wheel(tmp_path / "index")
     shipping.start_workers(1, BATON_ACCEPT_CODE="1", PIP_NO_INDEX="1", PIP_FIND_LINKS=str(index))
@@ -174,6 +182,7 @@ def test_packages_the_workers_lack_are_installed_once_per_set_and_a_missing_one_
     assert "nosuchpkg" in final.error and "Traceback" not in final.error
 
 
+@pytest.mark.slow
 def test_a_two_node_job_with_shipped_code_runs_on_two_workers_without_its_package(shipping, tmp_path):
     stamp = tmp_path / "stamp"
     shipping.start_workers(2, BATON_ACCEPT_CODE="1", BATON_GANG_DISTINCT="worker", BATON_NODE_ADDRESS="127.0.0.1")

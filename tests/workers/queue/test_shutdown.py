@@ -2,6 +2,8 @@
 Either way the worker releases its job and exits promptly, and the job still ends bit-exact."""
 from __future__ import annotations
 
+import pytest
+
 import signal
 import time
 
@@ -13,6 +15,7 @@ from tests.workers.queue.test_worker_loss import SPEC, running_at_step, wait_for
 EXIT_RELEASED = 75
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_releases_the_job_and_exits_at_once(cluster, reference):
     cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "twice")
@@ -25,6 +28,7 @@ def test_a_second_sigterm_releases_the_job_and_exits_at_once(cluster, reference)
     assert_same_training(reference, "reference", cluster.store(), "twice")
 
 
+@pytest.mark.slow
 def test_an_upload_that_cannot_finish_is_cut_off_by_the_grace_period(cluster, reference, s3_server):
     proxy = FaultyProxy(s3_server.port)
     try:

@@ -46,6 +46,7 @@ def test_imdsv2_a_token_is_fetched_when_the_notice_needs_one(server):
     assert ("PUT", "/latest/api/token") in [(m, p) for m, p, _ in server.requests]
 
 
+@pytest.mark.slow
 def test_a_spot_notice_yields_the_job_before_any_sigterm(cluster, tmp_path, reference, server):
     first, = cluster.start_workers(1, BATON_PREEMPTION_NOTICE_URL=server.url("/w0" + AWS))
     second, = cluster.start_workers(1, BATON_PREEMPTION_NOTICE_URL=server.url("/w1" + AWS))

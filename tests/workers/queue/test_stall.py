@@ -3,6 +3,8 @@ the stall watchdog releases it as a worker loss with every thread's stack of its
 in its status, and kills that process and every process below it; the worker goes on."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import time
@@ -14,6 +16,7 @@ HANGING = make_spec(model={"target": "tests.probes:hanging_mlp", "kwargs": {"han
                     retry={"max_attempts": 2})
 
 
+@pytest.mark.slow
 def test_a_hung_job_is_released_with_its_stacks_and_the_worker_goes_on(cluster):
     hung, = cluster.start_workers(1, BATON_STALL_TIMEOUT_S="3")
     job = cluster.client.submit(HANGING, "hung")
@@ -39,6 +42,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_stalled_job_leaves_no_process_behind(cluster, tmp_path):
     """A DataLoader worker process hung in the data set's code outlived its parent (ppid 1, its memory
     held for good): the watchdog must take every process below the training process with it."""

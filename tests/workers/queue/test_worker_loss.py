@@ -27,6 +27,7 @@ def running_at_step(job, step: int):
     return check
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_resumes_on_the_other_worker_bit_exact(cluster, reference):
     cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "killed")
@@ -44,6 +45,7 @@ def test_sigkill_mid_epoch_resumes_on_the_other_worker_bit_exact(cluster, refere
     assert_same_training(reference, "reference", cluster.store(), "killed")
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_at_the_step_and_hands_over_without_the_lease(cluster, reference):
     cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "preempted")
@@ -64,6 +66,7 @@ def test_sigterm_checkpoints_at_the_step_and_hands_over_without_the_lease(cluste
     assert_same_training(reference, "reference", cluster.store(), "preempted")
 
 
+@pytest.mark.slow
 def test_a_duplicate_delivery_is_dropped_and_only_one_worker_trains(cluster, reference):
     w0, w1 = cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "twice")
@@ -77,6 +80,7 @@ def test_a_duplicate_delivery_is_dropped_and_only_one_worker_trains(cluster, ref
     assert_same_training(reference, "reference", cluster.store(), "twice")
 
 
+@pytest.mark.slow
 def test_a_worker_paused_past_its_lease_is_fenced_out(cluster, reference):
     cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "paused")
@@ -100,6 +104,7 @@ def test_a_worker_paused_past_its_lease_is_fenced_out(cluster, reference):
                                            ("exiting", "SystemExit: 3"),  # sys.exit() in the job's code
                                            # a BaseException from the model's forward, mid-training
                                            ("cancelling", "CancelledError: cancelled inside the model")])
+@pytest.mark.slow
 def test_user_code_exception_fails_once_with_its_traceback(cluster, target, error):
     cluster.start_workers(1)
     job = cluster.client.submit(make_spec(model={"target": f"tests.probes:{target}", "kwargs": {}}), "broken")
@@ -119,6 +124,7 @@ def test_user_code_exception_fails_once_with_its_traceback(cluster, target, erro
     assert (again.state.value, again.attempt, again.lost) == ("failed", 1, 0)
 
 
+@pytest.mark.slow
 def test_cancel_stops_with_a_checkpoint_and_resume_finishes_bit_exact(cluster, reference):
     cluster.start_workers(1)
     job = cluster.client.submit(SPEC, "cancelled")
@@ -136,11 +142,12 @@ def test_cancel_stops_with_a_checkpoint_and_resume_finishes_bit_exact(cluster, r
 
 
 def is_working_checkpoint_writer(pid: int) -> bool:
-    """A checkpoint writer process that has written a checkpoint (it maps the snapshot buffers then):
-    one killed while it starts leaves the attempt's checkpoints to the training process's thread."""
+    """A checkpoint writer process (started as one, or forked from its training process: then named so)
+    that has written a checkpoint (it maps the snapshot buffers then): one killed while it starts leaves
+    the attempt's checkpoints to the training process's thread."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            if b"baton.storage.checkpointing.writer_process" not in fh.read():
+        with open(f"/proc/{pid}/cmdline", "rb") as fh, open(f"/proc/{pid}/comm") as comm:
+            if b"baton.storage.checkpointing.writer_process" not in fh.read() and comm.read().strip() != "baton-writer":
                 return False
         with open(f"/proc/{pid}/maps") as fh:
             return "baton-snapshot-" in fh.read()
@@ -148,6 +155,7 @@ def is_working_checkpoint_writer(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_checkpoint_writer_killed_at_every_checkpoint_is_a_counted_loss_not_a_retry_for_ever(cluster):
     """As the OOM killer would: each attempt's writer process, once it has written a checkpoint, is
     SIGKILLed. A local process's death is the machine's fault, a worker loss counted against
@@ -187,6 +195,8 @@ def held_spec(hold, hold_after: int, priority: int = 0, max_attempts: int = 2) -
                         "retry": {"max_attempts": max_attempts}})
 
 
+@pytest.mark.slow
+@pytest.mark.quick  # (stands for its module in the quick tier)
 def test_a_cancel_asked_before_the_worker_or_its_training_process_dies_ends_the_job_cancelled(cluster, tmp_path):
     """The job is held between two steps (it cannot stop at its next step), a cancel is asked for, and then
     its training process (a crash: its worker would run it again here) or its whole worker (SIGKILL: the

@@ -3,6 +3,8 @@
 a bare ``w1`` as the host and call the worker ``celery@w1``)."""
 from __future__ import annotations
 
+import pytest
+
 import socket
 
 from baton.storage.records import keys
@@ -10,6 +12,7 @@ from baton.jobs.services import WorkerProcess
 from tests.workers.queue.test_worker_loss import wait_for
 
 
+@pytest.mark.slow
 def test_a_name_without_a_host_gets_this_machines(cluster):
     import redis
 

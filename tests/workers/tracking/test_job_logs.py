@@ -6,6 +6,8 @@ for step, params equal to the spec (one end-to-end job checks both: each costs a
 lease expiry)."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import re
 import subprocess
@@ -32,6 +34,7 @@ def _attempt_lines(log: str, attempt: int) -> list[str]:
     return lines[start:end]
 
 
+@pytest.mark.slow
 def test_logs_of_a_killed_and_resumed_job_in_order_followed_live_secrets_redacted(cluster, mlflow_server, tmp_path):
     import mlflow
 

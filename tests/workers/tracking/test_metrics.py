@@ -1,6 +1,8 @@
 """A running worker's Prometheus endpoint shows training and checkpoints moving."""
 from __future__ import annotations
 
+import pytest
+
 import re
 import time
 import urllib.request
@@ -23,6 +25,7 @@ def _settled(port: int) -> dict[str, float]:
     return wait_for(idle, timeout=10)
 
 
+@pytest.mark.slow
 def test_steps_checkpoint_stalls_and_lease_renewals_move_during_a_job(cluster):
     port = free_port()
     cluster.start_workers(1, BATON_METRICS_PORT=str(port))
@@ -42,6 +45,7 @@ def test_steps_checkpoint_stalls_and_lease_renewals_move_during_a_job(cluster):
     assert after['baton_jobs_finished_total{outcome="succeeded"}'] == 1
 
 
+@pytest.mark.slow
 def test_a_taken_metrics_port_moves_to_the_next_free_one_and_says_so(cluster):
     port = free_port()
     first, second = cluster.start_workers(2, BATON_METRICS_PORT=str(port))  # both become ready

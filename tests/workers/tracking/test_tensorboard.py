@@ -37,6 +37,7 @@ def _download(store, prefix: str, directory) -> list[str]:
     return keys
 
 
+@pytest.mark.slow
 def test_event_files_hold_every_row_once_after_a_kill_and_resume(s3_bucket, s3_env, tmp_path):
     spec_path = write_spec(tmp_path, SPEC)
     url = f"s3://{s3_bucket}/runs"
@@ -110,6 +111,7 @@ def _in_second_epoch(manifest: dict) -> bool:
             and latest["epoch"] == 1 and latest["batch_in_epoch"] > 0)
 
 
+@pytest.mark.slow
 def test_a_row_committed_by_a_killed_attempt_before_its_event_file_upload_is_written_by_the_next(
         cluster, s3_server, tmp_path):
     from tests.s3_gateway import S3Gateway
@@ -133,6 +135,7 @@ def test_a_row_committed_by_a_killed_attempt_before_its_event_file_upload_is_wri
         gateway.close()
 
 
+@pytest.mark.slow
 def test_a_fallback_past_corrupt_checkpoints_writes_no_step_twice(cluster, tmp_path):
     spec = make_spec(**{**WORKER_SPEC, "checkpoint": {**WORKER_SPEC["checkpoint"], "keep_last": 20}})
     first, = cluster.start_workers(1)

@@ -4,12 +4,15 @@ the global RNGs. In loader worker processes baton seeds python's, numpy's and to
 result does not depend on how many loader workers there are (as long as there is one)."""
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import (assert_same_training, kill_when, make_spec, mid_epoch_after_two_checkpoints, run_baton,
                            run_reference, start_baton, write_spec)
 
 SPEC = make_spec(data={"target": "tests.noisy_data:noisy_spiral", "kwargs": {"n_per_class": 300}, "num_workers": 2})
 
 
+@pytest.mark.slow
 def test_getitem_randomness_in_loader_workers_resumes_bit_exact(tmp_path):
     spec_path = write_spec(tmp_path, SPEC)
     store = run_reference(tmp_path, SPEC)  # in this process; the cut and resumed runs are `baton run`

@@ -47,6 +47,7 @@ def _mid_run_checkpoint(manifest: dict) -> bool:
     return latest is not None and latest["kind"] == "step" and 8 <= latest["step"] < 40
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_stream_counting_in_numpy_scalars_resumes_bit_exact(num_workers, tmp_path):
     spec = stream_spec("tests.tasks:numpy_state_stream", num_workers)

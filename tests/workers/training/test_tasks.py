@@ -89,6 +89,7 @@ def _newer_mid_run_checkpoint(after: int):
     return ready
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_killed_twice_mid_run_then_resumed_is_bit_exact(case, tmp_path):
     spec_path = write_spec(tmp_path, CASES[case])
@@ -192,6 +193,7 @@ def test_bad_task_input_fails_naming_the_task_and_writes_no_checkpoint(case, run
     assert _nothing_committed(tmp_path / "store", "bad")
 
 
+@pytest.mark.slow
 def test_baton_run_of_a_bad_task_exits_1_naming_it(tmp_path):
     spec_path = write_spec(tmp_path, make_spec(model=DICT_MODEL, data=_no_split(DICT_DATA),
                                                task={"target": "tests.tasks:non_scalar_loss"}))
