@@ -90,6 +90,21 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 90, what: str = "a c
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def scheduler_turns(redis_url: str) -> int:
+    """The scheduler's turns made so far on that Redis (``keys.SCHEDULER_TURNS``)."""
+    import redis
+
+    from baton.storage.records import keys
+
+    return int(redis.Redis.from_url(redis_url).get(keys.SCHEDULER_TURNS) or 0)
+
+
+def wait_for_turns(redis_url: str, turns: int, timeout: float = 60) -> None:
+    """Until the scheduler has made ``turns`` more turns: it has looked at what Redis holds now, that often."""
+    start = scheduler_turns(redis_url)
+    wait_for(lambda: scheduler_turns(redis_url) >= start + turns, timeout, f"{turns} turns of the scheduler")
+
+
 def read_manifest(store: ObjectStore, job_id: str) -> Optional[dict]:
     found = store.read_versioned(JobPaths(job_id).manifest)
     return json.loads(found[0]) if found else None

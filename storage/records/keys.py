@@ -154,6 +154,9 @@ WORKER_RUNS = f"{PREFIX}:workers:runs"
 """Hash: worker -> its current run (set as it starts): a "no" it said to a job (``job_refusals``) holds while
 its run is the same."""
 
+SCHEDULER_TURNS = f"{PREFIX}:scheduler:turns"
+"""Counter: the scheduler's turns made so far (one a reaper period, by the worker holding the turn): what one
+waits on to know that the scheduler has looked, N times, at what it now holds."""
 TEAMS = f"{PREFIX}:teams"
 """Set of every team a job has been submitted for (``resources.team``): what ``baton quota set`` checks a name against."""
 STORES = f"{PREFIX}:stores"

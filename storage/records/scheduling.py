@@ -240,10 +240,11 @@ class Scheduler:
         self._cooling_now = client.register_script(_COOLING)
 
     def turn(self) -> list[Yield]:
-        """Decide and mark every queue's yields; the ones marked."""
+        """Decide and mark every queue's yields; the ones marked. The turn is counted (``keys.SCHEDULER_TURNS``)."""
         marked = []
         for queue in self.pool.queues():
             marked.extend(self.queue_turn(queue))
+        self.redis.incr(keys.SCHEDULER_TURNS)
         return marked
 
     def queue_turn(self, queue: str, heads: int = 16) -> list[Yield]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import redis
@@ -30,7 +29,14 @@ def test_invalid_spec_is_refused_at_submit_and_nothing_reaches_redis(cluster, tm
 
 @pytest.mark.slow
 def test_submit_wait_status_list_metrics_and_fetch(cluster, tmp_path):
-    cluster.start_workers(1)
+    from tests.workers.queue.test_worker_loss import wait_for
+
+    never = cluster.client.submit(QUICK, "never")  # cancelled while queued: it never runs
+    assert never.cancel() == "cancelled"
+    worker, = cluster.start_workers(1)  # now its message is delivered: the claim drops it
+    wait_for(lambda: "job never attempt 1: dropped (state cancelled)" in worker.log(), timeout=20)
+    assert never.status().state.value == "cancelled" and never.status().attempt == 0
+
     result = run_baton("submit", str(write_spec(tmp_path, QUICK)), "--id", "quick", "--wait", env=cluster.env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "quick succeeded attempt 1" in result.stdout
@@ -42,7 +48,7 @@ def test_submit_wait_status_list_metrics_and_fetch(cluster, tmp_path):
     assert status.latest_checkpoint == manifest["checkpoints"][-1]["key"] \
         == f"jobs/quick/attempt-1/checkpoints/step-{status.total_steps}.pt"
     assert status.best_checkpoint == manifest["best"]["key"]
-    assert [s.id for s in cluster.client.list()] == ["quick"]
+    assert [s.id for s in cluster.client.list()] == ["quick", "never"]
     shown = run_baton("status", "quick", env=cluster.env).stdout
     assert "succeeded" in shown and "best checkpoint" in shown
     assert "quick" in run_baton("list", env=cluster.env).stdout
@@ -63,32 +69,8 @@ def test_submit_wait_status_list_metrics_and_fetch(cluster, tmp_path):
     assert fetched.returncode == 0 and (tmp_path / "cli/quick/curves.png").is_file()
 
 
-@pytest.mark.slow
-def test_a_job_cancelled_while_queued_never_runs(cluster):
-    job = cluster.client.submit(QUICK, "never")
-    assert job.cancel() == "cancelled"
-    worker, = cluster.start_workers(1)  # now its message is delivered: the claim drops it
-    from tests.workers.queue.test_worker_loss import wait_for
-
-    wait_for(lambda: "job never attempt 1: dropped (state cancelled)" in worker.log(), timeout=20)
-    assert job.status().state.value == "cancelled" and job.status().attempt == 0
-
-
 def test_ids_are_unique(cluster):
     cluster.client.submit(QUICK, "same")
     with pytest.raises(SpecError, match="already exists"):
         cluster.client.submit(QUICK, "same")
     assert run_baton("status", "nope", env=cluster.env).returncode == 1
-
-
-@pytest.mark.slow
-def test_a_job_goes_only_to_workers_serving_its_queue(cluster):
-    from tests.workers.queue.test_worker_loss import wait_for
-
-    cluster.start_workers(1, queues="default")
-    job = cluster.client.submit(make_spec(loop={"epochs": 1}, scheduler={"name": "none"}, resources={"queue": "gpu"}), "routed")
-    time.sleep(3)
-    assert job.status().state.value == "queued"  # the default-queue worker never sees it
-    gpu_worker, = cluster.start_workers(1, queues="gpu")
-    final = job.wait(timeout=60, progress=False)
-    assert final.state.value == "succeeded" and final.worker == gpu_worker.name

@@ -20,25 +20,21 @@ REGRESSION = make_spec(model={"target": "builtin:mlp", "kwargs": {"in_features":
 
 
 @pytest.mark.slow
-def test_status_shows_the_tasks_own_metrics_the_monitored_one_first(cluster):
+def test_status_of_a_cancelled_a_finished_and_a_failed_job_on_one_worker(cluster):
+    """Three jobs one after the other on one worker: the cancelled one's status shows the step of the
+    checkpoint it stopped with, and its history; the finished one the task's own metrics, the monitored one
+    first, epochs counted from 1; the failed one where it failed and at which step."""
     cluster.start_workers(1)
-    job = cluster.client.submit(REGRESSION, "regress")
-    final = job.wait(timeout=120, progress=False)
-    assert final.state.value == "succeeded", final.error
-    assert final.monitor == "val_mae" and set(final.metrics) == {"val_loss", "val_mae"}
-    shown = [line.split(":")[0].strip() for line in details(final).splitlines()]
-    assert shown[shown.index("loss") + 1:shown.index("loss") + 3] == ["val_mae (monitored)", "val_loss"]
-    assert "val_accuracy" not in shown
-    assert re.search(r"best checkpoint: \S+ \(val_mae \d", details(final))
-    log = job.logs()
-    assert re.search(r"epoch 1: step \d+ train_loss", log) and not re.search(r"epoch 0: step", log)
-    assert final.epoch == final.epochs == 3 and re.search(r"epoch 3: step \d+ train_loss", log)
+    job = cluster.client.submit(SPEC, "stopped")  # (first: the others wait behind it)
+    regress = cluster.client.submit(REGRESSION, "regress")
+    broken = cluster.client.submit(make_spec(data={"target": "tests.probes:failing_at", "kwargs": {"index": 0},
+                                                   "num_workers": 2}, loop={"epochs": 2}), "broken")
+    _cancelled_status(cluster, job)
+    _metrics_status(regress)
+    _failed_status(broken)
 
 
-@pytest.mark.slow
-def test_a_cancelled_jobs_status_shows_the_step_of_the_checkpoint_it_stopped_with(cluster):
-    cluster.start_workers(1)
-    job = cluster.client.submit(SPEC, "stopped")
+def _cancelled_status(cluster, job) -> None:
     wait_for(running_at_step(job, 3))
     assert job.cancel() == "requested"
     final = job.wait(timeout=120, progress=False)
@@ -58,6 +54,30 @@ def test_a_cancelled_jobs_status_shows_the_step_of_the_checkpoint_it_stopped_wit
     assert run_baton("status", "--events", env=cluster.env).returncode == 2
 
 
+def _metrics_status(job) -> None:
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error
+    assert final.monitor == "val_mae" and set(final.metrics) == {"val_loss", "val_mae"}
+    shown = [line.split(":")[0].strip() for line in details(final).splitlines()]
+    assert shown[shown.index("loss") + 1:shown.index("loss") + 3] == ["val_mae (monitored)", "val_loss"]
+    assert "val_accuracy" not in shown
+    assert re.search(r"best checkpoint: \S+ \(val_mae \d", details(final))
+    log = job.logs()
+    assert re.search(r"epoch 1: step \d+ train_loss", log) and not re.search(r"epoch 0: step", log)
+    assert final.epoch == final.epochs == 3 and re.search(r"epoch 3: step \d+ train_loss", log)
+
+
+def _failed_status(job) -> None:
+    final = job.wait(timeout=120, progress=False)
+    assert final.state.value == "failed"
+    assert final.error.startswith("ValueError: record 0 is corrupt (in DataLoader worker process "), final.error
+    where = re.search(r"; while loading sample 0 of the training set \(its index in your data set\); "
+                      r"while training step (\d+) \(epoch 1, its batch \d+\)$", final.error)
+    assert where, final.error
+    assert final.step == int(where[1]) - 1  # the steps completed before it, not the last progress written
+    assert "Traceback (most recent call last)" in final.traceback
+
+
 @pytest.mark.slow
 def test_a_job_on_a_queue_no_live_worker_serves_says_so_until_one_does(cluster, monkeypatch):
     monkeypatch.setattr(records, "UNSERVED_AFTER_S", 1.0)
@@ -70,21 +90,8 @@ def test_a_job_on_a_queue_no_live_worker_serves_says_so_until_one_does(cluster, 
     assert status.waiting.startswith("no live worker serves queue 'gpu': start one with `baton worker --queues gpu`")
     assert "no live worker serves" in details(status)
     assert served.wait(timeout=60, progress=False).waiting is None
-    cluster.start_workers(1, queues="gpu")
+    assert (waiting.status().state.value, waiting.status().attempt) == ("queued", 0)  # the default worker never took it
+    gpu_worker, = cluster.start_workers(1, queues="gpu")
     wait_for(lambda: waiting.status().waiting is None, timeout=30)
-    assert waiting.wait(timeout=60, progress=False).state.value == "succeeded"
-
-
-@pytest.mark.slow
-def test_a_failed_jobs_status_says_where_it_failed_and_at_which_step(cluster):
-    cluster.start_workers(1)
-    spec = make_spec(data={"target": "tests.probes:failing_at", "kwargs": {"index": 0}, "num_workers": 2},
-                     loop={"epochs": 2})
-    final = cluster.client.submit(spec, "broken").wait(timeout=120, progress=False)
-    assert final.state.value == "failed"
-    assert final.error.startswith("ValueError: record 0 is corrupt (in DataLoader worker process "), final.error
-    where = re.search(r"; while loading sample 0 of the training set \(its index in your data set\); "
-                      r"while training step (\d+) \(epoch 1, its batch \d+\)$", final.error)
-    assert where, final.error
-    assert final.step == int(where[1]) - 1  # the steps completed before it, not the last progress written
-    assert "Traceback (most recent call last)" in final.traceback
+    final = waiting.wait(timeout=60, progress=False)
+    assert final.state.value == "succeeded" and final.worker == gpu_worker.name

@@ -25,7 +25,6 @@ from baton.storage.artifacts import download_checkpoint
 from baton.storage.checkpoint_io import load_bytes
 from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
 from baton.storage.stores.retry import retry_transient
-from baton.workers.parallel.sharded_state import consolidated_model
 
 READ_RETRY_S = 120.0
 """How long reading a checkpoint is retried through transient storage errors."""
@@ -93,6 +92,8 @@ def read_model(store: ObjectStore, entry: CheckpointEntry, log: Callable[[str], 
     try:
         retry_transient(lambda: download_checkpoint(store, entry, directory / "checkpoint"), READ_RETRY_S,
                         f"read {entry.key}", log)
+        from baton.workers.parallel.sharded_state import consolidated_model  # (torch's DCP: a sharded job's alone)
+
         return consolidated_model(directory / "checkpoint")
     finally:
         shutil.rmtree(directory, ignore_errors=True)

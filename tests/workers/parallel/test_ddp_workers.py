@@ -30,7 +30,7 @@ def rank_pids(worker) -> list[int]:
 def sigkill_worker_pid_when(worker, store, job_id: str, ready) -> dict:
     """SIGKILL the worker's own process (not its process group) once ``ready(manifest)`` holds,
     checked with the whole group frozen so that what is checked is what the resume will see."""
-    deadline = time.monotonic() + 120
+    deadline, manifest = time.monotonic() + 120, None
     while time.monotonic() < deadline:
         manifest = read_manifest(store, job_id)
         if manifest and ready(manifest):
@@ -46,7 +46,7 @@ def sigkill_worker_pid_when(worker, store, job_id: str, ready) -> dict:
                 return manifest
             os.killpg(worker.proc.pid, signal.SIGCONT)
         time.sleep(0.01)
-    raise AssertionError("kill condition never held")
+    raise AssertionError(f"kill condition never held; the last manifest read: {manifest}\n{worker.log()}")
 
 
 @pytest.mark.slow

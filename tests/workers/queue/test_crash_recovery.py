@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.helpers import assert_same_training, make_spec, read_manifest, run_reference
+from tests.helpers import assert_same_training, make_spec, run_reference
 from tests.probes import forwards_counted
 from tests.workers.queue.test_worker_loss import wait_for
 
@@ -32,17 +32,26 @@ def counted(tmp_path):
     return directory, reference, sum(forwards_counted(str(reference_dir)).values())
 
 
-def running_between_checkpoints(cluster, job, after_step: int):
-    """The status once the job runs in its training process at least two steps past its latest durable
-    checkpoint (so the copy in memory is newer), with that checkpoint's step."""
+def frozen_between_checkpoints(cluster, job, directory, after_step: int, every: int = 8):
+    """The status once the job's training process is frozen (SIGSTOP) at least two completed steps past
+    the latest checkpoint it may have committed, and that checkpoint's step. Its own model counts the
+    steps it began (its progress reports are spaced out): with ``c`` begun, ``c - 1`` are done and held
+    in memory, and no checkpoint past ``c // every * every`` can exist, committed or in flight."""
+    def begun(pid: int) -> int:
+        return forwards_counted(str(directory)).get(pid, 0)
+
     def check():
         status = job.status()
-        manifest = read_manifest(cluster.store(), job.id) or {"checkpoints": []}
-        latest = manifest["checkpoints"][-1]["step"] if manifest["checkpoints"] else 0
-        if status.state.value == "running" and status.pid and (status.step or 0) >= max(after_step, latest + 2):
-            return status, latest
+        if status.state.value != "running" or not status.pid:
+            return None
+        if begun(status.pid) >= after_step and begun(status.pid) % every >= 3:
+            os.kill(status.pid, signal.SIGSTOP)
+            steps = begun(status.pid)
+            if steps % every >= 3:
+                return status, steps // every * every
+            os.kill(status.pid, signal.SIGCONT)
         return None
-    return wait_for(check, timeout=120, every=0.02)
+    return wait_for(check, timeout=120, every=0.01)
 
 
 @pytest.mark.slow
@@ -50,7 +59,7 @@ def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluste
     directory, reference, reference_forwards = counted
     cluster.start_workers(2)
     job = cluster.client.submit(counting_spec(directory), "crashed")
-    status, durable = running_between_checkpoints(cluster, job, after_step=5)
+    status, durable = frozen_between_checkpoints(cluster, job, directory, after_step=5)
     holder = cluster.worker(status.worker)
     os.kill(status.pid, signal.SIGKILL)  # the training process alone: its worker lives on
 

@@ -8,17 +8,17 @@ import time
 
 import pytest
 
-from tests.helpers import assert_same_training, make_spec, run_baton, run_reference
+from tests.helpers import assert_same_training, make_spec, run_baton, run_reference, wait_for_turns
 from tests.probes import first_forward_at, forwards_counted
 from tests.workers.queue.test_worker_loss import running_at_step, wait_for
 
 
 def counted(directory, **resources) -> dict:
-    # ~0.4 s an epoch (slow data), 40 epochs: long enough to be running when the other job arrives
+    # ~0.4 s an epoch (slow data), 20 epochs: long enough to be running when the other job arrives
     return make_spec(model={"target": "tests.probes:counting_mlp", "kwargs": {"directory": str(directory)}},
                      data={"target": "tests.probes:slow_spiral", "batch_size": 32,
                            "kwargs": {"n_per_class": 100, "delay_s": 0.0015}},
-                     loop={"epochs": 40}, resources=resources)
+                     loop={"epochs": 20}, resources=resources)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,9 @@ def test_a_drained_worker_yields_its_job_and_takes_no_other_until_undrained(clus
     drained = run_baton("drain", worker.name.split("@")[0], env=cluster.env)
     assert drained.returncode == 0 and drained.stdout.strip() == f"worker {worker.name}: drained", drained
     wait_for(lambda: job.status().state.value == "retrying", timeout=60)  # yielded: back in its line
-    time.sleep(3)  # the drained worker takes nothing, not even the job it gave back
+    # the drained worker takes nothing, not even the job it gave back: it hands its message back and holds
+    wait_for(lambda: "drained: taking no job until `baton undrain" in worker.log(), timeout=30, what="the hold")
+    wait_for_turns(cluster.redis_url, 4)
     status = job.status()
     assert status.state.value == "retrying" and status.position == 1, status
     shown = run_baton("queue", env=cluster.env)
@@ -149,7 +151,7 @@ def test_a_reclaim_that_would_be_undone_is_not_made_and_nothing_yields_back_and_
     for job in team_a:
         wait_for(running_at_step(job, 5), timeout=120)
     b1 = client.submit(short["b1"], "b1")
-    time.sleep(4)  # eight turns of the scheduler
+    wait_for_turns(cluster.redis_url, 8)
     assert b1.status().state.value == "queued" and b1.status().position == 1, b1.status()
     assert [job.status().attempt for job in team_a] == [1, 1]
     finals = [job.wait(timeout=240, progress=False) for job in (*team_a, b1)]

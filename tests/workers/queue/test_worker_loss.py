@@ -11,6 +11,7 @@ import time
 import pytest
 
 from baton.schemas.settings import BatonSettings
+from baton.storage.checkpointing.writer_start import WRITER_NAME
 from baton.storage.records.messages import make_app, publish_run
 
 from tests.helpers import (assert_same_training, descendants, kill_when, make_spec, read_manifest, run_baton,
@@ -100,28 +101,36 @@ def test_a_worker_paused_past_its_lease_is_fenced_out(cluster, reference):
     assert_same_training(reference, "reference", cluster.store(), "paused")
 
 
-@pytest.mark.parametrize("target, error", [("raising", "RuntimeError: boom from user model code"),
-                                           ("exiting", "SystemExit: 3"),  # sys.exit() in the job's code
-                                           # a BaseException from the model's forward, mid-training
-                                           ("cancelling", "CancelledError: cancelled inside the model")])
+USER_FAILURES = {"raising": "RuntimeError: boom from user model code",
+                 "exiting": "SystemExit: 3",  # sys.exit() in the job's code
+                 "cancelling": "CancelledError: cancelled inside the model"}  # a BaseException from its forward
+"""Each probe's failure, as its job's error says it."""
+
+
 @pytest.mark.slow
-def test_user_code_exception_fails_once_with_its_traceback(cluster, target, error):
+def test_user_code_exception_fails_once_with_its_traceback(cluster):
+    """Three jobs whose own code fails, on one worker: each fails once, with its traceback, and is never
+    retried."""
+    from baton.storage.records import keys
+
     cluster.start_workers(1)
-    job = cluster.client.submit(make_spec(model={"target": f"tests.probes:{target}", "kwargs": {}}), "broken")
-    final = job.wait(timeout=60, progress=False)
-    assert final.state.value == "failed" and final.attempt == 1, (final.state, final.attempt, final.error)
-    assert error in final.error
-    assert "Traceback" in final.traceback and "probes.py" in final.traceback
-    # for a terminal: the cause first, then only the job's own frames; the whole traceback in its log
-    assert final.failure.startswith(f"error: {error}") and "probes.py" in final.failure, final.failure
-    assert "baton/" not in final.failure and final.failure.endswith("`baton logs broken`"), final.failure
-    if target == "raising":
-        shown = run_baton("status", "broken", env=cluster.env)
-        assert shown.returncode == 0 and len(shown.stdout.splitlines()) <= 40, shown.stdout  # (67-85 lines before)
-        assert final.failure in shown.stdout and "delivery.py" not in shown.stdout, shown.stdout
-    time.sleep(3 * BatonSettings().reaper_period_s)  # reapers have looked at it: still no retry
-    again = job.status()
-    assert (again.state.value, again.attempt, again.lost) == ("failed", 1, 0)
+    jobs = {target: cluster.client.submit(make_spec(model={"target": f"tests.probes:{target}", "kwargs": {}}),
+                                          f"broken-{target}") for target in USER_FAILURES}
+    for target, error in USER_FAILURES.items():
+        final = jobs[target].wait(timeout=120, progress=False)
+        assert final.state.value == "failed" and final.attempt == 1, (final.state, final.attempt, final.error)
+        assert error in final.error
+        assert "Traceback" in final.traceback and "probes.py" in final.traceback
+        # for a terminal: the cause first, then only the job's own frames; the whole traceback in its log
+        assert final.failure.startswith(f"error: {error}") and "probes.py" in final.failure, final.failure
+        assert "baton/" not in final.failure and final.failure.endswith(f"`baton logs {final.id}`"), final.failure
+        # never retried: nothing of it is left for a reaper (no lease, not among the unfinished jobs)
+        assert not cluster.client.records.redis.sismember(keys.ACTIVE, final.id)
+        assert not cluster.client.records.redis.exists(keys.lease(final.id)) and final.lost == 0
+    shown = run_baton("status", "broken-raising", env=cluster.env)
+    failure = jobs["raising"].status().failure
+    assert shown.returncode == 0 and len(shown.stdout.splitlines()) <= 40, shown.stdout  # (67-85 lines before)
+    assert failure in shown.stdout and "delivery.py" not in shown.stdout, shown.stdout
 
 
 @pytest.mark.slow
@@ -147,7 +156,7 @@ def is_working_checkpoint_writer(pid: int) -> bool:
     the attempt's checkpoints to the training process's thread."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh, open(f"/proc/{pid}/comm") as comm:
-            if b"baton.storage.checkpointing.writer_process" not in fh.read() and comm.read().strip() != "baton-writer":
+            if b"baton.storage.checkpointing.writer_process" not in fh.read() and comm.read().strip() != WRITER_NAME:
                 return False
         with open(f"/proc/{pid}/maps") as fh:
             return "baton-snapshot-" in fh.read()
