@@ -38,9 +38,12 @@ BASE_SPEC: dict[str, Any] = {
     "optimizer": {"name": "adamw", "lr": 0.01, "weight_decay": 0.01},
     "scheduler": {"name": "onecycle", "warmup_fraction": 0.2},
     "loop": {"epochs": 3, "grad_accum_steps": 1, "max_grad_norm": 1.0, "precision": "fp32", "deterministic": True},
-    "checkpoint": {"every_steps": 5, "keep_last": 3, "monitor": "val_loss", "mode": "min"},
+    "checkpoint": {"every_steps": 5, "keep_last": 3, "monitor": "val_loss", "mode": "min", "min_interval_s": 0},
     "resources": {"device": "cpu", "cpu_threads": 1},
 }
+"""Every test job checkpoints where its ``every_steps`` and validations say (``min_interval_s`` 0): the spacing
+by time skips checkpoints by the wall clock, so a kill condition on a mid-epoch checkpoint would hold or not
+with the machine's speed (tests/workers/attempt/test_checkpoint_spacing.py tests the spacing itself)."""
 
 
 def make_spec(**sections: dict) -> dict:
