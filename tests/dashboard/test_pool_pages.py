@@ -10,7 +10,7 @@ import re
 from tests.dashboard.conftest import TOKEN, screenshot, wait_for
 from tests.helpers import make_spec, run_baton, write_spec
 
-LONG = make_spec(loop={"epochs": 400}, checkpoint={"every_steps": 200})
+LONG = make_spec(loop={"epochs": 400}, checkpoint={"every_steps": 200, "min_interval_s": 1})  # (spaced: 400 short epochs)
 SHORT = make_spec(loop={"epochs": 1})
 
 

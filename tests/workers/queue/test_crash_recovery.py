@@ -14,11 +14,13 @@ from tests.probes import forwards_counted
 from tests.workers.queue.test_worker_loss import wait_for
 
 
-def counting_spec(directory) -> dict:
-    # ~0.1 s a step (slow data), a copy in memory after every step (auto chooses 1 here on a quiet machine,
-    # 2 on a loaded one), and a kill lands between two durable checkpoints (every 8 steps)
+def counting_spec(directory, hold=None, hold_after: int = 0) -> dict:
+    # ~0.1 s a step (slow data), 23 steps an epoch, a copy in memory after every step, a durable checkpoint
+    # every 8 steps; ``hold``: tests.probes.slow_spiral's hold file, loading waits after ``hold_after`` samples
+    held = {"hold": str(hold), "hold_after": hold_after} if hold else {}
     return make_spec(model={"target": "tests.probes:counting_mlp", "kwargs": {"directory": str(directory)}},
-                     data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003}},
+                     data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 300, "delay_s": 0.003,
+                                                                             **held}},
                      loop={"epochs": 2}, checkpoint={"every_steps": 8, "keep_last": 3, "memory_every_steps": 1})
 
 
@@ -32,43 +34,40 @@ def counted(tmp_path):
     return directory, reference, sum(forwards_counted(str(reference_dir)).values())
 
 
-def frozen_between_checkpoints(cluster, job, directory, after_step: int, every: int = 8):
-    """The status once the job's training process is frozen (SIGSTOP) at least two completed steps past
-    the latest checkpoint it may have committed, and that checkpoint's step. Its own model counts the
-    steps it began (its progress reports are spaced out): with ``c`` begun, ``c - 1`` are done and held
-    in memory, and no checkpoint past ``c // every * every`` can exist, committed or in flight."""
-    def begun(pid: int) -> int:
-        return forwards_counted(str(directory)).get(pid, 0)
+HELD_AT = 13
+"""The step after which the killed job is held still: 5 past its checkpoint of step 8, 3 before the next."""
 
-    def check():
+
+def held_between_checkpoints(job, hold) -> object:
+    """The job's status once its training process waits, held, to load the first sample of step
+    ``HELD_AT + 1``: it has taken its copy of step ``HELD_AT`` in memory, and its latest durable checkpoint
+    is step 8's at most. (Its reported step lags it: progress is sent at most every 0.1-0.5 s.)"""
+    def held():
         status = job.status()
-        if status.state.value != "running" or not status.pid:
-            return None
-        if begun(status.pid) >= after_step and begun(status.pid) % every >= 3:
-            os.kill(status.pid, signal.SIGSTOP)
-            steps = begun(status.pid)
-            if steps % every >= 3:
-                return status, steps // every * every
-            os.kill(status.pid, signal.SIGCONT)
-        return None
-    return wait_for(check, timeout=120, every=0.01)
+        waiting = hold.with_name(hold.name + ".held")
+        pids = waiting.read_text().split() if waiting.exists() else []
+        return status.state.value == "running" and status.pid and str(status.pid) in pids and status
+    return wait_for(held, timeout=120, every=0.02)
 
 
 @pytest.mark.slow
-def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluster, counted):
+def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluster, counted, tmp_path):
     directory, reference, reference_forwards = counted
     cluster.start_workers(2)
-    job = cluster.client.submit(counting_spec(directory), "crashed")
-    status, durable = frozen_between_checkpoints(cluster, job, directory, after_step=5)
-    holder = cluster.worker(status.worker)
+    hold = tmp_path / "hold"
+    hold.touch()
+    job = cluster.client.submit(counting_spec(directory, hold, hold_after=HELD_AT * 32), "crashed")  # (32 a batch)
+    status, durable = held_between_checkpoints(job, hold), 8
     os.kill(status.pid, signal.SIGKILL)  # the training process alone: its worker lives on
+    hold.unlink()
+    holder = cluster.worker(status.worker)
 
     final = job.wait(timeout=120, progress=False)
     assert final.state.value == "succeeded", final.error
     assert (final.attempt, final.lost) == (2, 1) and final.worker == holder.name  # a loss, taken back here
     resumed = re.search(r"resuming from the in-memory copy of step (\d+)", holder.log())
     assert resumed, holder.log()
-    assert final.resumed_from == int(resumed[1]) > durable  # newer than the durable checkpoint
+    assert final.resumed_from == int(resumed[1]) == HELD_AT > durable  # newer than the durable checkpoint
     event = re.search(rf"resumed in memory at step {final.resumed_from} after SIGKILL of pid {status.pid}, "
                       r"([\d.]+) s", holder.log())
     assert event, holder.log()

@@ -11,7 +11,7 @@ from tests.workers.queue.test_worker_loss import wait_for
 QUICK = make_spec(loop={"epochs": 1}, data={"batch_size": 64, "kwargs": {"n_per_class": 60}}, scheduler={"name": "none"})
 BLOCKER = make_spec(loop={"epochs": 50}, data={"target": "tests.probes:slow_spiral", "batch_size": 32,
                                                "kwargs": {"n_per_class": 100, "delay_s": 0.002}},
-                    resources={"priority": 20})
+                    resources={"priority": 20}, checkpoint={"min_interval_s": 1})  # (spaced: 50 short epochs)
 
 
 def _with(spec: dict, **resources) -> dict:
