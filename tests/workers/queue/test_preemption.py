@@ -14,11 +14,11 @@ from tests.workers.queue.test_worker_loss import running_at_step, wait_for
 
 
 def counted(directory, **resources) -> dict:
-    # ~0.4 s an epoch (slow data), 20 epochs: long enough to be running when the other job arrives
+    # ~0.4 s an epoch (slow data), 30 epochs: long enough to be running when the other job arrives
     return make_spec(model={"target": "tests.probes:counting_mlp", "kwargs": {"directory": str(directory)}},
                      data={"target": "tests.probes:slow_spiral", "batch_size": 32,
                            "kwargs": {"n_per_class": 100, "delay_s": 0.0015}},
-                     loop={"epochs": 20}, resources=resources)
+                     loop={"epochs": 30}, resources=resources)
 
 
 @pytest.fixture(scope="module")
