@@ -12,7 +12,7 @@ from pathlib import Path
 
 from baton.jobs.services import WorkerProcess
 from baton.schemas.settings import BatonSettings
-from baton.storage.checkpointing.writer_start import WRITER_NAME
+from baton.storage.checkpointing.writer_start import is_writer
 from baton.storage.records.messages import make_app, publish_run
 
 from tests.helpers import read_manifest, run_baton
@@ -51,9 +51,7 @@ def _writer_processes(holder: WorkerProcess) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            if os.getpgid(int(entry.name)) == holder.proc.pid and (
-                    (entry / "comm").read_text().strip() == WRITER_NAME  # forked from its training process
-                    or b"baton.storage.checkpointing.writer_process" in (entry / "cmdline").read_bytes()):
+            if os.getpgid(int(entry.name)) == holder.proc.pid and is_writer(int(entry.name)):
                 pids.append(int(entry.name))
         except (OSError, ProcessLookupError):
             continue

@@ -160,6 +160,15 @@ WRITER_NAME = "baton-writer"
 """The name a forked writer goes by (``/proc/PID/comm``, ``ps -o comm``): its command line is its parent's."""
 
 
+def is_writer(pid: int) -> bool:
+    """Whether process ``pid`` is a checkpoint writer: started as one (its command line) or forked (its name)."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm, open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return comm.read().strip() == WRITER_NAME or b"baton.storage.checkpointing.writer_process" in cmdline.read()
+    except OSError:
+        return False
+
+
 def _name(name: str) -> None:
     if sys.platform.startswith("linux"):
         import ctypes

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from baton.schemas.settings import BatonSettings
-from baton.storage.checkpointing.writer_start import WRITER_NAME
+from baton.storage.checkpointing.writer_start import is_writer
 from baton.storage.records.messages import make_app, publish_run
 
 from tests.helpers import (assert_same_training, descendants, kill_when, make_spec, read_manifest, run_baton,
@@ -154,10 +154,9 @@ def is_working_checkpoint_writer(pid: int) -> bool:
     """A checkpoint writer process (started as one, or forked from its training process: then named so)
     that has written a checkpoint (it maps the snapshot buffers then): one killed while it starts leaves
     the attempt's checkpoints to the training process's thread."""
+    if not is_writer(pid):
+        return False
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh, open(f"/proc/{pid}/comm") as comm:
-            if b"baton.storage.checkpointing.writer_process" not in fh.read() and comm.read().strip() != WRITER_NAME:
-                return False
         with open(f"/proc/{pid}/maps") as fh:
             return "baton-snapshot-" in fh.read()
     except OSError:
