@@ -109,7 +109,9 @@ def test_the_job_code_failing_on_another_node_fails_the_job_once_with_its_traceb
 
     from tests.helpers import make_spec
 
-    cluster.start_workers(2, **NODES_ENV)
+    # a lease of 10 s, not 3: the test counts attempts, and on a loaded machine a leader's heartbeat once
+    # went 3 s without a renewal while its gang started, so the job was re-queued (a loss) before it failed
+    cluster.start_workers(2, BATON_LEASE_TTL_S="10", **NODES_ENV)
     spec = make_spec(data={"target": "tests.probes:failing_on_rank", "batch_size": 16,
                            "kwargs": {"n_per_class": 150, "rank": 1, "after": 40}},
                      loop={"epochs": 1}, checkpoint={"every_steps": 2}, retry={"max_attempts": 3},

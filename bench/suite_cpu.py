@@ -1,0 +1,176 @@
+"""Where a command's CPU goes, by kind of process: run it (the test suite, a bench) while sampling /proc,
+then print a table and write JSON.
+
+    python bench/suite_cpu.py [--every 0.25] [--out FILE] -- scripts/test.sh -m quick
+
+Every process below the command counts, whoever reaps it: a worker's forkserver outlives its worker
+and is never waited for, so ``time`` and ``getrusage`` miss it and all the training processes it
+forked. A process is the command's if its parent was, when first seen. Each is read every ``--every``
+seconds: a process that lives less than that may be missed, and one that ends between two reads loses
+its last fraction of a tick, so the totals are a floor (compare them with the machine's, also printed).
+Linux only."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Seen:
+    pid: int
+    ppid: int
+    started: int  # clock ticks since boot: a pid and its start name one process
+    comm: str
+    cmd: str
+    cpu_ticks: int = 0
+    kind: str = ""
+
+
+class Stat(NamedTuple):
+    ppid: int
+    comm: str
+    cpu_ticks: int  # user + system
+    started: int
+    zombie: bool  # ended, not yet reaped: its ticks are final
+
+
+def read_stat(pid: str) -> Stat | None:
+    """What /proc/PID/stat says, or None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    comm = text[text.index("(") + 1:text.rindex(")")]
+    fields = text[text.rindex(")") + 2:].split()
+    return Stat(int(fields[1]), comm, int(fields[11]) + int(fields[12]), int(fields[19]), fields[0] == "Z")
+
+
+def read_cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:400]
+    except OSError:
+        return ""
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) ticks of every CPU since boot."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def kind_of(proc: Seen, parent: Seen | None) -> str:
+    cmd, comm = proc.cmd, proc.comm
+    if comm.startswith("baton-writer"):
+        return "checkpoint writer (forked)"
+    if "forkserver import main" in cmd:
+        if parent is not None and parent.kind in ("forkserver", "training process (forked)"):
+            return "training process (forked)"
+        return "forkserver"
+    if parent is not None and parent.kind in ("training process (forked)", "rank 1..N-1") and cmd == parent.cmd:
+        return "data loader worker (forked)"
+    rules = [("baton.workers.parallel.rank_main", "rank 1..N-1"), ("-m baton worker", "worker main"),
+             ("-m baton run", "baton run"), ("-m baton", "baton CLI, other commands"), ("bin/baton ", "baton CLI, other commands"),
+             ("pytest", "pytest"), ("bench/", "bench scripts"), ("redis-server", "redis-server"),
+             ("moto", "moto (S3)"), ("mlflow", "mlflow"), ("chrom", "chromium"), ("mypy", "mypy"),
+             ("-m tests.", "tests' helper processes")]
+    for needle, kind in rules:
+        if needle in cmd or needle in comm:
+            return kind
+    return "other" if "python" not in cmd else "other python"
+
+
+def alive(proc: Seen) -> bool:
+    stat = read_stat(str(proc.pid))
+    return stat is not None and stat.started == proc.started and not stat.zombie
+
+
+def sample(command: list[str], every: float, linger: float) -> tuple[dict[tuple[int, int], Seen], int, float,
+                                                                    tuple[int, int]]:
+    root = subprocess.Popen(command)
+    ours: dict[tuple[int, int], Seen] = {}
+    mine: dict[int, Seen] = {}  # live pid -> the process of ours it now names
+    busy0, all0 = machine_ticks()
+    started = time.monotonic()
+    ended = None
+    while True:
+        if ended is None and root.poll() is not None:
+            ended = time.monotonic()
+        # after the command, until what it left behind has ended too (or ``linger`` has passed)
+        done = ended is not None and (time.monotonic() - ended > linger
+                                      or not any(alive(p) for p in mine.values() if p.pid != root.pid))
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            stat = read_stat(pid)
+            if stat is None:
+                continue
+            ppid, comm, cpu, start, _ = stat
+            key = (int(pid), start)
+            seen = ours.get(key)
+            if seen is None:
+                parent = mine.get(ppid)
+                if int(pid) != root.pid and (parent is None or parent.started > start):
+                    stale = mine.get(int(pid))
+                    if stale is not None and stale.started != start:
+                        del mine[int(pid)]  # that pid is another process's now
+                    continue  # not below the command
+                seen = ours[key] = mine[int(pid)] = Seen(int(pid), ppid, start, comm, read_cmdline(pid))
+                seen.kind = kind_of(seen, parent)
+            seen.cpu_ticks, seen.comm = cpu, comm
+        if done:
+            break
+        time.sleep(every)
+    busy1, all1 = machine_ticks()
+    return ours, root.returncode, time.monotonic() - started, (busy1 - busy0, all1 - all0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--every", type=float, default=0.25, help="seconds between reads of /proc")
+    parser.add_argument("--linger", type=float, default=30.0,
+                        help="seconds to go on reading the processes the command left running when it ended")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "suite_cpu.json")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to measure after --")
+    procs, returncode, wall, (busy, total) = sample(command, args.every, args.linger)
+    cpu, count = Counter(), Counter()
+    for proc in procs.values():
+        cpu[proc.kind] += proc.cpu_ticks / TICKS
+        count[proc.kind] += 1
+    measured = sum(cpu.values())
+    cores = os.cpu_count() or 1
+    print(f"\n{'kind of process':32} {'processes':>9} {'CPU s':>8} {'share':>6}")
+    for kind, seconds in cpu.most_common():
+        print(f"{kind:32} {count[kind]:9d} {seconds:8.1f} {seconds / max(measured, 1e-9):6.1%}")
+    machine_s = busy / TICKS
+    print(f"{'all of the command':32} {sum(count.values()):9d} {measured:8.1f}")
+    print(f"wall {wall:.0f} s; the machine's {cores} cores were busy {machine_s:.0f} CPU s "
+          f"({machine_s / (total / TICKS) if total else 0:.0%}), the command's processes {measured:.0f} of them")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "command": command, "returncode": returncode, "wall_s": wall, "cores": cores, "machine_busy_cpu_s": machine_s,
+        "by_kind": {kind: {"processes": count[kind], "cpu_s": cpu[kind]} for kind in cpu},
+        "processes": [asdict(p) | {"cpu_s": p.cpu_ticks / TICKS} for p in procs.values()]}, indent=1))
+    print(f"wrote {args.out}")
+    sys.exit(returncode)
+
+
+if __name__ == "__main__":
+    main()

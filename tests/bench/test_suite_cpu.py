@@ -1,0 +1,26 @@
+"""bench/suite_cpu.py counts the CPU of every process below its command, a process its parent never
+reaped included (a worker's forkserver is one: ``time`` misses it and all it forked)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+ORPHANING = ("import subprocess, sys\n"
+             f"subprocess.Popen([sys.executable, '-c', {BURN!r}], start_new_session=True)\n"  # not waited for
+             "subprocess.run([sys.executable, '-m', 'baton', '--help'], capture_output=True, check=True)")
+
+
+def test_suite_cpu_counts_an_unreaped_grandchild_and_sorts_processes_by_kind(tmp_path):
+    out = tmp_path / "cpu.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "suite_cpu.py"), "--every", "0.02", "--out", str(out),
+                           "--", sys.executable, "-c", ORPHANING], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["by_kind"]["baton CLI, other commands"]["processes"] == 1, result["by_kind"]
+    burner = [p for p in result["processes"] if "process_time" in p["cmd"] and "Popen" not in p["cmd"]]
+    assert len(burner) == 1 and burner[0]["cpu_s"] >= 0.4, burner  # it ended after the command did
+    assert "all of the command" in done.stdout and "baton CLI, other commands" in done.stdout
