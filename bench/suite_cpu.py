@@ -22,6 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from baton.storage.checkpointing.writer_start import WRITER_NAME  # noqa: E402
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -72,22 +76,26 @@ def machine_ticks() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
+RULES = [  # (a piece of the command line or name, the kind), the first that matches
+    ("baton.storage.checkpointing.writer_process", "checkpoint writer"), (WRITER_NAME, "checkpoint writer"),
+    ("baton.workers.parallel.rank_main", "rank 1..N-1"), ("-m baton worker", "worker main"),
+    ("-m baton run", "baton run"), ("-m baton", "baton CLI, other commands"), ("bin/baton ", "baton CLI, other commands"),
+    ("pytest", "pytest"), ("exec(eval(sys.stdin.readline()))", "pytest"),  # the second: xdist's workers (execnet)
+    ("bench/", "bench scripts"), ("redis-server", "redis-server"), ("moto", "moto (S3)"), ("mlflow", "mlflow"),
+    ("chrom", "chromium"), ("mypy", "mypy"), ("-m tests.", "tests' helper processes")]
+
+
 def kind_of(proc: Seen, parent: Seen | None) -> str:
     cmd, comm = proc.cmd, proc.comm
-    if comm.startswith("baton-writer"):
-        return "checkpoint writer (forked)"
+    if comm == WRITER_NAME:  # forked from a training process: its command line is its parent's
+        return "checkpoint writer"
     if "forkserver import main" in cmd:
         if parent is not None and parent.kind in ("forkserver", "training process (forked)"):
             return "training process (forked)"
         return "forkserver"
     if parent is not None and parent.kind in ("training process (forked)", "rank 1..N-1") and cmd == parent.cmd:
         return "data loader worker (forked)"
-    rules = [("baton.workers.parallel.rank_main", "rank 1..N-1"), ("-m baton worker", "worker main"),
-             ("-m baton run", "baton run"), ("-m baton", "baton CLI, other commands"), ("bin/baton ", "baton CLI, other commands"),
-             ("pytest", "pytest"), ("bench/", "bench scripts"), ("redis-server", "redis-server"),
-             ("moto", "moto (S3)"), ("mlflow", "mlflow"), ("chrom", "chromium"), ("mypy", "mypy"),
-             ("-m tests.", "tests' helper processes")]
-    for needle, kind in rules:
+    for needle, kind in RULES:
         if needle in cmd or needle in comm:
             return kind
     return "other" if "python" not in cmd else "other python"
