@@ -25,6 +25,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from baton.storage.checkpointing.writer_start import WRITER_NAME  # noqa: E402
+from baton.workers.parallel.spare_ranks import RANK_NAME  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -89,6 +90,8 @@ def kind_of(proc: Seen, parent: Seen | None) -> str:
     cmd, comm = proc.cmd, proc.comm
     if comm == WRITER_NAME:  # forked from a training process: its command line is its parent's
         return "checkpoint writer"
+    if comm == RANK_NAME:  # forked ahead of its attempt (so is a data loader worker it forks, by that name too)
+        return "data loader worker (forked)" if parent is not None and parent.kind == "rank 1..N-1" else "rank 1..N-1"
     if "forkserver import main" in cmd:
         if parent is not None and parent.kind in ("forkserver", "training process (forked)"):
             return "training process (forked)"

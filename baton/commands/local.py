@@ -88,9 +88,13 @@ def _train_here(parsed, job_id: str, store, settings: BatonSettings, show_bar: b
     from baton.jobs.infra import STORE_ERRORS
     from baton.storage.checkpointing import writer_start
     from baton.workers.attempt.local import run_local  # (torch: seconds to import)
+    from baton.workers.parallel import spare_ranks
 
+    # forked with torch imported: they import nothing themselves
     if parsed.resources.ranks == 1:  # (ranks start writers of their own)
-        writer_start.fork_spare()  # the checkpoint writer, forked with torch imported: it imports nothing itself
+        writer_start.fork_spare()  # the checkpoint writer
+    else:
+        spare_ranks.fork(parsed.resources.processes - 1)  # ranks 1..N-1
     try:
         return run_local(parsed, job_id, store, settings.allowed_prefixes, show_bar)
     except SpecError as exc:

@@ -18,16 +18,14 @@ torch imported and no thread yet: it forks its spare instead (``fork_spare``), w
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
-import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
+
+from baton.storage import forked
 
 PACKAGE_ROOT = Path(sys.modules[__name__.split(".")[0]].__file__ or ".").resolve().parents[1]
 """The folder ``baton`` is imported from (a checkout, or site-packages): first on the writer's path."""
@@ -37,47 +35,10 @@ WRITER_ENV = "BATON_CHECKPOINT_WRITER"
 
 @dataclass
 class StartedWriter:
-    proc: "subprocess.Popen | ForkedChild"
+    proc: "subprocess.Popen | forked.ForkedChild"
     to_child: Connection
     from_child: Connection
     nice: int
-
-
-class ForkedChild:
-    """A writer forked from this process (``fork_spare``), as much of ``subprocess.Popen`` as the checkpointer
-    uses: its pid, ``poll``, ``wait`` (a timeout raises ``subprocess.TimeoutExpired``) and ``kill``."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.returncode: Optional[int] = None
-        self._lock = threading.Lock()
-
-    def poll(self) -> Optional[int]:
-        with self._lock:
-            if self.returncode is None:
-                try:
-                    pid, status = os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:  # (reaped elsewhere)
-                    self.returncode = 0
-                else:
-                    if pid:
-                        self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"checkpoint writer {self.pid}", timeout or 0)
-            time.sleep(0.01)
-        return code
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 _spare: Optional[StartedWriter] = None
@@ -126,7 +87,7 @@ def fork_spare() -> None:
 
     if _spare is not None or os.environ.get(WRITER_ENV, "process").strip() == "thread":
         return
-    if threading.active_count() > 1 or "torch" not in sys.modules:  # (a fork copies one thread; no torch: no gain)
+    if not forked.may_fork():  # (a fork copies one thread; no torch: no gain)
         prestart()
         return
     try:
@@ -136,23 +97,17 @@ def fork_spare() -> None:
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the writer: nothing of this process's but its two pipes and standard streams
-        code = 1
-        try:
-            _keep_only({0, 1, 2, to_child_r, from_child_w})
-            _name(WRITER_NAME)
-            from baton.storage.checkpointing import writer_process
 
-            writer_process.main(["writer", str(to_child_r), str(from_child_w), str(parent), str(nice)])
-            code = 0
-        except BaseException:  # noqa: BLE001 - said on stderr; the checkpointer sees the pipe end and says how
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+    def write() -> int:
+        from baton.storage.checkpointing import writer_process
+
+        writer_process.main(["writer", str(to_child_r), str(from_child_w), str(parent), str(nice)])
+        return 0
+
+    child = forked.fork(WRITER_NAME, {to_child_r, from_child_w}, write)
     os.close(to_child_r)
     os.close(from_child_w)
-    _spare = StartedWriter(ForkedChild(pid), Connection(to_child_w, readable=False),
+    _spare = StartedWriter(child, Connection(to_child_w, readable=False),
                            Connection(from_child_r, writable=False), nice)
 
 
@@ -167,26 +122,6 @@ def is_writer(pid: int) -> bool:
             return comm.read().strip() == WRITER_NAME or b"baton.storage.checkpointing.writer_process" in cmdline.read()
     except OSError:
         return False
-
-
-def _name(name: str) -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_NAME = 15
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15])
-
-
-def _keep_only(kept: set[int]) -> None:
-    """Close every descriptor of this (forked) process but ``kept`` (a copy of the training process's pipe
-    to its worker, say, must not outlive the training process here)."""
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
-        fd = int(name)
-        if fd not in kept:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 def take(nice: int) -> StartedWriter:

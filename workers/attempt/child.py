@@ -27,6 +27,7 @@ from baton.schemas.errors import CheckpointWriteFailed, FencedOut, TransientErro
 from baton.schemas.messages import AttemptEnd, AttemptOrder, Ending, Failure
 from baton.storage.stores.open import open_store
 from baton.workers.parallel.errors import NodeReleased, RankLost
+from baton.workers.parallel import spare_ranks
 from baton.workers.parallel.launcher import die_with_parent
 
 from baton.workers.attempt.channel import Remote, RemoteControl, StopFlag
@@ -42,10 +43,13 @@ from the attempt is the job's own failure)."""
 
 def main(conn: Connection, stop: StopFlag, order: AttemptOrder) -> None:
     die_with_parent(os.getppid())
-    writer_start.fork_spare()  # first, while this process has no thread: the checkpoint writer, torch imported
     # a forkserver's child inherits "forkserver" as its default start method: the job's DataLoader workers
     # must start as in any other process (forked from this one, its logging and data set included)
     multiprocessing.set_start_method(None, force=True)
+    # first, while this process has no thread and torch imported: the ranks 1..N-1 this node's attempt will
+    # start, and the checkpoint writer
+    spare_ranks.fork(order.spec.resources.processes - 1)
+    writer_start.fork_spare()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     _log_to_stderr()

@@ -2,8 +2,8 @@
 
 One attempt is the whole group. Rank 0 is the process that runs the attempt (``baton run``, or a
 worker's task): it alone holds the lease, fences and commits, through the same checkpointer as a
-single-process job. Ranks 1..N-1 are child processes (``launcher``, ``rank_main`` in this package)
-that run the same loop with no checkpointer of their own.
+single-process job. Ranks 1..N-1 are child processes (``launcher``, ``spare_ranks``, ``rank_main`` in
+this package) that run the same loop with no checkpointer of their own.
 
 - **Backends.** gloo on the CPU, NCCL on CUDA (one GPU per rank: rank r uses ``cuda:r`` of the
   devices its worker offers). Flags and the ranks' checkpoint states travel on a gloo group in both

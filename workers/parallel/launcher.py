@@ -1,8 +1,9 @@
 """Starting, watching and ending the ranks 1..N-1 of a data-parallel attempt (rank 0 is this process).
 
-Each rank is ``python -m baton.workers.parallel.rank_main`` with its arguments in ``BATON_RANK_ARGS`` and
-the attempt's secret in ``BATON_RANK_SECRET``. Rank 0 opens the rendezvous (``rendezvous``: a file
-store in the attempt's private directory, no port) before starting them. No rank outlives its attempt:
+Each rank is a spare forked ahead of the attempt (``spare_ranks``: its place and the attempt's secret sent
+through its pipe) or, where none is left, ``python -m baton.workers.parallel.rank_main`` with its place in
+``BATON_RANK_ARGS`` and the secret in ``BATON_RANK_SECRET``. Rank 0 opens the rendezvous (``rendezvous``:
+a file store in the attempt's private directory, no port) before starting them. No rank outlives its attempt:
 - a rank asks the kernel for SIGKILL when rank 0 dies (``PR_SET_PDEATHSIG``, set by the rank
   itself at start, then it checks that its parent is still the one that started it): a SIGKILLed
   worker leaves no rank behind;
@@ -38,7 +39,8 @@ from baton.schemas.hosting import devices_missing
 from baton.schemas.messages import GroupOrder, RankOrder
 from baton.storage import owned_dirs
 
-from baton.workers.parallel import failure_report, rendezvous
+from baton.storage.forked import ForkedChild
+from baton.workers.parallel import failure_report, rendezvous, spare_ranks
 from baton.workers.parallel.errors import RankFailed, RankLost
 from baton.workers.parallel.failure_report import EXIT_USER_CODE
 
@@ -91,7 +93,7 @@ class Ranks:
         self.directory = directory or owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
         self.secret = meeting.secret
         self.store = meeting.store
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list["subprocess.Popen | ForkedChild"] = []
         self._ending = threading.Event()
         self._lost: Optional[str] = None
         self._on_hang = on_hang or _exit_hung
@@ -100,13 +102,17 @@ class Ranks:
         for rank in self.ranks:
             place = RankOrder(group=order, rank=rank, parent_pid=os.getpid(), directory=str(self.directory),
                               endpoint=meeting.endpoint)
-            env = {**os.environ, ARGS_ENV: place.model_dump_json(), rendezvous.SECRET_ENV: self.secret}
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env))
+            self.procs.append(spare_ranks.start(place.model_dump(mode="json"), self.secret) or self._new(place))
         if self.procs:
             self.log(f"data-parallel: {self.world_size} ranks; ranks {self.ranks[0]}..{self.ranks[-1]} are pids "
                      f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
         self._watchdog.start()
+
+    def _new(self, place: RankOrder) -> subprocess.Popen:
+        """A rank as a new interpreter (no spare is left here: ``spare_ranks``)."""
+        env = {**os.environ, ARGS_ENV: place.model_dump_json(), rendezvous.SECRET_ENV: self.secret}
+        return subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env)
 
     @property
     def pids(self) -> list[int]:
@@ -220,7 +226,7 @@ class Ranks:
         for proc in self.procs:
             if proc.poll() is None:
                 try:
-                    proc.send_signal(signal.SIGKILL)
+                    proc.kill()
                 except ProcessLookupError:
                     pass
         for proc in self.procs:

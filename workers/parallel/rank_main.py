@@ -1,4 +1,5 @@
-"""A rank 1..N-1 of a data-parallel attempt (started by ``baton.workers.parallel.launcher``; rank 0 is its parent).
+"""A rank 1..N-1 of a data-parallel attempt (started by ``baton.workers.parallel.launcher``; rank 0 is its parent):
+a spare forked ahead of the attempt (``spare_ranks``) or ``python -m baton.workers.parallel.rank_main``.
 
 It builds the same components as rank 0, joins the group, resumes from the checkpoint rank 0
 chose (reading and verifying it itself), and runs the same loop without a checkpointer: its RNG
@@ -127,11 +128,16 @@ def _resume_state(order: GroupOrder, store) -> Optional[dict]:
 
 
 def main() -> int:
+    raw = json.loads(os.environ[ARGS_ENV])
+    return serve(raw, os.environ.pop(SECRET_ENV))  # the secret: not inherited by what the job's code starts
+
+
+def serve(raw: dict, secret: str) -> int:
+    """This rank's whole life, given its place (``RankOrder``'s fields) and the attempt's secret: its exit
+    status. A new interpreter (``main``) or a spare forked ahead of the attempt (``spare_ranks``) runs it."""
     # a Ctrl-C reaches every rank of the terminal's process group: rank 0 decides what it means, so until
     # RankControl takes it, it must not become a KeyboardInterrupt here (that would read as the job's failure)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raw = json.loads(os.environ[ARGS_ENV])
-    secret = os.environ.pop(SECRET_ENV)  # not inherited by what the job's code starts
     die_with_parent(raw["parent_pid"])
     report = FailureReporter(Path(raw["directory"]), raw["rank"])
     try:

@@ -1,0 +1,142 @@
+"""Ranks 1..N-1 forked ahead of their attempt (``spare_ranks``): a 2-rank `baton run`'s rank 1 is a fork of
+the run (named ``baton-rank``, no new interpreter, no secret in its environment) and trains; a spare dies
+with the process that forked it, even when that one is SIGKILLed; one no attempt takes exits, or is ended
+by ``discard``; a process that runs a thread forks none (its ranks start as new interpreters). That forked
+ranks train bit for bit as new interpreters do: tests/workers/parallel/test_ddp.py, whose resumed
+`baton run` (forked ranks) ends equal to its in-process reference (ranks started as new interpreters)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from baton.storage.stores.file_store import FileStore
+
+from tests.helpers import REPO, baton_env, make_spec, start_baton, wait_for, write_spec
+
+HELD = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 150, "delay_s": 0.001},
+                       "batch_size": 16},
+                 loop={"epochs": 2}, checkpoint={"every_steps": 4}, resources={"processes": 2})
+
+
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as fh:
+        return fh.read().strip()
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_two_rank_runs_rank_1_is_a_fork_of_the_run_with_no_secret_in_its_environment(tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()  # the ranks wait at their first sample while the file is there: rank 1 is looked at meanwhile
+    spec = {**HELD, "data": {**HELD["data"], "kwargs": {**HELD["data"]["kwargs"], "hold": str(hold)}}}
+    store = FileStore(tmp_path / "store")
+    log = tmp_path / "run.log"
+    run = start_baton("run", str(write_spec(tmp_path, spec)), "--id", "forked", "--storage", store.url, "--no-progress",
+                      env=baton_env(), log=log)
+    try:
+        found = wait_for(lambda: re.search(r"ranks 1\.\.1 are pids (\d+)", log.read_text()), timeout=120,
+                         what="rank 1's pid in the run's log")
+        rank1 = int(found[1])
+        assert _comm(rank1) == "baton-rank" and _ppid(rank1) == run.pid
+        with open(f"/proc/{rank1}/cmdline", "rb") as fh:
+            assert b"rank_main" not in fh.read()  # not a new interpreter
+        with open(f"/proc/{rank1}/environ", "rb") as fh:
+            environment = fh.read()
+        assert b"BATON_RANK_SECRET" not in environment and b"BATON_RANK_ARGS" not in environment
+        hold.unlink()
+        assert run.wait(timeout=300) == 0, log.read_text()  # (rank 1 took part in every step's all-reduce)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert _gone(rank1)
+
+
+SPARES = """
+import json, os, sys, threading, time
+import torch
+from baton.workers.parallel import spare_ranks
+if sys.argv[1] == "thread":
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+spare_ranks.fork(2)
+print(json.dumps([s.proc.pid for s in spare_ranks._spares]), flush=True)
+command = sys.stdin.readline().strip()
+if command == "discard":
+    spare_ranks.discard()
+    print("discarded", flush=True)
+    sys.stdin.readline()
+elif command == "close":
+    codes = []
+    for spare in spare_ranks._spares:
+        os.close(spare.orders)
+        codes.append(spare.proc.wait(timeout=30))
+    print(json.dumps(codes), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _forker(how: str = "plain") -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", SPARES, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=REPO, env=baton_env())
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def test_spares_die_with_the_process_that_forked_them_even_by_sigkill():
+    proc, spares = _forker()
+    try:
+        assert len(spares) == 2 and all(_comm(pid) == "baton-rank" and _ppid(pid) == proc.pid for pid in spares)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_for(lambda: all(_gone(pid) for pid in spares), timeout=10, what="the spares to die with their parent")
+    finally:
+        _finish(proc)
+
+
+def test_a_spare_no_attempt_takes_exits_at_its_closed_pipe_and_discard_ends_them():
+    proc, spares = _forker()
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("close\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == [0, 0]
+    finally:
+        _finish(proc)
+    proc, spares = _forker()
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("discard\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "discarded"
+        assert all(_gone(pid) for pid in spares)
+    finally:
+        _finish(proc)
+
+
+def test_a_process_running_a_thread_forks_no_spare():
+    proc, spares = _forker("thread")
+    try:
+        assert spares == []
+    finally:
+        _finish(proc)
