@@ -17,9 +17,9 @@ per process), not by baton's records:
   *share error* is |a - b| / max(a, b). First come, first served would give team a both workers
   until its jobs ran out.
 
-    python bench/pool.py [--trials 3] [--jobs 6] [--out bench/results/pool.json]
+    python bench/pool.py [--trials 3] [--jobs 6] [--long-epochs 6] [--out bench/results/pool.json]
 
-``--trials 1 --jobs 2`` is a CI-sized case (tests/bench).
+``--trials 1 --jobs 2 --long-epochs 3`` is a CI-sized case (tests/bench).
 """
 from __future__ import annotations
 
@@ -61,26 +61,26 @@ def spec(directory: Path, epochs: int, **resources) -> dict:
     return made
 
 
-def reference_steps(root: Path) -> int:
+def reference_steps(root: Path, epochs: int) -> int:
     """Training forwards of the long job run uninterrupted (``baton run`` in a process of its own)."""
     import subprocess
 
     directory = root / "reference"
     directory.mkdir()
     spec_path = root / "reference.json"
-    spec_path.write_text(json.dumps(spec(directory, LONG["loop"]["epochs"])))
+    spec_path.write_text(json.dumps(spec(directory, epochs)))
     subprocess.run([sys.executable, "-m", "baton", "run", str(spec_path), "--id", "reference", "--storage",
                     f"file://{root / 'reference-store'}", "--no-progress"], check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     return sum(len(times) for times in forwards(directory).values())
 
 
-def priority_trial(client: JobClient, root: Path, index: int, reference: int) -> dict:
+def priority_trial(client: JobClient, root: Path, index: int, reference: int, epochs: int) -> dict:
     tag = f"{index}-{int(time.time())}"
     dirs = {name: root / f"{name}-{tag}" for name in ("low-a", "low-b", "urgent")}
     for directory in dirs.values():
         directory.mkdir()
-    lows = [client.submit(spec(dirs[name], LONG["loop"]["epochs"]), f"{name}-{tag}") for name in ("low-a", "low-b")]
+    lows = [client.submit(spec(dirs[name], epochs), f"{name}-{tag}") for name in ("low-a", "low-b")]
     for job in lows:
         poll(lambda: (s := job.status()).state.value == "running" and (s.step or 0) >= 20)
     submitted = time.time()
@@ -130,6 +130,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=6, help="short jobs per team in the fair-share run")
     parser.add_argument("--epochs", type=int, default=SHORT_EPOCHS, help="epochs of each of those jobs")
+    parser.add_argument("--long-epochs", type=int, default=LONG["loop"]["epochs"],
+                        help="epochs of the two busy jobs of a priority trial")
     parser.add_argument("--out", default="bench/results/pool.json")
     args = parser.parse_args()
 
@@ -143,13 +145,13 @@ def main() -> None:
     client = JobClient()
     workers: list[WorkerProcess] = []
     try:
-        reference = reference_steps(root)
+        reference = reference_steps(root, args.long_epochs)
         workers = [WorkerProcess(f"pool-{n}@local", env, str(root / f"w{n}.log")).start() for n in range(2)]
         for worker in workers:
             worker.wait_ready()
         trials = []
         for index in range(args.trials):
-            row = priority_trial(client, root, index, reference)
+            row = priority_trial(client, root, index, reference, args.long_epochs)
             trials.append(row)
             print(f"  priority trial {index}: trained {row['start_s']:.2f}s after submit; {row['yielded']} job(s) "
                   f"yielded, redone {row['redone']}", flush=True)

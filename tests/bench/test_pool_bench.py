@@ -14,7 +14,7 @@ from tests.helpers import REPO
 def test_the_pool_bench_shares_fairly_and_preempts_for_free(tmp_path):
     out = tmp_path / "pool.json"
     done = subprocess.run([sys.executable, str(REPO / "bench" / "pool.py"), "--trials", "1", "--jobs", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=REPO)
+                           "--long-epochs", "3", "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     [trial] = result["priority"]
