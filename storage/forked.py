@@ -8,9 +8,11 @@ any other thread starts (the callers check ``may_fork``). The child keeps none o
 but the standard streams and those it is given (a copy of a training process's pipe to its worker must
 not outlive the training process in it), goes by a name of its own (``/proc/PID/comm``, ``ps -o comm``:
 its command line is its parent's), and leaves by ``os._exit``, running none of its parent's exit handlers.
+(It lives in the storage layer, below both of its users.)
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -70,24 +72,52 @@ class ForkedChild:
 
 def fork(name: str, kept: Collection[int], body: Callable[[], int]) -> ForkedChild:
     """Fork a child named ``name`` that keeps the descriptors ``kept`` (and 0, 1, 2), runs ``body`` and
-    exits with its status (1, its traceback on stderr, if it raises)."""
+    exits with its status (1, its traceback on stderr, if it raises). OSError where the kernel refuses
+    (no memory, too many processes or descriptors)."""
+    _flush()  # (what this process had not written yet would be written twice, by the child too)
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             _keep_only({0, 1, 2, *kept})
+            _forget_parents_helpers()
             _name(name)
             code = body()
         except BaseException:  # noqa: BLE001 - said on stderr; the parent sees the exit status
             traceback.print_exc()
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
+            logging.shutdown()
+            _flush()
             os._exit(code)
     return ForkedChild(pid, name)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _forget_parents_helpers() -> None:
+    """multiprocessing's handles on this process's helpers (its resource tracker, its forkserver, the
+    sentinel of its own parent) name descriptors the child has closed: a new interpreter has none, and
+    with such a number reused by a file or socket, the job's code (a SharedMemory, a queue of a spawn
+    context) would write into it. The child starts its own helpers when it needs them, as a new
+    interpreter would."""
+    from multiprocessing import forkserver, process, resource_tracker
+
+    helpers = ((getattr(resource_tracker, "_resource_tracker", None), ("_fd", "_pid")),
+               (getattr(forkserver, "_forkserver", None), ("_forkserver_address", "_forkserver_alive_fd",
+                                                          "_forkserver_pid", "_inherited_fds")),
+               (process, ("_parent_process",)))
+    for holder, names in helpers:  # (private names, as of Python 3.9-3.13: those a version lacks are skipped)
+        for attr in names:
+            if hasattr(holder, attr):
+                setattr(holder, attr, None)
+    if hasattr(process, "_children"):
+        setattr(process, "_children", set())
 
 
 def _name(name: str) -> None:

@@ -46,12 +46,12 @@ def main(conn: Connection, stop: StopFlag, order: AttemptOrder) -> None:
     # a forkserver's child inherits "forkserver" as its default start method: the job's DataLoader workers
     # must start as in any other process (forked from this one, its logging and data set included)
     multiprocessing.set_start_method(None, force=True)
-    # first, while this process has no thread and torch imported: the ranks 1..N-1 this node's attempt will
-    # start, and the checkpoint writer
-    spare_ranks.fork(order.spec.resources.processes - 1)
-    writer_start.fork_spare()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    # first, while this process has no thread and torch imported: the ranks 1..N-1 this node's attempt will
+    # start, then the checkpoint writer (so that no rank inherits this process's spare writer)
+    spare_ranks.fork(order.spec.resources.processes - 1)
+    writer_start.fork_spare()
     _log_to_stderr()
     remote = Remote(conn)
     control = RemoteControl(remote, stop, order.job_id)

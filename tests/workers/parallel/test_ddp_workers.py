@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +57,7 @@ def test_two_ranks_survive_sigkill_then_sigterm_on_workers_bit_exact_without_orp
     job = cluster.client.submit(SPEC, "ddp")  # a worker started meanwhile could find the job near its end)
     holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
     first_ranks = wait_for(lambda: rank_pids(holder), timeout=30)
+    assert all(Path(f"/proc/{pid}/comm").read_text().strip() == "baton-rank" for pid in first_ranks)  # forked ahead
 
     def mid_epoch(manifest: dict) -> bool:
         latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None

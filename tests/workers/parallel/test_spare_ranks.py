@@ -1,9 +1,11 @@
 """Ranks 1..N-1 forked ahead of their attempt (``spare_ranks``): a 2-rank `baton run`'s rank 1 is a fork of
-the run (named ``baton-rank``, no new interpreter, no secret in its environment) and trains; a spare dies
-with the process that forked it, even when that one is SIGKILLed; one no attempt takes exits, or is ended
-by ``discard``; a process that runs a thread forks none (its ranks start as new interpreters). That forked
-ranks train bit for bit as new interpreters do: tests/workers/parallel/test_ddp.py, whose resumed
-`baton run` (forked ranks) ends equal to its in-process reference (ranks started as new interpreters)."""
+the run (named ``baton-rank``, no new interpreter) and trains; a spare dies with the process that forked
+it when that one is SIGKILLed, even while another process holds its pipe open; one no attempt takes exits
+at its closed pipe; a process that runs a thread forks none (its ranks start as new interpreters); a
+forked child holds none of its parent's multiprocessing helpers. That forked ranks train bit for bit as
+new interpreters do: tests/workers/parallel/test_ddp.py, whose resumed `baton run` (forked ranks) ends
+equal to its in-process reference (ranks started as new interpreters); a worker's ranks are forked too:
+tests/workers/parallel/test_ddp_workers.py."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,8 @@ import re
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from baton.storage.stores.file_store import FileStore
 
@@ -40,7 +44,8 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_two_rank_runs_rank_1_is_a_fork_of_the_run_with_no_secret_in_its_environment(tmp_path):
+@pytest.mark.slow
+def test_a_two_rank_runs_rank_1_is_a_fork_of_the_run(tmp_path):
     hold = tmp_path / "hold"
     hold.touch()  # the ranks wait at their first sample while the file is there: rank 1 is looked at meanwhile
     spec = {**HELD, "data": {**HELD["data"], "kwargs": {**HELD["data"]["kwargs"], "hold": str(hold)}}}
@@ -55,9 +60,6 @@ def test_a_two_rank_runs_rank_1_is_a_fork_of_the_run_with_no_secret_in_its_envir
         assert _comm(rank1) == "baton-rank" and _ppid(rank1) == run.pid
         with open(f"/proc/{rank1}/cmdline", "rb") as fh:
             assert b"rank_main" not in fh.read()  # not a new interpreter
-        with open(f"/proc/{rank1}/environ", "rb") as fh:
-            environment = fh.read()
-        assert b"BATON_RANK_SECRET" not in environment and b"BATON_RANK_ARGS" not in environment
         hold.unlink()
         assert run.wait(timeout=300) == 0, log.read_text()  # (rank 1 took part in every step's all-reduce)
     finally:
@@ -74,23 +76,24 @@ from baton.workers.parallel import spare_ranks
 if sys.argv[1] == "thread":
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 spare_ranks.fork(2)
-print(json.dumps([s.proc.pid for s in spare_ranks._spares]), flush=True)
-command = sys.stdin.readline().strip()
-if command == "discard":
-    spare_ranks.discard()
-    print("discarded", flush=True)
-    sys.stdin.readline()
-elif command == "close":
+holder = 0
+if sys.argv[1] == "held":  # another process holds the spares' pipes open: only PR_SET_PDEATHSIG ends them
+    holder = os.fork()
+    if holder == 0:
+        time.sleep(60)
+        os._exit(0)
+print(json.dumps({"spares": [s.proc.pid for s in spare_ranks._spares], "holder": holder}), flush=True)
+if sys.stdin.readline().strip() == "close":
     codes = []
     for spare in spare_ranks._spares:
-        os.close(spare.orders)
+        spare.orders.close()
         codes.append(spare.proc.wait(timeout=30))
     print(json.dumps(codes), flush=True)
     sys.stdin.readline()
 """
 
 
-def _forker(how: str = "plain") -> tuple[subprocess.Popen, list[int]]:
+def _forker(how: str = "plain") -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen([sys.executable, "-c", SPARES, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, cwd=REPO, env=baton_env())
     assert proc.stdout is not None
@@ -103,19 +106,22 @@ def _finish(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def test_spares_die_with_the_process_that_forked_them_even_by_sigkill():
-    proc, spares = _forker()
+def test_spares_die_with_the_process_that_forked_them_even_by_sigkill_with_their_pipes_held_open():
+    proc, forked = _forker("held")
+    spares, holder = forked["spares"], forked["holder"]
     try:
-        assert len(spares) == 2 and all(_comm(pid) == "baton-rank" and _ppid(pid) == proc.pid for pid in spares)
+        assert len(spares) == 2 and all(_ppid(pid) == proc.pid for pid in spares)
+        wait_for(lambda: all(_comm(pid) == "baton-rank" for pid in spares), timeout=10, what="the spares' names")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         wait_for(lambda: all(_gone(pid) for pid in spares), timeout=10, what="the spares to die with their parent")
     finally:
         _finish(proc)
+        os.kill(holder, signal.SIGKILL)
 
 
-def test_a_spare_no_attempt_takes_exits_at_its_closed_pipe_and_discard_ends_them():
-    proc, spares = _forker()
+def test_a_spare_no_attempt_takes_exits_at_its_closed_pipe():
+    proc, _ = _forker()
     try:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write("close\n")
@@ -123,20 +129,30 @@ def test_a_spare_no_attempt_takes_exits_at_its_closed_pipe_and_discard_ends_them
         assert json.loads(proc.stdout.readline()) == [0, 0]
     finally:
         _finish(proc)
-    proc, spares = _forker()
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("discard\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "discarded"
-        assert all(_gone(pid) for pid in spares)
-    finally:
-        _finish(proc)
 
 
 def test_a_process_running_a_thread_forks_no_spare():
-    proc, spares = _forker("thread")
+    proc, forked = _forker("thread")
     try:
-        assert spares == []
+        assert forked["spares"] == []
     finally:
         _finish(proc)
+
+
+FORGETS = """
+import sys
+from multiprocessing import resource_tracker
+from baton.storage import forked
+resource_tracker.ensure_running()  # this process's tracker: a descriptor of its own
+assert resource_tracker._resource_tracker._fd is not None
+child = forked.fork("probe", (), lambda: 0 if resource_tracker._resource_tracker._fd is None else 3)
+sys.exit(child.wait(timeout=30))
+"""
+
+
+def test_a_forked_child_holds_none_of_its_parents_multiprocessing_helpers():
+    """Its parent's resource tracker's descriptor is closed in the child: kept as a number, the job's code
+    (a SharedMemory) would write into whatever file or socket reuses it."""
+    done = subprocess.run([sys.executable, "-c", FORGETS], capture_output=True, text=True, cwd=REPO, env=baton_env(),
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
