@@ -20,6 +20,7 @@ import pytest
 from baton.storage.stores.file_store import FileStore
 
 from tests.helpers import REPO, baton_env, make_spec, start_baton, wait_for, write_spec
+from tests.workers.parallel.test_ddp import alive
 
 HELD = make_spec(data={"target": "tests.probes:slow_spiral", "kwargs": {"n_per_class": 150, "delay_s": 0.001},
                        "batch_size": 16},
@@ -34,14 +35,6 @@ def _comm(pid: int) -> str:
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[1])
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.slow
@@ -66,21 +59,21 @@ def test_a_two_rank_runs_rank_1_is_a_fork_of_the_run(tmp_path):
         if run.poll() is None:
             run.kill()
             run.wait()
-    assert _gone(rank1)
+    assert not alive(rank1)
 
 
 SPARES = """
-import json, os, sys, threading, time
+import json, os, signal, sys, threading
 import torch
 from baton.workers.parallel import spare_ranks
 if sys.argv[1] == "thread":
-    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # (runs until this process ends)
 spare_ranks.fork(2)
 holder = 0
 if sys.argv[1] == "held":  # another process holds the spares' pipes open: only PR_SET_PDEATHSIG ends them
     holder = os.fork()
     if holder == 0:
-        time.sleep(60)
+        signal.pause()  # until the test SIGKILLs it
         os._exit(0)
 print(json.dumps({"spares": [s.proc.pid for s in spare_ranks._spares], "holder": holder}), flush=True)
 if sys.stdin.readline().strip() == "close":
@@ -114,7 +107,7 @@ def test_spares_die_with_the_process_that_forked_them_even_by_sigkill_with_their
         wait_for(lambda: all(_comm(pid) == "baton-rank" for pid in spares), timeout=10, what="the spares' names")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        wait_for(lambda: all(_gone(pid) for pid in spares), timeout=10, what="the spares to die with their parent")
+        wait_for(lambda: all(not alive(pid) for pid in spares), timeout=10, what="the spares to die with their parent")
     finally:
         _finish(proc)
         os.kill(holder, signal.SIGKILL)
