@@ -58,8 +58,8 @@ def _writer_processes(holder: WorkerProcess) -> list[int]:
     return pids
 
 
-SWEEP = ("from pathlib import Path; from baton.storage.memory import memory_slots; from baton.storage.checkpointing import shared_buffers; "
-         "print(len(shared_buffers.remove_orphans(Path('/dev/shm'))) + len(memory_slots.remove_orphans()))")
+SWEEP = ("from pathlib import Path; from baton.storage.memory import memory_dirs; from baton.storage.checkpointing import shared_buffers; "
+         "print(len(shared_buffers.remove_orphans(Path('/dev/shm'))) + len(memory_dirs.remove_orphans()))")
 
 
 def sweep_from_another_namespace(env: dict) -> str:

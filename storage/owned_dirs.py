@@ -44,7 +44,20 @@ PROC = Path("/proc")
 UNKNOWN_SPACE = "x"
 OWNER_LOCK = ".owner"
 """A held directory's lock file: locked (flock) by its owner for as long as it lives."""
+SHM = Path("/dev/shm")
+"""The machine's memory-backed file system, where held directories go."""
+# Kinds of directory whose makers import torch, named here so that a worker's main process, which does
+# not, can sweep those of a process killed outright (``workers/attempt/scratch.py``)
+SPOOL_PREFIX = "baton-spool-"
+"""Checkpoint spools: ``storage/checkpointing/checkpointer.py``, sharded checkpoints, best weights."""
+RANKS_PREFIX = "baton-ranks-"
+"""A multi-rank attempt's private directory (``workers/parallel/launcher.py``)."""
 _held: dict[Path, int] = {}  # this process's held directories -> the descriptor holding their lock
+
+
+def writable(directory: Path) -> bool:
+    """Whether files can go in ``directory`` (/dev/shm may be absent or read-only)."""
+    return directory.is_dir() and os.access(directory, os.W_OK)
 
 
 def _forget_held() -> None:

@@ -46,7 +46,7 @@ from baton.storage.checkpointing.priority import background_nice as nice_setting
 from baton.storage.checkpointing.shared_buffers import SharedBuffers
 from baton.storage.checkpointing.snapshot import Copies, HostSnapshot
 
-SPOOL_PREFIX = "baton-spool-"
+SPOOL_PREFIX = owned_dirs.SPOOL_PREFIX
 """The spool directories' names (``owned_dirs.py``: those of a process killed outright are removed
 by the next worker or ``baton run`` started on the machine)."""
 WRITER_ENV = writer_start.WRITER_ENV

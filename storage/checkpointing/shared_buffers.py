@@ -34,7 +34,7 @@ from baton.schemas.errors import CheckpointWriteFailed
 from baton.storage import owned_dirs
 from baton.storage.checkpointing.plain import Plain, only_scalars
 
-SHM = Path("/dev/shm")
+SHM = owned_dirs.SHM
 PREFIX = "baton-snapshot-"
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 """Errors that say the machine has no room for a buffer (anything else, such as too many open files,
@@ -57,7 +57,7 @@ class SharedBuffers:
 
     def __init__(self, spool: Path, log: Callable[[str], None] = print, tmpfs: Path = SHM,
                  headroom: int = SHM_HEADROOM):
-        bases = ([tmpfs] if writable(tmpfs) else []) + [spool]
+        bases = ([tmpfs] if owned_dirs.writable(tmpfs) else []) + [spool]
         if bases[0] == tmpfs:
             remove_orphans(tmpfs)
         dirs = [owned_dirs.make(PREFIX, base, held=base == tmpfs) for base in bases]
@@ -152,11 +152,6 @@ def remove_orphans(tmpfs: Path) -> list[Path]:
 def _free(directory: Path) -> int:
     stats = os.statvfs(directory)
     return stats.f_bavail * stats.f_frsize
-
-
-def writable(directory: Path) -> bool:
-    """Whether buffers can go in ``directory`` (/dev/shm may be absent or read-only)."""
-    return directory.is_dir() and os.access(directory, os.W_OK)
 
 
 def _reserve(path: Path, nbytes: int) -> int:

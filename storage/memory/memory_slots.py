@@ -1,10 +1,7 @@
 """Where the last step in memory lives, and reading it back (``memory_copy`` writes it).
 
-A job's copies live in directories its worker makes (``make_dirs``: one on /dev/shm, RAM that outlives
-the training process, and one on disk for buffers /dev/shm has no room for), named after the worker
-(``owned_dirs``: those of a worker killed outright are swept, ``remove_orphans``) and kept for the next
-training process it starts (``JobMemory``). In them, two *slots*: each a directory of buffer files
-(``shared_buffers``) and a record, ``slot-<i>.meta`` (``Record``: sequence number, step, position, the
+A job's copies live in directories its worker makes and keeps (``memory_dirs``). In them, two
+*slots*: each a directory of buffer files (``shared_buffers``) and a record, ``slot-<i>.meta`` (``Record``: sequence number, step, position, the
 state's structure with each tensor replaced by its file, a CRC-32 per file), written with
 ``torch.save`` and read with ``torch.load(weights_only=True)``, these types allowed.
 
@@ -14,38 +11,17 @@ unpublishes both slots.
 """
 from __future__ import annotations
 
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from baton.storage import owned_dirs
-from baton.storage.checkpointing.shared_buffers import SHM, MappedBuffers, Slot, writable
+from baton.storage.checkpointing.shared_buffers import MappedBuffers, Slot
 from baton.storage.checkpointing.plain import Plain, unwrap
 
-PREFIX = "baton-memory-"
-"""The directories' names (``owned_dirs``: those of an agent killed outright are swept)."""
 SLOTS = 2
-
-
-def make_dirs() -> list[Path]:
-    """The directories for one job's copies: on /dev/shm when there is one, and on disk (the temporary
-    directory) for the buffers /dev/shm has no room for. Named after this process (``owned_dirs``)."""
-    bases = ([SHM] if writable(SHM) else []) + [Path(tempfile.gettempdir())]
-    return [owned_dirs.make(PREFIX, base, held=base == SHM) for base in bases]
-
-
-def remove_dirs(dirs: Collection[Path]) -> None:
-    for directory in dirs:
-        owned_dirs.remove(directory)
-
-
-def remove_orphans() -> list[Path]:
-    """The directories of agents that are gone (killed outright), removed."""
-    return [path for place in (SHM, None) for path in owned_dirs.remove_orphans(place, (PREFIX,))]
 
 
 def record_path(dirs: list[Path], slot: int) -> Path:
@@ -152,19 +128,3 @@ def slots_and_tensors(skeleton: Any, snapshot: Any):
         for value, other in zip(skeleton, snapshot):
             yield from slots_and_tensors(value, other)
 
-
-class JobMemory:
-    """A job's copy directories on this worker: made for its first training process, kept for the next,
-    removed when the job leaves the worker."""
-
-    def __init__(self) -> None:
-        self.dirs: Optional[list[str]] = None
-
-    def get(self) -> list[str]:
-        if self.dirs is None:
-            self.dirs = [str(d) for d in make_dirs()]
-        return self.dirs
-
-    def remove(self) -> None:
-        if self.dirs is not None:
-            remove_dirs([Path(d) for d in self.dirs])

@@ -52,17 +52,17 @@ print(len(remove_orphans(Path(sys.argv[1]))), flush=True)
 MEMORY_OWNER = """
 import sys
 from pathlib import Path
-from baton.storage.memory import memory_slots
-memory_slots.SHM = Path(sys.argv[1])
-print(memory_slots.make_dirs()[0], flush=True)
+from baton.storage.memory import memory_dirs
+memory_dirs.SHM = Path(sys.argv[1])
+print(memory_dirs.make_dirs()[0], flush=True)
 sys.stdin.read()
 """
 MEMORY_SWEEP = """
 import sys
 from pathlib import Path
-from baton.storage.memory import memory_slots
-memory_slots.SHM = Path(sys.argv[1])
-print(len(memory_slots.remove_orphans()), flush=True)
+from baton.storage.memory import memory_dirs
+memory_dirs.SHM = Path(sys.argv[1])
+print(len(memory_dirs.remove_orphans()), flush=True)
 """
 
 

@@ -14,11 +14,9 @@ from typing import Callable, Optional
 
 from baton.storage import owned_dirs
 from baton.storage.stores.base import ObjectStore
-from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
-from baton.workers.parallel.launcher import RANKS_PREFIX
 from baton.workers.tracking.tensorboard import LOCAL_DIR_PREFIX
 
-PREFIXES = (SPOOL_PREFIX, LOCAL_DIR_PREFIX, RANKS_PREFIX)
+PREFIXES = (owned_dirs.SPOOL_PREFIX, LOCAL_DIR_PREFIX, owned_dirs.RANKS_PREFIX)
 
 
 def remove_orphaned_scratch(store: Optional[ObjectStore], log: Callable[[str], None]) -> list[Path]:

@@ -40,14 +40,14 @@ from baton.schemas.messages import GroupOrder, RankOrder
 from baton.storage import owned_dirs
 
 from baton.storage.forked import ForkedChild
-from baton.workers.parallel import failure_report, rendezvous, spare_ranks
+from baton.workers.parallel import failure_report, gpu_probe, rendezvous, spare_ranks
 from baton.workers.parallel.errors import RankFailed, RankLost
 from baton.workers.parallel.failure_report import EXIT_USER_CODE
 
 _log = logging.getLogger("baton.worker")
 
 ARGS_ENV = "BATON_RANK_ARGS"
-RANKS_PREFIX = "baton-ranks-"
+RANKS_PREFIX = owned_dirs.RANKS_PREFIX
 """The attempt's private directory (``owned_dirs``: one left by a rank 0 killed outright is swept at the
 next start of a worker or a run on the machine)."""
 EXIT_HUNG = 70
@@ -259,18 +259,12 @@ def _exit_hung(why: str) -> None:
     os._exit(EXIT_HUNG)
 
 
-def offered_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def check_devices(device_type: str, processes: int) -> None:
     """A CUDA job of N ranks needs N GPUs visible to this worker (``--gpus-per-job``). Workers pass
     such a job on before claiming it (``baton.workers.queue.delivery``); this refuses what reaches a claim anyway."""
     if device_type != "cuda":
         return
-    missing = devices_missing("cuda", processes, offered_gpus())
+    missing = devices_missing("cuda", processes, gpu_probe.offered_gpus())
     if missing:
         raise PermanentError(missing)
 

@@ -22,12 +22,10 @@ from baton.schemas.spec import JobSpec
 from baton.storage import owned_dirs
 from baton.workers.parallel import rendezvous
 from baton.workers.parallel.distributed import RankGroup, RankSeat
+from baton.workers.parallel.peer_calls import ANNOUNCE, REMOTE_FAILURE
 from baton.workers.parallel.launcher import RANKS_PREFIX, RENDEZVOUS_TIMEOUT_S, Meeting, Ranks, check_devices
 from baton.storage.checkpoint_io import SHARDS_KEY
 
-ANNOUNCE = "peers_announce"
-REMOTE_FAILURE = "peers_remote_failure"
-"""The calls a leader's training process makes of its worker (``LeaderPeers``)."""
 
 
 class Peers(Protocol):

@@ -6,10 +6,10 @@ import logging
 import os
 import platform
 import time
+from importlib import metadata
 from typing import Optional
 
 import redis
-import torch
 from celery import signals
 from celery.worker import state as celery_state
 
@@ -19,11 +19,11 @@ from baton.storage.redaction import RedactingFilter, Redactor
 from baton.storage.records.connection import connect
 from baton.schemas.settings import BatonSettings
 from baton.storage.stores.open import open_store
-from baton.storage.memory import memory_slots
+from baton.storage.memory import memory_dirs
 from baton.workers.attempt.process import start_forkserver
 from baton.workers.attempt.scratch import remove_orphaned_scratch
 from baton.workers.tracking import prometheus
-from baton.workers.training.determinism import prepare_process
+from baton.workers.parallel import gpu_probe
 
 from baton.storage.records import presence
 from baton.storage.records.messages import publish_join, publish_run
@@ -53,13 +53,20 @@ def worker_context(hostname: str) -> WorkerContext:
 
 
 def device_banner() -> str:
+    """Python's and torch's versions and the GPUs torch sees. This process imports torch only where a GPU
+    driver's device file exists (``gpu_probe``): on a CPU-only node the version is read from its metadata."""
+    if not gpu_probe.may_have_gpus():
+        return (f"python {platform.python_version()}, torch {metadata.version('torch')}; no CUDA device visible: "
+                "jobs with resources.device: cuda will fail here, auto runs on the CPU")
+    import torch
+
     lines = [f"python {platform.python_version()}, torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}"]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)}")
     else:
         lines.append("no CUDA device visible: jobs with resources.device: cuda will fail here, auto runs on the CPU")
-        if os.path.exists("/dev/nvidiactl") or os.environ.get("NVIDIA_VISIBLE_DEVICES", "none") not in ("", "none", "void"):
+        if os.path.exists("/dev/nvidiactl") or gpu_probe.nvidia_promised():
             _log.error("this node has NVIDIA devices but torch sees no CUDA (%s, CUDA build %s): check the driver, the "
                        "container runtime and the image; jobs with device auto would silently train on the CPU",
                        torch.__version__, torch.version.cuda)
@@ -83,11 +90,6 @@ def _count_reaped(job_id: str, action: str) -> None:
         prometheus.JOBS_RETRIED.labels("lost").inc()
     elif action == "outage":
         prometheus.JOBS_RETRIED.labels("redis").inc()
-
-
-@signals.worker_init.connect
-def _before_start(**_) -> None:
-    prepare_process()
 
 
 @signals.after_setup_logger.connect
@@ -133,7 +135,7 @@ def _on_ready(sender, **_) -> None:
     # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool, event files and
     # in-memory copies
     remove_orphaned_scratch(open_store(ctx.settings.storage_url), _log.warning)
-    for path in [*memory_slots.remove_orphans(), *shipped_code.sweep_orphans()]:
+    for path in [*memory_dirs.remove_orphans(), *shipped_code.sweep_orphans()]:
         _log.warning("removed %s: left by a worker that is gone (killed outright)", path)
     # Redis may be away right now (the consumer connected a moment ago): wait for it, as every job
     # would; failing here left a worker taking jobs with no reaper, no preemption handler, no presence

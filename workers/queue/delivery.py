@@ -38,12 +38,12 @@ from baton.schemas.messages import AttemptEnd, AttemptOrder, Ending, Failure, Pe
 from baton.schemas.spec import JobSpec
 from baton.schemas.status import JobState
 from baton.schemas.targets import disallowed_targets
-from baton.storage.memory.memory_slots import JobMemory
+from baton.storage.memory.memory_dirs import JobMemory
 from baton.storage.records import leases, pausing
 from baton.storage.records.job_records import CANCELLED_AS_IT_STOPPED
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
-from baton.workers.parallel.nodes import ANNOUNCE, REMOTE_FAILURE
+from baton.workers.parallel.peer_calls import ANNOUNCE, REMOTE_FAILURE
 from baton.workers.queue import gang_leader, search_steps
 from baton.workers.queue.claims import catch_up_with_manifest, release_if_still_mine
 from baton.workers.queue.endings import ACTIONS

@@ -20,20 +20,22 @@ import logging
 import shutil
 import signal
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import redis
 
 from baton.schemas.messages import GroupOrder
 from baton.storage import owned_dirs
 from baton.storage.artifacts import download_checkpoint
-from baton.storage.checkpointing.checkpointer import SPOOL_PREFIX
 from baton.storage.records.gangs import Gang, Gangs, Membership
 from baton.storage.stores.open import open_store
 from baton.workers.parallel import failure_report
-from baton.workers.parallel.launcher import SETTLE_S, Ranks, describe_exit
-from baton.workers.parallel.nodes import start_node
 from baton.workers.queue.gang_node import POLL_S, Renewer, node_host, quietly
+
+if TYPE_CHECKING:
+    from baton.workers.parallel.launcher import Ranks
+# the node's ranks (launcher, nodes) need torch.distributed: imported by a follower as it starts them, so
+# that a worker's main process, which has no torch, pays for it only when it follows a gang
 
 _log = logging.getLogger("baton.worker")
 
@@ -108,7 +110,7 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
     order = GroupOrder.model_validate_json(gang.args).model_copy(
         update={"allowed_prefixes": ctx.settings.allowed_prefixes})
     store = open_store(order.storage_url)
-    scratch = owned_dirs.make(SPOOL_PREFIX, store.scratch_dir())
+    scratch = owned_dirs.make(owned_dirs.SPOOL_PREFIX, store.scratch_dir())
     try:
         if order.resume_entry is not None:  # sharded: this node's copy of the checkpoint the leader chose, verified
             try:
@@ -127,6 +129,8 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
         order = order.model_copy(update={"import_path": import_path})
         if ctx.preemption.requested.is_set():  # shutting down before its ranks started
             return _report(gangs, job_id, gang, "released", f"node {membership.node} ({ctx.worker}) is shutting down")
+        from baton.workers.parallel.nodes import start_node
+
         ranks = start_node(order, membership.node, gang.endpoint, gang.secret,
                            lambda message: _log.info("job %s: %s", job_id, message))
         try:
@@ -139,6 +143,8 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
 
 def _watch(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, keeper: Renewer,
            ranks: Ranks) -> str:
+    from baton.workers.parallel import launcher
+
     forwarded = False
     looks = 0
     unread_since: Optional[float] = None  # Redis unreachable since (a blip is no reason to stop)
@@ -148,7 +154,7 @@ def _watch(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership, k
             quietly(lambda: gangs.mark_done(job_id, gang.id, membership.node))  # its lease may go now: not a loss
             return "done"
         if any(code not in (None, 0) for code in codes):
-            time.sleep(SETTLE_S)  # a rank whose collective broke under it may exit before the one that failed
+            time.sleep(launcher.SETTLE_S)  # a rank whose collective broke under it may exit before the one that failed
             return _report_end(ctx, gangs, job_id, gang, membership, ranks)
         if ctx.preemption.requested.is_set() and not forwarded:  # every rank stops at the same step, once
             for proc in ranks.procs:
@@ -183,6 +189,8 @@ def _report_end(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membersh
     by a signal is a loss before any report (a rank whose collective broke may report after it); else
     the job's code failed where a rank reported it; ranks ended by this worker's own shutdown are a
     release (not counted); anything else is a loss."""
+    from baton.workers.parallel import launcher
+
     codes = [proc.poll() for proc in ranks.procs]
     ended = sorted(((rank, code) for rank, code in zip(ranks.ranks, codes) if code not in (None, 0)),
                    key=lambda ended_rank: ended_rank[1] >= 0)  # killed by a signal first
@@ -196,7 +204,7 @@ def _report_end(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membersh
             "rank": report.rank, "world_size": ranks.world_size, "exception": report.exception,
             "traceback": report.traceback}))
         return "failed"
-    return _report(gangs, job_id, gang, "lost", f"{describe_exit(rank, code)} on {where}")
+    return _report(gangs, job_id, gang, "lost", f"{launcher.describe_exit(rank, code)} on {where}")
 
 
 def _report(gangs: Gangs, job_id: str, gang: Gang, what: str, detail: str) -> str:

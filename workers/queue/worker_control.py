@@ -23,7 +23,7 @@ from baton.schemas.metrics import val_metrics
 from baton.schemas.settings import BatonSettings
 from baton.storage.checkpointing.contract import CheckpointStats
 from baton.workers.attempt.process import Death
-from baton.workers.parallel.launcher import offered_gpus
+from baton.workers.parallel.gpu_probe import offered_gpus
 from baton.workers.tracking import prometheus
 from baton.workers.training.control import LoopControl, StepReport
 
