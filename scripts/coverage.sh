@@ -12,7 +12,7 @@ DATA="$(mktemp -d "${TMPDIR:-/tmp}/baton-coverage-XXXXXX")"
 RC="$DATA/coverage.rc"
 sed -e "s|@DATA@|$DATA|" -e "s|@ROOT@|$PWD|" scripts/coverage.rc > "$RC"
 status=0
-COVERAGE_RCFILE="$RC" "$VENV/bin/python" -m coverage run --rcfile="$RC" -m pytest -n "${TEST_WORKERS:-2}" \
+COVERAGE_RCFILE="$RC" "$VENV/bin/python" -m coverage run --rcfile="$RC" -m pytest -n "${TEST_WORKERS:-3}" \
   --dist loadfile -p no:cacheprovider -q "$@" || status=$?
 "$VENV/bin/python" -m coverage combine --rcfile="$RC" -q
 "$VENV/bin/python" -m coverage report --rcfile="$RC" | tail -n 3

@@ -2,8 +2,8 @@
 that the next attempt on this machine, after the training process died, resumes from it instead of
 from the last durable checkpoint.
 
-The worker keeps the copies' directories for the next training process it starts (``memory_slots``:
-where they live, the records, reading the newest back). A training process copies its state into one
+The worker keeps the copies' directories for the next training process it starts (``memory_dirs``;
+``memory_slots``: the records, reading the newest back). A training process copies its state into one
 of two *slots* there, in turn:
 
 1. the slot's record (``slot-<i>.meta``) is removed: from here the slot holds nothing a reader takes;

@@ -59,11 +59,19 @@ def start_forkserver() -> float:
     return _early.result() if _early is not None else _start_now()  # (its error, if any, raised here)
 
 
+class ForkserverBroken(RuntimeError):
+    """A process forked from the forkserver cannot import the training code (a broken torch install, a
+    missing library): every training process would die the same way."""
+
+
 def _start_now() -> float:
     started = time.monotonic()
-    probe = context().Process(target=_nothing, name="baton-forkserver-probe")
+    probe = context().Process(target=_import_the_loop, name="baton-forkserver-probe")
     probe.start()
     probe.join()
+    if probe.exitcode != 0:  # multiprocessing's forkserver skips a preload that fails to import: ask a child
+        raise ForkserverBroken(f"a training process could not import baton's training code (exit {probe.exitcode}; "
+                               "its traceback is above in this log)")
     return time.monotonic() - started
 
 
@@ -78,8 +86,9 @@ def warm_forkserver_early() -> None:
         _early = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-forkserver-start").submit(_start_now)
 
 
-def _nothing() -> None:
-    pass
+def _import_the_loop() -> None:
+    """What every training process imports: already in the forkserver (instant) when its preload worked."""
+    import baton.workers.attempt.child  # noqa: F401
 
 
 @dataclass(frozen=True)

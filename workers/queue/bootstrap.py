@@ -20,7 +20,7 @@ from baton.storage.records.connection import connect
 from baton.schemas.settings import BatonSettings
 from baton.storage.stores.open import open_store
 from baton.storage.memory import memory_dirs
-from baton.workers.attempt.process import start_forkserver
+from baton.workers.attempt.process import ForkserverBroken, start_forkserver
 from baton.workers.attempt.scratch import remove_orphaned_scratch
 from baton.workers.tracking import prometheus
 from baton.workers.parallel import gpu_probe
@@ -33,6 +33,7 @@ from baton.workers.queue.preemption import PREEMPTION
 from baton.workers.queue.spot_notice import NoticePoller
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 from baton.workers.queue.reaper import Reaper
+from baton.workers.queue.worker_main import EXIT_CANNOT_TRAIN
 from baton.workers.code import cache as shipped_code
 
 _log = logging.getLogger("baton.worker")
@@ -54,10 +55,10 @@ def worker_context(hostname: str) -> WorkerContext:
 
 def device_banner() -> str:
     """Python's and torch's versions and the GPUs torch sees. This process imports torch only where a GPU
-    driver's device file exists (``gpu_probe``): on a CPU-only node the version is read from its metadata."""
+    driver may be present (``gpu_probe``): on a node without one the version is read from its metadata."""
     if not gpu_probe.may_have_gpus():
-        return (f"python {platform.python_version()}, torch {metadata.version('torch')}; no CUDA device visible: "
-                "jobs with resources.device: cuda will fail here, auto runs on the CPU")
+        return (f"python {platform.python_version()}, torch {metadata.version('torch')}; no GPU driver on this node "
+                "(torch not asked): jobs with resources.device: cuda will fail here, auto runs on the CPU")
     import torch
 
     lines = [f"python {platform.python_version()}, torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}"]
@@ -130,7 +131,12 @@ def _on_ready(sender, **_) -> None:
         ctx.redis.set(keys.worker_stopping(ctx.worker), "1", ex=int(ctx.settings.preempt_grace_s) + 60)
 
     _log.info("baton worker %s: connected to the broker; starting up", ctx.worker)
-    took = start_forkserver()  # the training processes' parent: its imports and warm-up, paid before any job
+    try:
+        took = start_forkserver()  # the training processes' parent: its imports and warm-up, paid before any job
+    except ForkserverBroken as exc:  # (this process imports no torch: a broken install shows here)
+        _log.critical("baton worker %s: refusing to start: %s", ctx.worker, exc)
+        logging.shutdown()
+        os._exit(EXIT_CANNOT_TRAIN)
     _log.info("baton worker %s: training processes' forkserver ready in %.1fs", ctx.worker, took)
     # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool, event files and
     # in-memory copies

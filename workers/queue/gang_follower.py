@@ -34,8 +34,8 @@ from baton.workers.queue.gang_node import POLL_S, Renewer, node_host, quietly
 
 if TYPE_CHECKING:
     from baton.workers.parallel.launcher import Ranks
-# the node's ranks (launcher, nodes) need torch.distributed: imported by a follower as it starts them, so
-# that a worker's main process, which has no torch, pays for it only when it follows a gang
+# the node's ranks (launcher, nodes) need torch.distributed: imported by a follower before it joins a gang
+# (``follow``), so that a worker's main process, which has no torch, pays for it only when it follows one
 
 _log = logging.getLogger("baton.worker")
 
@@ -51,6 +51,10 @@ def follow(ctx, job_id: str, attempt: int, nodes: int, queue: str, cannot_host: 
         time.sleep(pass_on_wait_s)
         ctx.publish_join(job_id, attempt, nodes, queue)
         return "passed on"
+    # the ranks' modules import torch.distributed (seconds of a core, holding the GIL): before joining, while
+    # no membership lease is held that a stalled renewer thread could let lapse
+    from baton.workers.parallel import nodes as _ranks_modules  # noqa: F401
+
     gangs = Gangs(ctx.redis)
     membership, why = gangs.join(job_id, attempt, nodes, ctx.worker, node_host(), settings.gang_distinct,
                                  settings.lease_ttl_s)

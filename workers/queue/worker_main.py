@@ -121,6 +121,9 @@ def _may_restart(history: deque) -> bool:
 EXIT_STORE_REFUSED = 5
 """A worker whose store cannot be used refuses to start with the exit code of every command's
 infrastructure mistake (``baton.jobs.infra.EXIT_INFRASTRUCTURE``)."""
+EXIT_CANNOT_TRAIN = 5
+"""A worker whose training processes cannot import their code (a broken torch install) stops before it
+takes a job, with the same code."""
 STORAGE_START_WAIT_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 """Waits between tries of the start-up probe while the store is unreachable (about a minute in all)."""
 

@@ -1,6 +1,6 @@
-"""A worker's main process asks torch about GPUs only where a GPU driver's device file exists (or a
-container runtime promised NVIDIA devices): on this CPU-only machine it learns "none" without importing
-torch, and where a device file appears it asks torch, which has the last word."""
+"""A worker's main process asks torch about GPUs only where a GPU driver or a device list may give it
+one: on this machine, with no driver, it learns "none" without importing torch; where a driver's file
+appears or a device list is set, it asks torch, which has the last word."""
 from __future__ import annotations
 
 import json
@@ -13,42 +13,58 @@ import pytest
 from baton.workers.parallel import gpu_probe
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.skipif(any(os.path.exists(path) for path in gpu_probe.DEVICE_FILES),
-                                reason="this machine has a GPU driver's device file")
-
 PROBE = """
 import json, sys
 from baton.workers.parallel import gpu_probe
 if len(sys.argv) > 1:
-    gpu_probe.DEVICE_FILES = (sys.argv[1],)
+    gpu_probe.DRIVER_PATHS = (sys.argv[1],)
 gpus = gpu_probe.offered_gpus()
 from baton.workers.queue.bootstrap import device_banner
-print(json.dumps({"gpus": gpus, "torch": "torch" in sys.modules, "banner": device_banner()}))
+banner = device_banner()
+print(json.dumps({"gpus": gpus, "torch": "torch" in sys.modules, "banner": banner}))
 """
+LISTS = ("NVIDIA_VISIBLE_DEVICES", *gpu_probe.DEVICE_LISTS)
 
 
 def probe(*args: str, **env: str) -> dict:
-    clean = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    clean = {k: v for k, v in os.environ.items() if k not in LISTS}
     done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO,
                           env={**clean, **env}, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
-def test_a_node_without_a_gpu_device_file_offers_none_without_importing_torch():
+NO_DRIVER = pytest.mark.skipif(any(gpu_probe.glob.glob(pattern) for pattern in gpu_probe.DRIVER_PATHS),
+                               reason="this machine has a GPU driver")
+
+
+@NO_DRIVER
+def test_a_node_without_a_gpu_driver_offers_none_without_importing_torch():
     from importlib import metadata
 
     seen = probe()
     assert seen["gpus"] == 0 and not seen["torch"]
-    assert f"torch {metadata.version('torch')}; no CUDA device visible" in seen["banner"], seen["banner"]
+    assert f"torch {metadata.version('torch')}; no GPU driver on this node" in seen["banner"], seen["banner"]
 
 
-@pytest.mark.parametrize("how", ["device file", "NVIDIA_VISIBLE_DEVICES"])
-def test_where_a_gpu_may_be_torch_is_asked_and_has_the_last_word(tmp_path, how):
+@NO_DRIVER
+@pytest.mark.parametrize("env,may", [({"NVIDIA_VISIBLE_DEVICES": "none"}, False), ({"NVIDIA_VISIBLE_DEVICES": "void"}, False),
+                                     ({"NVIDIA_VISIBLE_DEVICES": ""}, False), ({"NVIDIA_VISIBLE_DEVICES": "all"}, True),
+                                     ({"CUDA_VISIBLE_DEVICES": "0"}, True), ({"HIP_VISIBLE_DEVICES": "0"}, True),
+                                     ({"ROCR_VISIBLE_DEVICES": "0"}, True)])
+def test_a_device_list_set_for_the_process_means_torch_is_asked(monkeypatch, env, may):
+    for name in LISTS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert gpu_probe.may_have_gpus() is may
+
+
+def test_where_a_driver_is_torch_is_asked_and_has_the_last_word(tmp_path):
     import torch
 
-    device = tmp_path / "nvidiactl"
-    device.touch()
-    seen = probe(str(device)) if how == "device file" else probe(NVIDIA_VISIBLE_DEVICES="all")
-    assert seen["torch"] and seen["gpus"] == torch.cuda.device_count()  # 0 here: torch sees no CUDA
+    driver = tmp_path / "nvidia"
+    driver.mkdir()
+    seen = probe(str(driver))
+    assert seen["torch"] and seen["gpus"] == torch.cuda.device_count()  # no CUDA here: both 0; a GPU: its count
     assert f"torch {torch.__version__}, CUDA build" in seen["banner"], seen["banner"]
