@@ -166,7 +166,7 @@ def test_a_workers_main_process_imports_no_library_a_job_alone_needs():
     import subprocess
     import sys
 
-    heavy = ("torch", "numpy", "torchmetrics", "scipy", "matplotlib")
+    heavy = ("torch", "numpy", "torchmetrics", "scipy", "matplotlib", "torch.distributed.checkpoint", "torch.distributed.tensor")
     code = ("import sys, baton.workers.queue.tasks, baton.workers.queue.worker_main; "
             f"print(' '.join(m for m in {heavy!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)

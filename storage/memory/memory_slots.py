@@ -1,9 +1,10 @@
 """Where the last step in memory lives, and reading it back (``memory_copy`` writes it).
 
 A job's copies live in directories its worker makes and keeps (``memory_dirs``). In them, two
-*slots*: each a directory of buffer files (``shared_buffers``) and a record, ``slot-<i>.meta`` (``Record``: sequence number, step, position, the
-state's structure with each tensor replaced by its file, a CRC-32 per file), written with
-``torch.save`` and read with ``torch.load(weights_only=True)``, these types allowed.
+*slots*: each a directory of buffer files (``shared_buffers``) and a record, ``slot-<i>.meta``
+(``Record``: sequence number, step, position, the state's structure with each tensor replaced by its
+file, a CRC-32 per file), written with ``torch.save`` and read with ``torch.load(weights_only=True)``,
+these types allowed.
 
 ``newest`` takes the record with the highest sequence number whose files match their digests, and
 loads it (cloned out of the buffers: a loaded optimizer keeps the tensors it is given). ``forget``

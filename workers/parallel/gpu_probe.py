@@ -31,8 +31,11 @@ def may_have_gpus() -> bool:
 
 def offered_gpus() -> int:
     """The GPUs torch sees; 0 without asking it where ``may_have_gpus`` is False."""
-    if not may_have_gpus():
-        return 0
+    return seen_by_torch() if may_have_gpus() else 0
+
+
+def seen_by_torch() -> int:
+    """The GPUs torch sees (imports torch)."""
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

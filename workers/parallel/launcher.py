@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
 import torch.distributed as dist
 
 from baton.schemas.errors import FencedOut, PermanentError, exception_chain
@@ -41,7 +40,7 @@ from baton.schemas.messages import GroupOrder, RankOrder
 from baton.storage import owned_dirs
 
 from baton.storage.forked import ForkedChild
-from baton.workers.parallel import failure_report, rendezvous, spare_ranks
+from baton.workers.parallel import failure_report, gpu_probe, rendezvous, spare_ranks
 from baton.workers.parallel.errors import RankFailed, RankLost
 from baton.workers.parallel.failure_report import EXIT_USER_CODE
 
@@ -265,8 +264,7 @@ def check_devices(device_type: str, processes: int) -> None:
     such a job on before claiming it (``baton.workers.queue.delivery``); this refuses what reaches a claim anyway."""
     if device_type != "cuda":
         return
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0  # (this process has torch)
-    missing = devices_missing("cuda", processes, visible)
+    missing = devices_missing("cuda", processes, gpu_probe.seen_by_torch())  # torch itself: it trains here
     if missing:
         raise PermanentError(missing)
 

@@ -33,7 +33,7 @@ from baton.workers.queue.preemption import PREEMPTION
 from baton.workers.queue.spot_notice import NoticePoller
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
 from baton.workers.queue.reaper import Reaper
-from baton.workers.queue.worker_main import EXIT_CANNOT_TRAIN
+from baton.workers.queue.worker_main import EXIT_REFUSED
 from baton.workers.code import cache as shipped_code
 
 _log = logging.getLogger("baton.worker")
@@ -136,7 +136,7 @@ def _on_ready(sender, **_) -> None:
     except ForkserverBroken as exc:  # (this process imports no torch: a broken install shows here)
         _log.critical("baton worker %s: refusing to start: %s", ctx.worker, exc)
         logging.shutdown()
-        os._exit(EXIT_CANNOT_TRAIN)
+        os._exit(EXIT_REFUSED)
     _log.info("baton worker %s: training processes' forkserver ready in %.1fs", ctx.worker, took)
     # a worker killed outright on this machine (SIGKILL, OOM) left its checkpoint spool, event files and
     # in-memory copies

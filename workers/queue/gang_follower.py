@@ -53,7 +53,7 @@ def follow(ctx, job_id: str, attempt: int, nodes: int, queue: str, cannot_host: 
         return "passed on"
     # the ranks' modules import torch.distributed (seconds of a core, holding the GIL): before joining, while
     # no membership lease is held that a stalled renewer thread could let lapse
-    from baton.workers.parallel import nodes as _ranks_modules  # noqa: F401
+    import baton.workers.parallel.nodes  # noqa: F401
 
     gangs = Gangs(ctx.redis)
     membership, why = gangs.join(job_id, attempt, nodes, ctx.worker, node_host(), settings.gang_distinct,

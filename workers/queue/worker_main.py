@@ -118,12 +118,10 @@ def _may_restart(history: deque) -> bool:
     return True
 
 
-EXIT_STORE_REFUSED = 5
-"""A worker whose store cannot be used refuses to start with the exit code of every command's
-infrastructure mistake (``baton.jobs.infra.EXIT_INFRASTRUCTURE``)."""
-EXIT_CANNOT_TRAIN = 5
-"""A worker whose training processes cannot import their code (a broken torch install) stops before it
-takes a job, with the same code."""
+EXIT_REFUSED = 5
+"""A worker that cannot work here (its store cannot be used; its training processes cannot import their
+code, as with a broken torch install) refuses to start, before it takes a job, with the exit code of every
+command's infrastructure mistake (``baton.jobs.infra.EXIT_INFRASTRUCTURE``)."""
 STORAGE_START_WAIT_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 """Waits between tries of the start-up probe while the store is unreachable (about a minute in all)."""
 
@@ -160,7 +158,7 @@ def run_worker(name: Optional[str], queues: str, concurrency: int, loglevel: str
     refusal = check_storage(BatonSettings().storage_url)
     if refusal is not None:
         print(refusal, file=sys.stderr, flush=True)
-        return EXIT_STORE_REFUSED
+        return EXIT_REFUSED
     name = node_name(name)
     device_count = 0
     if gpus is not None:

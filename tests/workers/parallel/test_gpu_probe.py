@@ -3,6 +3,7 @@ one: on this machine, with no driver, it learns "none" without importing torch; 
 appears or a device list is set, it asks torch, which has the last word."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ def probe(*args: str, **env: str) -> dict:
     return json.loads(done.stdout)
 
 
-NO_DRIVER = pytest.mark.skipif(any(gpu_probe.glob.glob(pattern) for pattern in gpu_probe.DRIVER_PATHS),
+NO_DRIVER = pytest.mark.skipif(any(glob.glob(pattern) for pattern in gpu_probe.DRIVER_PATHS),
                                reason="this machine has a GPU driver")
 
 

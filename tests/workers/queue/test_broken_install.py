@@ -13,7 +13,7 @@ def test_a_worker_whose_training_code_cannot_import_torch_refuses_to_start(redis
     import redis
 
     from baton.jobs.services import WorkerProcess
-    from baton.workers.queue.worker_main import EXIT_CANNOT_TRAIN
+    from baton.workers.queue.worker_main import EXIT_REFUSED
 
     broken = tmp_path / "site" / "torch"
     broken.mkdir(parents=True)
@@ -24,7 +24,7 @@ def test_a_worker_whose_training_code_cannot_import_torch_refuses_to_start(redis
     env["PYTHONPATH"] = f"{tmp_path / 'site'}:{env['PYTHONPATH']}"
     worker = WorkerProcess("broken@test", env, str(tmp_path / "w.log")).start()
     try:
-        assert worker.started.wait(timeout=120) == EXIT_CANNOT_TRAIN, worker.log()
+        assert worker.started.wait(timeout=120) == EXIT_REFUSED, worker.log()
     finally:
         worker.stop()
     log = worker.log()
