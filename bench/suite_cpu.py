@@ -83,7 +83,8 @@ RULES = [  # (a piece of the command line or name, the kind), the first that mat
     ("-m baton run", "baton run"), ("-m baton", "baton CLI, other commands"), ("bin/baton ", "baton CLI, other commands"),
     ("pytest", "pytest"), ("exec(eval(sys.stdin.readline()))", "pytest"),  # the second: xdist's workers (execnet)
     ("bench/", "bench scripts"), ("redis-server", "redis-server"), ("moto", "moto (S3)"), ("mlflow", "mlflow"),
-    ("chrom", "chromium"), ("mypy", "mypy"), ("-m tests.", "tests' helper processes")]
+    ("chrom", "chromium"), ("mypy", "mypy"),
+    ("-m tests.zygote", "baton commands forked by the tests"), ("-m tests.", "tests' helper processes")]
 
 
 def kind_of(proc: Seen, parent: Seen | None) -> str:

@@ -26,6 +26,7 @@ from baton.storage.checkpoint_io import load_bytes
 from baton.storage.layout import JobPaths
 from baton.storage.manifest_store import ManifestStore
 from baton.storage.state_diff import first_difference
+from tests import zygote
 
 REPO = Path(__file__).resolve().parents[1]
 BATON = [sys.executable, "-m", "baton"]
@@ -72,14 +73,35 @@ def baton_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_baton(*args: str, env: Optional[dict] = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*BATON, *args], env=env or baton_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+def run_baton(*args: str, env: Optional[dict] = None, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python -m baton ARGS``, its output captured: forked from the tests' warm server (tests/zygote.py)
+    unless ``fresh`` or the server cannot run it, then a new interpreter."""
+    env = env or baton_env()
+    done = None if fresh else zygote.run(list(args), env, str(REPO), timeout)
+    if done is None:
+        done = subprocess.run([*BATON, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return done
 
 
-def start_baton(*args: str, env: Optional[dict] = None, log: Optional[Path] = None) -> subprocess.Popen:
-    out = open(log, "w") if log else subprocess.DEVNULL
-    return subprocess.Popen([*BATON, *args], env=env or baton_env(), stdout=out, stderr=subprocess.STDOUT,
-                            cwd=REPO, start_new_session=True)
+def start_baton(*args: str, env: Optional[dict] = None, log: Optional[Path] = None, fresh: bool = False,
+                capture: bool = False) -> Any:
+    """``python -m baton ARGS`` in a session of its own, stdout and stderr to ``log`` (``capture``: to text
+    pipes, read by ``communicate``): a ``subprocess.Popen`` or, forked from the tests' warm server
+    (tests/zygote.py), as much of one as the tests use."""
+    env = env or baton_env()
+    out = open(log, "w") if log else None
+    try:
+        proc = None if fresh else zygote.start(list(args), env, str(REPO), out, capture)
+        if proc is None and capture:
+            proc = subprocess.Popen([*BATON, *args], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    cwd=REPO, start_new_session=True)
+        elif proc is None:
+            proc = subprocess.Popen([*BATON, *args], env=env, stdout=out or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                    cwd=REPO, start_new_session=True)
+    finally:
+        if out is not None:
+            out.close()  # (the command holds its own copy)
+    return proc
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 90, what: str = "a condition", every: float = 0.05) -> Any:

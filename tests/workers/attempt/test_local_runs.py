@@ -21,6 +21,7 @@ from tests.helpers import (
     make_spec,
     read_manifest,
     run_baton,
+    start_baton,
     write_spec,
 )
 from tests.workers.conftest import SPEC
@@ -28,10 +29,9 @@ from tests.workers.conftest import SPEC
 RUNNING_ELSEWHERE = 4
 
 
-def _start(spec_path, url: str, job_id: str, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([*BATON, "run", str(spec_path), "--id", job_id, "--storage", url, "--no-progress"],
-                            env=baton_env(**env), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+def _start(spec_path, url: str, job_id: str, **env: str):
+    return start_baton("run", str(spec_path), "--id", job_id, "--storage", url, "--no-progress", env=baton_env(**env),
+                       capture=True)
 
 
 def _every_referenced_checkpoint_exists(store: FileStore, job_id: str) -> None:
