@@ -37,37 +37,10 @@ def gang_of(cluster, job_id: str):
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_group_equal_to_one_node(cluster, fsdp_reference, tmp_path):
-    cluster.start_workers(2, **NODES_ENV)
-    job = cluster.client.submit(TWO_NODES, "two")
-    final = job.wait(timeout=180, progress=False)
-    assert final.state.value == "succeeded", final.error
-    assert (final.attempt, final.lost) == (1, 0)
-    # the leader dissolves its gang once its attempt has ended: after the job's record says so
-    wait_for(lambda: (gang := gang_of(cluster, "two")) is None or gang.state == "dissolved", timeout=30)
-    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "two", tmp_path)
-
-
-@pytest.mark.slow
-def test_a_node_sigkilled_the_gang_forms_again_and_ends_bit_exact(cluster, fsdp_reference, tmp_path):
-    """The follower's worker SIGKILLed mid-epoch (its rank dies with it, the leader's collective fails):
-    the attempt is lost, the job re-queued; the leader and a spare form the next gang, which resumes
-    from the last sharded checkpoint and ends equal to the uninterrupted run, with no rank left."""
-    cluster.start_workers(2, **NODES_ENV)
-    job = cluster.client.submit(TWO_NODES, "cut")
-    wait_for(running_at_step(job, 1))
-    follower = cluster.worker(gang_of(cluster, "cut").workers[1])
-    committed = sigkill_worker_pid_when(follower, cluster.store(), "cut", mid_epoch_after_two_checkpoints())
-    cluster.start_workers(1, **NODES_ENV)  # the spare
-    final = job.wait(timeout=240, progress=False)
-    assert final.state.value == "succeeded", final.error
-    assert final.lost == 1 and final.attempt >= 2 and final.resumed_from == committed["checkpoints"][-1]["step"]
-    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "cut", tmp_path)
-    assert not any(alive(worker.proc.pid) for worker in cluster.workers if worker is follower)
-
-
-@pytest.mark.slow
-def test_a_gang_that_cannot_fill_is_released_without_using_an_attempt(cluster, tmp_path):
+def test_a_gang_that_cannot_fill_is_released_without_using_an_attempt_then_two_nodes_train_as_one(
+        cluster, fsdp_reference, tmp_path):
+    """One node of two: the gang is released, the job stays queued with no attempt used. Once a second
+    node starts, the two train as one group, equal to the same ranks on one node."""
     cluster.start_workers(1, BATON_GANG_TIMEOUT_S="2", **NODES_ENV)
     job = cluster.client.submit(TWO_NODES, "alone")
     waiting = wait_for(lambda: (s := job.status()).last_event and "only 1 of 2 joined" in s.last_event and s, timeout=60)
@@ -76,6 +49,9 @@ def test_a_gang_that_cannot_fill_is_released_without_using_an_attempt(cluster, t
     final = job.wait(timeout=240, progress=False)
     assert final.state.value == "succeeded", final.error
     assert (final.attempt, final.lost) == (1, 0)
+    # the leader dissolves its gang once its attempt has ended: after the job's record says so
+    wait_for(lambda: (gang := gang_of(cluster, "alone")) is None or gang.state == "dissolved", timeout=30)
+    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "alone", tmp_path)
 
 
 @pytest.mark.slow
@@ -133,26 +109,47 @@ def test_two_gangs_on_two_workers_both_finish(cluster):
     assert [(f.state.value, f.attempt, f.lost) for f in finals] == [("succeeded", 1, 0)] * 2, [f.error for f in finals]
 
 
+def mid_epoch_after_two_checkpoints_past(step: int):
+    """``mid_epoch_after_two_checkpoints`` among the checkpoints past ``step`` (those of a resumed attempt)."""
+    ready = mid_epoch_after_two_checkpoints()
+    return lambda manifest: ready({**manifest, "checkpoints": [e for e in manifest["checkpoints"] if e["step"] > step]})
+
+
 @pytest.mark.slow
-def test_the_leader_sigkilled_its_gang_ends_and_a_new_one_ends_bit_exact(cluster, fsdp_reference, tmp_path):
-    """The leader's worker SIGKILLed mid-epoch (its rank 0 dies with it): the follower's rank is stopped
-    by its worker (the gang expires without its leader), the job's lease lapses and a reaper queues it
-    again; the follower and a spare form the next gang, which ends equal to the uninterrupted run."""
+def test_a_node_then_the_leader_sigkilled_the_gang_forms_again_each_time_and_ends_bit_exact(cluster, fsdp_reference,
+                                                                                           tmp_path):
+    """The follower's worker SIGKILLed mid-epoch (its rank dies with it, the leader's collective fails):
+    the attempt is lost, the job re-queued; the leader and a spare form the next gang, which resumes from
+    the last sharded checkpoint. Then that gang's leader is SIGKILLed mid-epoch (its rank 0 dies with it):
+    the follower's rank is stopped by its worker (the gang expires without its leader), the job's lease
+    lapses and a reaper queues it again; the follower and a second spare form the third gang, which
+    resumes from the latest checkpoint and ends equal to the uninterrupted run, with no rank left."""
     from tests.workers.parallel.test_ddp_workers import rank_pids
 
+    store = cluster.store()
     cluster.start_workers(2, **NODES_ENV)
-    job = cluster.client.submit(TWO_NODES, "headless")
-    holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
-    follower = cluster.worker(gang_of(cluster, "headless").workers[1])
-    assert follower is not holder
-    follower_ranks = wait_for(lambda: rank_pids(follower), timeout=30)
-    committed = sigkill_worker_pid_when(holder, cluster.store(), "headless", mid_epoch_after_two_checkpoints())
+    job = cluster.client.submit(TWO_NODES, "cut")
+    wait_for(running_at_step(job, 1))
+    follower = cluster.worker(gang_of(cluster, "cut").workers[1])
+    first_cut = sigkill_worker_pid_when(follower, store, "cut", mid_epoch_after_two_checkpoints())
+    resumed = first_cut["checkpoints"][-1]["step"]
+    cluster.start_workers(1, **NODES_ENV)  # the first spare
+
+    second = wait_for(lambda: (s := running_at_step(job, resumed + 1)()) and s.attempt >= 2 and s, timeout=180)
+    assert (second.lost, second.resumed_from) == (1, resumed), second
+    holder = cluster.worker(second.worker)
+    second_follower = cluster.worker(gang_of(cluster, "cut").workers[1])
+    assert follower not in (holder, second_follower) and holder is not second_follower
+    follower_ranks = wait_for(lambda: rank_pids(second_follower), timeout=30)
+    second_cut = sigkill_worker_pid_when(holder, store, "cut", mid_epoch_after_two_checkpoints_past(resumed))
     wait_for(lambda: not any(alive(pid) for pid in follower_ranks), timeout=30)  # no orphan on the follower
-    cluster.start_workers(1, **NODES_ENV)  # the spare
+    cluster.start_workers(1, **NODES_ENV)  # the second spare
+
     final = job.wait(timeout=240, progress=False)
     assert final.state.value == "succeeded", final.error
-    assert final.lost == 1 and final.resumed_from == committed["checkpoints"][-1]["step"]
-    assert_same_sharded_training(fsdp_reference, "reference", cluster.store(), "headless", tmp_path)
+    assert final.lost == 2 and final.attempt >= 3 and final.resumed_from == second_cut["checkpoints"][-1]["step"]
+    assert_same_sharded_training(fsdp_reference, "reference", store, "cut", tmp_path)
+    assert not any(alive(worker.proc.pid) for worker in (follower, holder))
 
 
 def rendezvous_endpoints(cluster) -> list[str]:
