@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from tests import zygote
-from tests.helpers import assert_same_training, make_spec, run_baton, start_baton, wait_for, write_spec
+from tests.helpers import assert_same_training, baton_env, make_spec, run_baton, start_baton, wait_for, write_spec
 
 
 def test_a_forked_command_says_and_exits_as_a_new_interpreter(tmp_path):
@@ -34,8 +34,10 @@ def test_an_environment_that_differs_where_an_interpreter_reads_it_starts_a_new_
     server = zygote.zygote()
     assert server is not None
     assert server.serves(["status"], dict(zygote.SERVER_ENV))
-    # torch names its cache directory in the environment of a process that trained (the pytest process)
+    assert server.serves(["run"], baton_env())  # what the tests' commands get (this process's environment now)
+    # set in this process by the libraries (torch once it traced, scikit-learn once it loaded a data set)
     assert server.serves(["run"], {**zygote.SERVER_ENV, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"})
+    assert server.serves(["run"], {**zygote.SERVER_ENV, "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"})
     assert not server.serves(["status"], {**zygote.SERVER_ENV, "PYTHONPATH": "/elsewhere"})
     assert not server.serves(["status"], {**zygote.SERVER_ENV, "OMP_NUM_THREADS": "7"})
     assert not server.serves(["worker", "--name", "w"], dict(zygote.SERVER_ENV))  # a worker's main holds no torch
@@ -51,3 +53,30 @@ def test_a_forked_baton_run_trains_the_same_bits_as_a_new_interpreter(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
     store = FileStore(tmp_path / "store")
     assert_same_training(store, "forked", store, "fresh")
+
+
+def _signal_state(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as fh:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in fh) if k in ("SigBlk", "SigIgn", "SigCgt")}
+
+
+@pytest.mark.slow
+def test_a_forked_baton_run_handles_signals_as_a_new_interpreter_and_sigterm_stops_it_with_3(tmp_path):
+    """The signals it blocks, ignores and catches while it trains are a new interpreter's, and SIGTERM
+    checkpoints and ends it with exit 3 either way."""
+    spec = write_spec(tmp_path, make_spec(loop={"epochs": 200}))
+    runs = {}
+    for name, fresh in (("forked", False), ("fresh", True)):
+        log = tmp_path / f"{name}.log"
+        proc = start_baton("run", str(spec), "--id", name, "--storage", f"file://{tmp_path / 'store'}", "--no-progress",
+                           log=log, fresh=fresh)
+        assert isinstance(proc, zygote.Forked) != fresh
+        runs[name] = (proc, log)
+    for name, (proc, log) in runs.items():
+        wait_for(lambda: "epoch" in log.read_text() or proc.poll() is not None, timeout=120, what=f"the {name} run")
+        assert proc.poll() is None, log.read_text()
+    assert _signal_state(runs["forked"][0].pid) == _signal_state(runs["fresh"][0].pid)
+    for proc, _ in runs.values():
+        proc.send_signal(signal.SIGTERM)
+    for name, (proc, log) in runs.items():
+        assert proc.wait(timeout=120) == 3, f"{name}: {log.read_text()}"

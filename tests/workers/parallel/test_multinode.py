@@ -128,14 +128,17 @@ def test_a_node_then_the_leader_sigkilled_the_gang_forms_again_each_time_and_end
 
     store = cluster.store()
     cluster.start_workers(2, **NODES_ENV)
-    job = cluster.client.submit(TWO_NODES, "cut")
+    job = cluster.client.submit({**TWO_NODES, "retry": {"max_attempts": 5}}, "cut")
     wait_for(running_at_step(job, 1))
     follower = cluster.worker(gang_of(cluster, "cut").workers[1])
     first_cut = sigkill_worker_pid_when(follower, store, "cut", mid_epoch_after_two_checkpoints())
     resumed = first_cut["checkpoints"][-1]["step"]
     cluster.start_workers(1, **NODES_ENV)  # the first spare
 
-    second = wait_for(lambda: (s := running_at_step(job, resumed + 1)()) and s.attempt >= 2 and s, timeout=180)
+    # a claim leaves the last attempt's step and resumed_from in the record until the new one has loaded its
+    # checkpoint: wait for the resume itself
+    second = wait_for(lambda: (s := job.status()).state.value == "running" and s.attempt >= 2 and s.resumed_from
+                      and s, timeout=180)
     assert (second.lost, second.resumed_from) == (1, resumed), second
     holder = cluster.worker(second.worker)
     second_follower = cluster.worker(gang_of(cluster, "cut").workers[1])
