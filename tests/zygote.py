@@ -8,8 +8,8 @@ once, never baton's own code, starts no thread, and forks a child per command. T
 interpreter running ``python -m baton ARGS`` would be: its own pid (in a session of its own where asked),
 the test's environment, working directory and standard streams (buffered as CPython buffers them),
 ``sys.argv`` and ``sys.path``, baton imported fresh under that environment, and it leaves as such an
-interpreter leaves (``SystemExit`` or the exception raised to the top: excepthook, exit handlers,
-finalisation, death by an unhandled SIGINT); it is signalled and killed by pid or process group as any
+interpreter leaves (its status, excepthook, exit handlers, flushed streams, death by an unhandled
+SIGINT; the modules' finalisation skipped); it is signalled and killed by pid or process group as any
 process is. It differs where a test of baton does not look: the libraries were imported under the
 server's environment (a command whose interpreter-level variables differ, ``PYTHON*``, thread counts,
 library paths, starts as a new interpreter), every child has the server's hash seed, and
@@ -152,10 +152,9 @@ def _reap(control: socket.socket) -> None:
 
 
 def _child(request: dict, fds: list[int], set_up: int) -> None:
-    """What ``python -m baton ARGS`` does, in this forked process. It leaves as such an interpreter does:
-    ``SystemExit`` (or any exception) raised up through the server's frames to the top of this module, so
-    that CPython itself runs ``sys.excepthook`` (typer's), joins the non-daemon threads, runs the exit
-    handlers, flushes and finalises, and dies of an unhandled SIGINT by that signal."""
+    """What ``python -m baton ARGS`` does, in this forked process, and its exit as CPython's: the exception
+    it did not catch through ``sys.excepthook`` (typer's), the non-daemon threads joined, the exit handlers
+    run, the streams flushed, death by an unhandled SIGINT."""
     import io
     import runpy
 
@@ -192,8 +191,40 @@ def _child(request: dict, fds: list[int], set_up: int) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
-    runpy.run_module("baton", run_name="__main__", alter_sys=True)
-    raise SystemExit(0)
+    code, interrupted = 0, False
+    try:
+        runpy.run_module("baton", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException as exc:  # noqa: BLE001 - as CPython: the excepthook (typer's) says it, exit 1 or SIGINT
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
+    # CPython's shutdown up to its modules' finalisation, which is skipped: tearing torch, scipy and matplotlib
+    # down costs ~2 s of a core, which a command that never imported them (`baton status`) does not pay
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  (the non-daemon threads joined)
+    except BaseException:  # noqa: BLE001
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if interrupted:  # dies of the SIGINT it did not handle
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _exit_code(value: object) -> int:
+    """The status ``SystemExit(value)`` ends an interpreter with."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
 
 
 # ---- the tests' side ---------------------------------------------------------------------------------
