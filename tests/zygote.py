@@ -298,12 +298,6 @@ class Forked:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def __enter__(self) -> "Forked":
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.wait()
-
 
 class Zygote:
     """This pytest process's server; ``ready`` while it serves."""
