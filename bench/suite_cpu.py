@@ -39,6 +39,7 @@ class Seen:
     cmd: str
     cpu_ticks: int = 0
     kind: str = ""
+    test: str = ""  # the pytest test that started it (its own PYTEST_CURRENT_TEST, else its parent's)
 
 
 class Stat(NamedTuple):
@@ -69,6 +70,19 @@ def read_cmdline(pid: str) -> str:
         return ""
 
 
+def read_test(pid: str) -> str:
+    """The test a process was started by, from the PYTEST_CURRENT_TEST its environment began with."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            block = f.read()
+    except OSError:
+        return ""
+    for entry in block.split(b"\0"):
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return entry.split(b"=", 1)[1].decode(errors="replace").rsplit(" (", 1)[0]
+    return ""
+
+
 def machine_ticks() -> tuple[int, int]:
     """(busy, all) ticks of every CPU since boot."""
     with open("/proc/stat") as f:
@@ -85,6 +99,10 @@ RULES = [  # (a piece of the command line or name, the kind), the first that mat
     ("bench/", "bench scripts"), ("redis-server", "redis-server"), ("moto", "moto (S3)"), ("mlflow", "mlflow"),
     ("chrom", "chromium"), ("mypy", "mypy"),
     ("-m tests.zygote", "baton commands forked by the tests"), ("-m tests.", "tests' helper processes")]
+
+
+UNATTRIBUTED = ("pytest", "baton commands forked by the tests")
+"""Kinds whose processes serve many tests: a test's environment in them is only the first one's."""
 
 
 def kind_of(proc: Seen, parent: Seen | None) -> str:
@@ -142,6 +160,8 @@ def sample(command: list[str], every: float, linger: float) -> tuple[dict[tuple[
                     continue  # not below the command
                 seen = ours[key] = mine[int(pid)] = Seen(int(pid), ppid, start, comm, read_cmdline(pid))
                 seen.kind = kind_of(seen, parent)
+                if seen.kind not in UNATTRIBUTED:
+                    seen.test = read_test(pid) or (parent.test if parent is not None else "")
             seen.cpu_ticks, seen.comm = cpu, comm
         if done:
             break
@@ -171,6 +191,15 @@ def main() -> None:
     print(f"\n{'kind of process':32} {'processes':>9} {'CPU s':>8} {'share':>6}")
     for kind, seconds in cpu.most_common():
         print(f"{kind:32} {count[kind]:9d} {seconds:8.1f} {seconds / max(measured, 1e-9):6.1%}")
+    by_test = Counter()
+    for proc in procs.values():
+        if proc.test:
+            by_test[proc.test] += proc.cpu_ticks / TICKS
+    if by_test:
+        print(f"\nthe processes tests started (not {' or '.join(UNATTRIBUTED)}), by test: "
+              f"{sum(by_test.values()):.0f} CPU s, the {min(len(by_test), 25)} costliest")
+        for test, seconds in by_test.most_common(25):
+            print(f"{seconds:8.1f}  {test}")
     machine_s = busy / TICKS
     print(f"{'all of the command':32} {sum(count.values()):9d} {measured:8.1f}")
     print(f"wall {wall:.0f} s; the machine's {cores} cores were busy {machine_s:.0f} CPU s "
@@ -179,6 +208,7 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "command": command, "returncode": returncode, "wall_s": wall, "cores": cores, "machine_busy_cpu_s": machine_s,
         "by_kind": {kind: {"processes": count[kind], "cpu_s": cpu[kind]} for kind in cpu},
+        "by_test": dict(by_test.most_common()),
         "processes": [asdict(p) | {"cpu_s": p.cpu_ticks / TICKS} for p in procs.values()]}, indent=1))
     print(f"wrote {args.out}")
     sys.exit(returncode)

@@ -3,6 +3,7 @@ reaped included (a worker's forkserver is one: ``time`` misses it and all it for
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,13 +15,15 @@ ORPHANING = ("import subprocess, sys\n"
              "subprocess.run([sys.executable, '-m', 'baton', '--help'], capture_output=True, check=True)")
 
 
-def test_suite_cpu_counts_an_unreaped_grandchild_and_sorts_processes_by_kind(tmp_path):
+def test_suite_cpu_counts_an_unreaped_grandchild_and_sorts_processes_by_kind_and_test(tmp_path):
     out = tmp_path / "cpu.json"
     done = subprocess.run([sys.executable, str(REPO / "bench" / "suite_cpu.py"), "--every", "0.02", "--out", str(out),
-                           "--", sys.executable, "-c", ORPHANING], capture_output=True, text=True, timeout=120, cwd=REPO)
+                           "--", sys.executable, "-c", ORPHANING], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTEST_CURRENT_TEST": "tests/t.py::test_it (call)"})
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["by_kind"]["baton CLI, other commands"]["processes"] == 1, result["by_kind"]
     burner = [p for p in result["processes"] if "process_time" in p["cmd"] and "Popen" not in p["cmd"]]
     assert len(burner) == 1 and burner[0]["cpu_s"] >= 0.4, burner  # it ended after the command did
+    assert result["by_test"]["tests/t.py::test_it"] >= 0.4, result["by_test"]  # what the test started, by its name
     assert "all of the command" in done.stdout and "baton CLI, other commands" in done.stdout
