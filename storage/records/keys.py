@@ -25,6 +25,15 @@ REDIS_OUTAGE = f"{PREFIX}:redis:outage"
 again: a lease that lapsed meanwhile lapsed because of Redis, and is not counted as a worker loss."""
 
 
+TOKENS = f"{PREFIX}:tokens"
+"""Hash: the SHA-256 of every principal's token -> the principal's name (``records/principals.py``)."""
+
+
+def principal(name: str) -> str:
+    """Hash: a principal's role, teams, whether it is a service, when it was made, its token's SHA-256."""
+    return f"{PREFIX}:principal:{name}"
+
+
 def job(job_id: str) -> str:
     """Hash: the job's record (spec, state, attempt, progress, pointers, error)."""
     return f"{PREFIX}:job:{job_id}"
