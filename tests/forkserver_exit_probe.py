@@ -1,6 +1,6 @@
-"""Preloaded into a test's forkserver after baton's own preload: marks what of the forkserver's exit ran.
-``$PROBE_DIR/atexit`` is written by an exit handler, ``$PROBE_DIR/finalised`` by an object's ``__del__``
-when the interpreter tears this module down."""
+"""Preloaded into a test's forkserver beside baton's own preload: marks what of the forkserver's exit ran.
+An exit handler appends a line to ``$PROBE_DIR/atexit`` each time it is called; an object's ``__del__``
+writes ``$PROBE_DIR/finalised`` when the interpreter tears this module down."""
 import atexit
 import os
 
@@ -8,8 +8,8 @@ _dir = os.environ["PROBE_DIR"]
 
 
 def _mark(name: str) -> None:
-    with open(os.path.join(_dir, name), "w") as f:
-        f.write(str(os.getpid()))
+    with open(os.path.join(_dir, name), "a") as f:
+        f.write(f"{os.getpid()}\n")
 
 
 atexit.register(_mark, "atexit")

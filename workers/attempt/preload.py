@@ -42,20 +42,26 @@ _FORKSERVER = os.getpid()
 def _exit_without_finalising() -> None:
     """The forkserver ends (its worker's pipe closed) as the interpreter would, less the finalisation of
     its modules: tearing down torch, torch._dynamo and the trackers' libraries costs ~2 s of a core at
-    every worker's stop, and a fork server holds nothing that finalisation would save. The other exit
-    handlers still run (multiprocessing's among them), then the streams are flushed. Registered last, so
-    run first; a process forked from the forkserver that reaches the exit handlers (they are inherited)
-    finalises as usual."""
-    if os.getpid() != _FORKSERVER:
+    every worker's stop, and a fork server holds nothing that finalisation would save.
+
+    Registered last, so called first: the exit handlers registered before it (multiprocessing's,
+    logging's) are run from here, then the streams are flushed and the process leaves with the status
+    the interpreter would give (1 after an uncaught exception: ``sys.last_type``; the forkserver's own
+    end is a bare ``SystemExit``, 0). Where a handler was registered after this one (already called,
+    CPython does not drop it from the list) the interpreter finalises as usual rather than call it twice;
+    so does any process but the forkserver (its children leave by ``os._exit`` and never get here)."""
+    if os.getpid() != _FORKSERVER or atexit._ncallbacks() != _REGISTERED:
         return
     atexit.unregister(_exit_without_finalising)
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    os._exit(0)
+    os._exit(1 if getattr(sys, "last_type", None) is not None else 0)
 
 
 atexit.register(_exit_without_finalising)
+_REGISTERED = atexit._ncallbacks()  # (the count only grows until exit: unregistering leaves a gap)

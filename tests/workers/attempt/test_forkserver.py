@@ -15,7 +15,7 @@ from baton.workers.attempt import process
 
 if __name__ == "__main__":
     context = process.context()
-    context.set_forkserver_preload(["baton.workers.attempt.preload", "tests.forkserver_exit_probe"])
+    context.set_forkserver_preload(sys.argv[1].split(","))
     process.start_forkserver()
     child = context.Process(target=sys.exit, args=(3,))
     child.start()
@@ -27,13 +27,20 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
-def test_the_forkserver_ends_with_its_worker_running_its_exit_handlers_but_not_finalising_its_modules(tmp_path):
-    """Tearing down torch and the trackers' libraries cost every worker's stop ~2 s of a core; the exit
-    handlers (multiprocessing's, the libraries') still run, and a training process's exit status is its own."""
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, cwd=REPO,
+@pytest.mark.parametrize("probe_first", [True, False])
+def test_the_forkserver_ends_with_its_worker_running_its_exit_handlers_but_not_finalising_its_modules(tmp_path,
+                                                                                                       probe_first):
+    """Tearing down torch and the trackers' libraries cost every worker's stop ~2 s of a core. The exit
+    handlers registered before baton's (multiprocessing's, the libraries') still run, once; where one was
+    registered after it (the probe preloaded second), the interpreter finalises as usual rather than call
+    that one twice. A training process's exit status is its own, the forkserver's 0."""
+    order = ["tests.forkserver_exit_probe", "baton.workers.attempt.preload"]
+    done = subprocess.run([sys.executable, "-c", SCRIPT, ",".join(order if probe_first else order[::-1])],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={"PROBE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.split() == ["3", "0"], done.stdout + done.stderr  # the child's status; the server's
+    assert done.stdout.split()[-2:] == ["3", "0"], done.stdout + done.stderr  # the child's status; the server's
     marks = {path.name: path.read_text() for path in tmp_path.iterdir()}
-    assert marks["atexit"].isdigit(), marks  # the forkserver's exit handlers ran
-    assert marks["finalised"] == "", marks  # its modules were not torn down
+    assert "atexit" in marks, f"the probe was not preloaded: {done.stderr}"
+    assert len(marks["atexit"].split()) == 1, marks  # the forkserver's exit handlers ran, each once
+    assert marks["finalised"] == ("" if probe_first else "finalised"), marks  # its modules torn down only then
