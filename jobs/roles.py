@@ -37,7 +37,8 @@ def may_read(who: Principal, team: str) -> Optional[str]:
 
 def may_act(who: Principal, action: str, team: str, submitted_by: str) -> Optional[str]:
     """``action`` (cancel, resume, priority) on a job of ``team`` that ``submitted_by`` submitted."""
-    assert action in JOB_ACTIONS, action
+    if action not in JOB_ACTIONS:
+        raise ValueError(f"{action!r} is not an action on a job ({', '.join(sorted(JOB_ACTIONS))})")
     if who.role is Role.admin:
         return None
     if not who.in_team(team):
@@ -49,7 +50,8 @@ def may_act(who: Principal, action: str, team: str, submitted_by: str) -> Option
 
 def may_run_pool(who: Principal, action: str) -> Optional[str]:
     """``action``: one of POOL_ACTIONS."""
-    assert action in POOL_ACTIONS, action
+    if action not in POOL_ACTIONS:
+        raise ValueError(f"{action!r} is not an action on the pool ({', '.join(sorted(POOL_ACTIONS))})")
     return None if who.role is Role.admin else f"{action} needs the admin role ({who.name} is a {who.role.value})"
 
 

@@ -25,6 +25,8 @@ REDIS_OUTAGE = f"{PREFIX}:redis:outage"
 again: a lease that lapsed meanwhile lapsed because of Redis, and is not counted as a worker loss."""
 
 
+PRINCIPALS = f"{PREFIX}:principals"
+"""Set of every principal's name."""
 TOKENS = f"{PREFIX}:tokens"
 """Hash: the SHA-256 of every principal's token -> the principal's name (``records/principals.py``)."""
 
