@@ -101,8 +101,9 @@ RULES = [  # (a piece of the command line or name, the kind), the first that mat
     ("-m tests.zygote", "baton commands forked by the tests"), ("-m tests.", "tests' helper processes")]
 
 
-UNATTRIBUTED = ("pytest", "baton commands forked by the tests")
-"""Kinds whose processes serve many tests: a test's environment in them is only the first one's."""
+UNATTRIBUTED = ("pytest", "baton commands forked by the tests", "redis-server", "moto (S3)", "mlflow")
+"""Kinds whose processes serve many tests (a pytest process, its servers): the test in their environment is
+only the first one that needed them."""
 
 
 def kind_of(proc: Seen, parent: Seen | None) -> str:
@@ -196,7 +197,7 @@ def main() -> None:
         if proc.test:
             by_test[proc.test] += proc.cpu_ticks / TICKS
     if by_test:
-        print(f"\nthe processes tests started (not {' or '.join(UNATTRIBUTED)}), by test: "
+        print(f"\nthe processes tests started (not {', '.join(UNATTRIBUTED)}), by test: "
               f"{sum(by_test.values()):.0f} CPU s, the {min(len(by_test), 25)} costliest")
         for test, seconds in by_test.most_common(25):
             print(f"{seconds:8.1f}  {test}")
