@@ -25,6 +25,10 @@ REDIS_OUTAGE = f"{PREFIX}:redis:outage"
 again: a lease that lapsed meanwhile lapsed because of Redis, and is not counted as a worker loss."""
 
 
+TEAM_MAX_PRIORITY = f"{PREFIX}:teams:max_priority"
+"""Hash: team -> the highest priority its jobs may have (``records/teams.py``)."""
+AUDIT = f"{PREFIX}:audit"
+"""List: the audit trail's recent entries, newest first, bounded (``records/audit.py``)."""
 PRINCIPALS = f"{PREFIX}:principals"
 """Set of every principal's name."""
 TOKENS = f"{PREFIX}:tokens"
