@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -101,6 +103,20 @@ RULES = [  # (a piece of the command line or name, the kind), the first that mat
     ("-m tests.zygote", "baton commands forked by the tests"), ("-m tests.", "tests' helper processes")]
 
 
+IN_PYTEST_DIR = Path(tempfile.mkdtemp(prefix="baton-suite-cpu-"))
+"""Where the tests' own conftest writes each test's CPU in its pytest process (``BATON_TESTS_CPU_DIR``)."""
+
+
+def in_pytest() -> Counter:
+    """Each test's CPU inside its pytest process, as the tests' conftest wrote it."""
+    spent: Counter = Counter()
+    for path in IN_PYTEST_DIR.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            spent[row["test"]] += row["cpu_s"]
+    return spent
+
+
 UNATTRIBUTED = ("pytest", "baton commands forked by the tests", "redis-server", "moto (S3)", "mlflow")
 """Kinds whose processes serve many tests (a pytest process, its servers): the test in their environment is
 only the first one that needed them."""
@@ -131,7 +147,7 @@ def alive(proc: Seen) -> bool:
 
 def sample(command: list[str], every: float, linger: float) -> tuple[dict[tuple[int, int], Seen], int, float,
                                                                     tuple[int, int]]:
-    root = subprocess.Popen(command)
+    root = subprocess.Popen(command, env={**os.environ, "BATON_TESTS_CPU_DIR": str(IN_PYTEST_DIR)})
     ours: dict[tuple[int, int], Seen] = {}
     mine: dict[int, Seen] = {}  # live pid -> the process of ours it now names
     busy0, all0 = machine_ticks()
@@ -196,11 +212,16 @@ def main() -> None:
     for proc in procs.values():
         if proc.test:
             by_test[proc.test] += proc.cpu_ticks / TICKS
-    if by_test:
-        print(f"\nthe processes tests started (not {', '.join(UNATTRIBUTED)}), by test: "
-              f"{sum(by_test.values()):.0f} CPU s, the {min(len(by_test), 25)} costliest")
-        for test, seconds in by_test.most_common(25):
-            print(f"{seconds:8.1f}  {test}")
+    inside = in_pytest()
+    shutil.rmtree(IN_PYTEST_DIR, ignore_errors=True)
+    combined = by_test + inside
+    if combined:
+        print(f"\nby test: the processes each started (not {', '.join(UNATTRIBUTED)}), {sum(by_test.values()):.0f} "
+              f"CPU s in all, and its CPU in its pytest process, {sum(inside.values()):.0f}; the "
+              f"{min(len(combined), 25)} costliest")
+        print(f"{'started':>8} {'pytest':>8}  test")
+        for test, _ in combined.most_common(25):
+            print(f"{by_test[test]:8.1f} {inside[test]:8.1f}  {test}")
     machine_s = busy / TICKS
     print(f"{'all of the command':32} {sum(count.values()):9d} {measured:8.1f}")
     print(f"wall {wall:.0f} s; the machine's {cores} cores were busy {machine_s:.0f} CPU s "
@@ -209,7 +230,7 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "command": command, "returncode": returncode, "wall_s": wall, "cores": cores, "machine_busy_cpu_s": machine_s,
         "by_kind": {kind: {"processes": count[kind], "cpu_s": cpu[kind]} for kind in cpu},
-        "by_test": dict(by_test.most_common()),
+        "by_test": dict(by_test.most_common()), "in_pytest_by_test": dict(inside.most_common()),
         "processes": [asdict(p) | {"cpu_s": p.cpu_ticks / TICKS} for p in procs.values()]}, indent=1))
     print(f"wrote {args.out}")
     sys.exit(returncode)

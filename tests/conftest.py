@@ -3,7 +3,9 @@ loopback port, started once per session and stopped by PID. Tests never touch po
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import time
 
 import pytest
 
@@ -120,6 +122,19 @@ def cluster(redis_server, s3_server, s3_bucket, s3_env, tmp_path, monkeypatch):
     c = Cluster(env, tmp_path, redis_server.url, storage_url)
     yield c
     c.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Where ``BATON_TESTS_CPU_DIR`` names a directory (``bench/suite_cpu.py`` sets it), each test's CPU in
+    this pytest process (its set-up, call and teardown, every thread) is appended to a file there: the
+    part of a test's cost that no process of its own shows."""
+    out = os.environ.get("BATON_TESTS_CPU_DIR")
+    started = time.process_time()
+    yield
+    if out:
+        with open(os.path.join(out, f"{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "cpu_s": time.process_time() - started}) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):
