@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,14 +102,11 @@ RULES = [  # (a piece of the command line or name, the kind), the first that mat
     ("-m tests.zygote", "baton commands forked by the tests"), ("-m tests.", "tests' helper processes")]
 
 
-IN_PYTEST_DIR = Path(tempfile.mkdtemp(prefix="baton-suite-cpu-"))
-"""Where the tests' own conftest writes each test's CPU in its pytest process (``BATON_TESTS_CPU_DIR``)."""
-
-
-def in_pytest() -> Counter:
-    """Each test's CPU inside its pytest process, as the tests' conftest wrote it."""
+def in_pytest(directory: Path) -> Counter:
+    """Each test's CPU inside its pytest process, as the tests' conftest wrote it in ``directory``
+    (``BATON_TESTS_CPU_DIR``)."""
     spent: Counter = Counter()
-    for path in IN_PYTEST_DIR.glob("*.jsonl"):
+    for path in directory.glob("*.jsonl"):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             spent[row["test"]] += row["cpu_s"]
@@ -145,9 +141,9 @@ def alive(proc: Seen) -> bool:
     return stat is not None and stat.started == proc.started and not stat.zombie
 
 
-def sample(command: list[str], every: float, linger: float) -> tuple[dict[tuple[int, int], Seen], int, float,
+def sample(command: list[str], every: float, linger: float, env: dict[str, str]) -> tuple[dict[tuple[int, int], Seen], int, float,
                                                                     tuple[int, int]]:
-    root = subprocess.Popen(command, env={**os.environ, "BATON_TESTS_CPU_DIR": str(IN_PYTEST_DIR)})
+    root = subprocess.Popen(command, env=env)
     ours: dict[tuple[int, int], Seen] = {}
     mine: dict[int, Seen] = {}  # live pid -> the process of ours it now names
     busy0, all0 = machine_ticks()
@@ -198,7 +194,10 @@ def main() -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to measure after --")
-    procs, returncode, wall, (busy, total) = sample(command, args.every, args.linger)
+    with tempfile.TemporaryDirectory(prefix="baton-suite-cpu-") as tests_cpu:
+        procs, returncode, wall, (busy, total) = sample(command, args.every, args.linger,
+                                                        {**os.environ, "BATON_TESTS_CPU_DIR": tests_cpu})
+        inside = in_pytest(Path(tests_cpu))
     cpu, count = Counter(), Counter()
     for proc in procs.values():
         cpu[proc.kind] += proc.cpu_ticks / TICKS
@@ -212,8 +211,6 @@ def main() -> None:
     for proc in procs.values():
         if proc.test:
             by_test[proc.test] += proc.cpu_ticks / TICKS
-    inside = in_pytest()
-    shutil.rmtree(IN_PYTEST_DIR, ignore_errors=True)
     combined = by_test + inside
     if combined:
         print(f"\nby test: the processes each started (not {', '.join(UNATTRIBUTED)}), {sum(by_test.values()):.0f} "

@@ -23,16 +23,18 @@ POOL_ACTIONS = frozenset({"quota", "teams", "drain", "users", "audit"})
 JOB_ACTIONS = frozenset({"cancel", "resume", "priority"})
 
 
+def _of_team(who: Principal, team: str) -> bool:
+    return who.role is Role.admin or who.in_team(team)
+
+
 def may_submit(who: Principal, team: str) -> Optional[str]:
-    if who.role is Role.admin or who.in_team(team):
+    if _of_team(who, team):
         return None
     return f"{who.name} may not submit to team {team} (their teams: {', '.join(who.teams) or 'none'})"
 
 
 def may_read(who: Principal, team: str) -> Optional[str]:
-    if who.role is Role.admin or who.in_team(team):
-        return None
-    return f"{who.name} may not read team {team}'s jobs"
+    return None if _of_team(who, team) else f"{who.name} may not read team {team}'s jobs"
 
 
 def may_act(who: Principal, action: str, team: str, submitted_by: str) -> Optional[str]:

@@ -2,6 +2,7 @@
 No I/O (``baton.storage.records.audit`` keeps them)."""
 from __future__ import annotations
 
+import time
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,8 +21,6 @@ class AuditEntry(BaseModel):
 
     def line(self) -> str:
         """The entry as ``baton audit`` prints it."""
-        import time
-
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.at))
         said = f" ({self.reason})" if self.reason else ""
         return (f"{when}Z {self.principal or '-'} {self.action} {self.target or '-'} {self.result}{said}"

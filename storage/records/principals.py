@@ -45,7 +45,7 @@ def new_token() -> str:
 
 
 def _checked(name: str) -> str:
-    if not isinstance(name, str) or not re.fullmatch(PRINCIPAL_PATTERN.strip("^$"), name):
+    if not isinstance(name, str) or not re.fullmatch(PRINCIPAL_PATTERN, name):
         raise PrincipalError(f"{name!r} is not a user's name (lower case letters, digits, '.', '_', '-')")
     return name
 
