@@ -104,7 +104,7 @@ RULES = [  # (a piece of the command line or name, the kind), the first that mat
 
 def in_pytest(directory: Path) -> Counter:
     """Each test's CPU inside its pytest process, as the tests' conftest wrote it in ``directory``
-    (``BATON_TESTS_CPU_DIR``)."""
+    (``BATONTEST_CPU_DIR``)."""
     spent: Counter = Counter()
     for path in directory.glob("*.jsonl"):
         for line in path.read_text().splitlines():
@@ -196,7 +196,7 @@ def main() -> None:
         parser.error("give the command to measure after --")
     with tempfile.TemporaryDirectory(prefix="baton-suite-cpu-") as tests_cpu:
         procs, returncode, wall, (busy, total) = sample(command, args.every, args.linger,
-                                                        {**os.environ, "BATON_TESTS_CPU_DIR": tests_cpu})
+                                                        {**os.environ, "BATONTEST_CPU_DIR": tests_cpu})
         inside = in_pytest(Path(tests_cpu))
     cpu, count = Counter(), Counter()
     for proc in procs.values():

@@ -126,10 +126,10 @@ def cluster(redis_server, s3_server, s3_bucket, s3_env, tmp_path, monkeypatch):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Where ``BATON_TESTS_CPU_DIR`` names a directory (``bench/suite_cpu.py`` sets it), each test's CPU in
+    """Where ``BATONTEST_CPU_DIR`` names a directory (``bench/suite_cpu.py`` sets it), each test's CPU in
     this pytest process (its set-up, call and teardown, every thread) is appended to a file there: the
     part of a test's cost that no process of its own shows."""
-    out = os.environ.get("BATON_TESTS_CPU_DIR")
+    out = os.environ.get("BATONTEST_CPU_DIR")
     started = time.process_time()
     yield
     if out:

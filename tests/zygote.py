@@ -401,9 +401,9 @@ SERVER_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os
 
 def zygote() -> Optional[Zygote]:
     """This process's server (started at the first call), or None where it cannot serve; set
-    ``BATON_TESTS_FRESH_INTERPRETERS=1`` to start every command as a new interpreter."""
+    ``BATONTEST_FRESH_INTERPRETERS=1`` to start every command as a new interpreter."""
     global _zygote, _starts
-    if os.environ.get("BATON_TESTS_FRESH_INTERPRETERS"):
+    if os.environ.get("BATONTEST_FRESH_INTERPRETERS"):
         return None
     with _zygote_lock:
         if _zygote is not None and _zygote.owner != os.getpid():

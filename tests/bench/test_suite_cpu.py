@@ -12,7 +12,8 @@ from tests.helpers import REPO
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
 ORPHANING = ("import subprocess, sys\n"
              f"subprocess.Popen([sys.executable, '-c', {BURN!r}], start_new_session=True)\n"  # not waited for
-             "subprocess.run([sys.executable, '-m', 'baton', '--help'], capture_output=True, check=True)")
+             "done = subprocess.run([sys.executable, '-m', 'baton', '--help'], capture_output=True, text=True, check=True)\n"
+             "assert not done.stderr, done.stderr")  # what suite_cpu sets for its command is no baton setting of a typo
 
 
 def test_suite_cpu_counts_an_unreaped_grandchild_and_sorts_processes_by_kind_and_test(tmp_path):
