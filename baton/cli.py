@@ -13,7 +13,7 @@ import sys
 import typer
 
 from baton.commands import common
-from baton.commands import local, jobs, pool, workers, dashboard  # noqa: F401 - each registers its commands, in this order
+from baton.commands import local, jobs, pool, users, workers, dashboard  # noqa: F401 - each registers its commands, in this order
 from baton.commands.common import app
 from baton.jobs.infra import EXIT_INFRASTRUCTURE
 

@@ -65,7 +65,7 @@ class Access:
 
 
 IDENTIFIERS = frozenset({"id", "job_id", "for_job", "sweep", "search", "key", "which", "file", "kind", "state", "queue",
-                         "team", "worker", "name", "latest_checkpoint", "best_checkpoint", "monitor"})
+                         "team", "worker", "name", "submitted_by", "latest_checkpoint", "best_checkpoint", "monitor"})
 """The fields of the API's answers that name things (ids, keys, states): shown as they are."""
 USER_CONTENT = frozenset({"spec", "overrides", "report", "kwargs", "metrics", "search"})
 """Where an answer holds what a user wrote or a job computed: nothing below these is exempt from redaction."""

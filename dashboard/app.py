@@ -194,10 +194,11 @@ def _queue_view(view: Any) -> dict:
     return {"queue": view.queue,
             "waiting": [{"id": job.job_id, "name": job.name, "team": job.team, "priority": job.priority,
                          "position": job.position, "submitted_at": job.submitted_at, "slots": job.slots,
+                         "submitted_by": job.submitted_by or None,
                          "next_attempt": job.attempt, "reason": view.reasons.get(job.job_id)}
                         for job in view.state.waiting],
             "running": [status.model_dump(mode="json", include={"id", "name", "team", "priority", "worker", "step",
-                                                                "total_steps", "attempt"}) for status in view.running],
+                                                                "total_steps", "attempt", "submitted_by"}) for status in view.running],
             "usage": view.state.usage, "quotas": view.state.quotas, "workers": view.workers,
             "drained": sorted(view.drained)}
 

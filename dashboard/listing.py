@@ -23,7 +23,8 @@ from baton.storage.records.connection import text
 from baton.storage.stores.base import ObjectStore
 
 ROW_FIELDS = ("name", "state", "team", "priority", "queue", "attempt", "lost", "step", "total_steps", "epoch",
-              "epochs", "monitor", "best_value", "worker", "created_at", "updated_at", "sweep", "loss", "yielded")
+              "epochs", "monitor", "best_value", "worker", "created_at", "updated_at", "sweep", "loss", "yielded",
+              "submitted_by")
 SORTABLE = ("created_at", "updated_at", "name", "state", "team", "priority", "queue", "step", "best_value", "attempt")
 STORE_LIST_EVERY_S = 30.0
 PAGE_MAX = 500

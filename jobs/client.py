@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 import warnings
@@ -33,12 +34,14 @@ from baton.storage.stores.open import open_client_store
 from baton.storage.records.creation import create_job
 from baton.storage.records.job_records import JobRecords
 from baton.storage.records import searches as search_records
+from baton.storage.records import teams as team_records
 from baton.storage.records.connection import connect
 from baton.jobs.code_ship import Shipper, code_dir, importable
 from baton.jobs.job import Job
 from baton.jobs.specfile import SpecSource, load_spec, read_raw, with_overrides
 from baton.jobs.sweeps import SweepEntry, plan, rank
 from baton.jobs.pool import QueueView, check_quota, drain, queue_views
+from baton.jobs.roles import within_limit
 
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
@@ -68,6 +71,26 @@ class JobClient:
         self.settings = BatonSettings.model_validate(overrides)
         self.records = JobRecords(connect(self.settings))
         self._celery = None
+        self._submitter = ""  # the principal the pool's server acts for (``acting_for``); "": nobody proved
+
+    def acting_for(self, name: str) -> "JobClient":
+        """This client, submitting for the principal ``name`` (the pool's server, which proved who it is): each
+        job it creates records ``submitted_by``. Shares this client's connections."""
+        other = copy.copy(self)
+        other._submitter = name
+        return other
+
+    def _submitter_field(self) -> dict[str, str]:
+        return {"submitted_by": self._submitter} if self._submitter else {}
+
+    def _check_limits(self, specs: "Sequence[JobSpec]") -> None:
+        """SpecError (nothing queued) naming the limit when a spec's priority is above its team's max priority
+        (``baton teams set``), whoever submits."""
+        limits = team_records.limits(self.records.redis)
+        problems = sorted({problem for spec in specs if (problem := within_limit(
+            spec.resources.priority, spec.resources.team, limits.get(spec.resources.team))) is not None})
+        if problems:
+            raise SpecError([f"resources.priority: {problem}" for problem in problems])
 
     def _publish(self, job_id: str, attempt: int) -> None:
         from baton.storage.records.messages import make_app, publish_run  # the Celery app only, never the loop
@@ -91,6 +114,7 @@ class JobClient:
         parsed = load_spec(spec, self.settings.allowed_prefixes, wanted, code)
         if pause_at is not None and parsed.resources.nodes > 1:
             raise SpecError([f"pause_at: a job of {parsed.resources.nodes} nodes cannot pause (one node only)"])
+        self._check_limits([parsed])
         try:
             job_id = check_job_id(job_id or new_job_id(parsed.name))
         except ValueError as exc:
@@ -119,6 +143,7 @@ class JobClient:
         wanted = {**normalize(overrides), **({"code.dir": str(code)} if code is not None else {})}
         with importable(code_dir(with_overrides(raw, wanted))):
             jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, wanted)
+        self._check_limits([job.spec for job in jobs])
         if self.records.sweep_taken(sweep_id):
             raise SpecError([f"sweep_id: a sweep or search {sweep_id!r} already exists"])
         store = open_client_store(self.settings.storage_url)
@@ -216,7 +241,7 @@ class JobClient:
             raise SpecError(taken, what)
 
     def _create(self, store: ObjectStore, job_id: str, parsed: JobSpec, extra: dict[str, str]) -> None:
-        create_job(self.records, store, job_id, parsed, extra)
+        create_job(self.records, store, job_id, parsed, {**extra, **self._submitter_field()})
 
     def recover(self, job_id: Optional[str] = None) -> "list[Recovered]":
         """Rebuild records lost with Redis from object storage (``job_id``, or every job the store

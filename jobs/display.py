@@ -48,7 +48,7 @@ def _training_process(s: JobStatus) -> str:
 def details(s: JobStatus) -> str:
     rows = [
         ("id", s.id), ("name", s.name), ("state", s.shown_state), ("queue", s.queue),
-        ("team", s.team), ("priority", str(s.priority)),
+        ("team", s.team), ("priority", str(s.priority)), ("submitted by", s.submitted_by or "-"),
         ("attempt", f"{s.attempt} (lost {s.lost} of max {s.max_attempts})"),
         ("worker" if s.state.value == "running" else "last worker", s.worker or "-"),
         ("training process", _training_process(s)),
@@ -123,13 +123,14 @@ def queue_table(view) -> str:
              f"{len(view.workers)} live worker(s)" + (f", drained: {', '.join(drained)}" if drained else "")]
     if state.waiting:
         lines += ["", "waiting, in the order they will start:"]
-        lines += _columns([["POS", "JOB", "TEAM", "PRIORITY", "WHY IT WAITS"]] + [
-            [str(w.position), w.job_id + (" (yielded)" if w.job_id in view.yielded else ""), w.team, str(w.priority),
-             view.reasons.get(w.job_id, "")] for w in state.waiting])
+        lines += _columns([["POS", "JOB", "TEAM", "BY", "PRIORITY", "WHY IT WAITS"]] + [
+            [str(w.position), w.job_id + (" (yielded)" if w.job_id in view.yielded else ""), w.team,
+             w.submitted_by or "-", str(w.priority), view.reasons.get(w.job_id, "")] for w in state.waiting])
     if view.running:
         lines += ["", "running:"]
-        lines += _columns([["JOB", "WORKER", "TEAM", "PRIORITY", "STEP"]] + [
-            [s.id, s.worker or "-", s.team, str(s.priority), f"{s.step}/{s.total_steps}" if s.total_steps else "-"]
+        lines += _columns([["JOB", "WORKER", "TEAM", "BY", "PRIORITY", "STEP"]] + [
+            [s.id, s.worker or "-", s.team, s.submitted_by or "-", str(s.priority),
+             f"{s.step}/{s.total_steps}" if s.total_steps else "-"]
             for s in view.running])
     teams = sorted(set(state.quotas) | set(state.usage))
     if state.quotas and teams:
@@ -182,3 +183,10 @@ def search_table(results) -> str:
 def quota_table(rows: list[list[str]]) -> str:
     """``baton quota list``: one row per (queue, team, quota, slots in use)."""
     return "\n".join(_columns([["QUEUE", "TEAM", "QUOTA", "IN USE"], *rows]))
+
+
+def users_table(principals: list) -> str:
+    """``baton users list``: one row per principal (``baton.schemas.principals.Principal``); no tokens."""
+    return "\n".join(_columns([["USER", "ROLE", "TEAMS", "KIND", "CREATED"]] + [
+        [p.name, p.role.value, ",".join(p.teams) or "-", "service" if p.service else "person", _when(p.created_at)]
+        for p in principals]))

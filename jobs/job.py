@@ -21,6 +21,8 @@ from baton.storage.manifest_store import ManifestStore
 from baton.storage.records import events, keys
 from baton.storage.records.pausing import continue_job
 from baton.storage.records.priority import set_priority
+from baton.storage.records.teams import max_priority
+from baton.jobs.roles import within_limit
 from baton.storage.stores.base import ObjectStore
 from baton.storage.stores.open import open_client_store
 
@@ -98,7 +100,11 @@ class Job:
     def set_priority(self, priority: int) -> None:
         """Change the priority of a waiting or running job: a waiting one takes its new place in its line,
         a running one is weighed at it by the scheduler (its spec keeps the priority it was submitted with).
-        ValueError for a job that has ended, or a priority out of range."""
+        ValueError for a job that has ended, a priority out of range, or one above its team's max priority."""
+        team = self.status().team
+        problem = within_limit(priority, team, max_priority(self.client.records.redis, team))
+        if problem is not None:
+            raise ValueError(f"job {self.id}: {problem}")
         result = set_priority(self.client.records.redis, self.id, priority)
         if result == "missing":
             raise JobNotFound(f"no job {self.id!r}")

@@ -135,6 +135,7 @@ def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | d
     raw = with_overrides(raw, wanted)
     with importable(code_dir(raw)):
         parsed, unit, end = check_search(raw, found, client.settings.allowed_prefixes, tuple(wanted))
+    client._check_limits([parsed])
     try:
         check_trials(raw, found, parsed.monitor_mode, search_id)
     except ImportError as exc:
@@ -149,7 +150,7 @@ def submit_search(client: "JobClient", spec: SpecSource, search: "str | Path | d
     if not searches.create(client.records.redis, search_id, {
             "spec": shipped.model_dump_json(), "search": found.model_dump_json(by_alias=True, exclude_none=True),
             "monitor": parsed.checkpoint.monitor, "mode": parsed.monitor_mode, "unit": unit, "end": str(end),
-            "storage_url": store.url, "overrides": json.dumps(wanted, default=str)}):
+            "storage_url": store.url, "overrides": json.dumps(wanted, default=str), **client._submitter_field()}):
         raise SpecError([f"id: a sweep or search {search_id!r} already exists"], "search")
     client.search_driver(search_id).advance()
     return search_id

@@ -76,6 +76,8 @@ class JobStatus(BaseModel):
         "run) or at the first validation at or past this step (a step-based run); None: it trains to its end.")
     storage_url: Optional[str] = None
     sweep: Optional[str] = Field(None, description="The sweep (baton sweep) this job belongs to.")
+    submitted_by: Optional[str] = Field(None, description="The user the pool's server submitted it for (`baton "
+                                        "server`); None for a job submitted directly to Redis, by no one it proved.")
     overrides: Optional[Json[dict[str, Any]]] = Field(
         None, description="The --set overrides (or grid point) applied to its spec file, {dotted.path: value}.")
     last_event: Optional[str] = Field(None, description="Why the job last went back to the queue.")

@@ -53,6 +53,7 @@ class Plan:
     end: int
     storage_url: str
     state: str
+    submitted_by: str = ""  # who the pool's server submitted the search for: its trials are theirs too
 
     @property
     def rungs(self) -> list[int]:
@@ -71,7 +72,8 @@ class Plan:
         if "search" not in held:
             return None
         return cls(search_id, SearchSpec.model_validate_json(held["search"]), json.loads(held["spec"]), held["monitor"],
-                   held["mode"], held["unit"], int(held["end"]), held["storage_url"], held["state"])
+                   held["mode"], held["unit"], int(held["end"]), held["storage_url"], held["state"],
+                   held.get("submitted_by", ""))
 
 
 class TrialTaken(Exception):
@@ -184,7 +186,8 @@ class Driver:
         created = owner is not None
         if not created:
             self._hold()
-            extra = {"sweep": plan.search_id, "overrides": json.dumps(params, default=str)}
+            extra = {"sweep": plan.search_id, "overrides": json.dumps(params, default=str),
+                     **({"submitted_by": plan.submitted_by} if plan.submitted_by else {})}
             pause_at = plan.pause_at(0)
             if pause_at is not None:
                 extra["pause_at"] = str(pause_at)

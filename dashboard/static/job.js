@@ -10,7 +10,7 @@ let logChunks = 0, terminal = false;
 function facts(s, source) {
   const total = s.total_steps ? ` / ${s.total_steps}` : "";
   const waiting = ["queued", "retrying"].includes(s.state);
-  const items = [["state", baton.state(s.state, s.yielded)], ["team", s.team], ["priority", baton.num(s.priority)], ["queue", s.queue],
+  const items = [["state", baton.state(s.state, s.yielded)], ["team", s.team], ["submitted by", s.submitted_by || "-"], ["priority", baton.num(s.priority)], ["queue", s.queue],
     ["attempt", `${s.attempt ?? ""}${s.lost ? ` (${s.lost} lost)` : ""}`], ["step", s.step === null || s.step === undefined ? "" : `${s.step}${total}`],
     [s.state === "running" ? "worker" : "last worker", s.worker || ""], [s.monitor ? `best ${s.monitor}` : "best", baton.num(s.best_value)],
     ["loss", baton.num(s.loss)], ["learning rate", baton.num(s.lr)],

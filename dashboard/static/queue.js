@@ -7,14 +7,14 @@ const link = (id, name) => baton.el("span", {}, baton.el("a", { href: "/jobs/" +
 
 function section(q) {
   const waiting = baton.el("table", { class: "waiting", "data-queue": q.queue },
-    baton.el("thead", {}, baton.el("tr", {}, ...["#", "job", "team", "priority", "why it waits"].map((h) => baton.el("th", {}, h)))),
+    baton.el("thead", {}, baton.el("tr", {}, ...["#", "job", "team", "by", "priority", "why it waits"].map((h) => baton.el("th", {}, h)))),
     baton.el("tbody", {}, ...q.waiting.map((w) => baton.el("tr", { "data-id": w.id },
       baton.el("td", { class: "position" }, String(w.position)), baton.el("td", {}, link(w.id, w.name)), baton.el("td", {}, w.team),
-      baton.el("td", {}, String(w.priority)), baton.el("td", { class: "wrap reason" }, (w.reason || "").replaceAll("`", ""))))));
+      baton.el("td", {}, w.submitted_by || "-"), baton.el("td", {}, String(w.priority)), baton.el("td", { class: "wrap reason" }, (w.reason || "").replaceAll("`", ""))))));
   const running = baton.el("table", { class: "running" },
-    baton.el("thead", {}, baton.el("tr", {}, ...["job", "team", "priority", "worker", "step", "attempt"].map((h) => baton.el("th", {}, h)))),
+    baton.el("thead", {}, baton.el("tr", {}, ...["job", "team", "by", "priority", "worker", "step", "attempt"].map((h) => baton.el("th", {}, h)))),
     baton.el("tbody", {}, ...q.running.map((r) => baton.el("tr", { "data-id": r.id },
-      baton.el("td", {}, link(r.id, r.name)), baton.el("td", {}, r.team), baton.el("td", {}, String(r.priority)),
+      baton.el("td", {}, link(r.id, r.name)), baton.el("td", {}, r.team), baton.el("td", {}, r.submitted_by || "-"), baton.el("td", {}, String(r.priority)),
       baton.el("td", {}, r.worker || ""), baton.el("td", {}, r.step === null ? "" : `${r.step}${r.total_steps ? " / " + r.total_steps : ""}`),
       baton.el("td", {}, String(r.attempt))))));
   const teams = [...new Set([...Object.keys(q.usage), ...Object.keys(q.quotas)])].sort();

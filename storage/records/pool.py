@@ -135,6 +135,7 @@ class Waiting:
     slots: int
     position: int = 0  # 1-based, in the queue's start order
     needs: str = ""  # what it needs of a worker (``baton.schemas.hosting.JobNeeds``, JSON; "": unknown)
+    submitted_by: str = ""  # the principal the pool's server submitted it for ("": submitted directly)
 
 
 @dataclass(frozen=True)
@@ -201,16 +202,17 @@ class Pool:
         pipe = self.redis.pipeline(transaction=False)
         for member, _ in entries:
             pipe.hmget(keys.job(text(member).split(":", 1)[1]), ["state", "attempt", "name", "slots", "created_at",
-                                                                 "needs"])
+                                                                 "needs", "submitted_by"])
         found = []
-        for (member, score), (state, attempt, name, slots, created, needs) in zip(entries, pipe.execute()):
+        for (member, score), (state, attempt, name, slots, created, needs, by) in zip(entries, pipe.execute()):
             job_id = text(member).split(":", 1)[1]
             if maybe_text(state) not in ("queued", "retrying"):
                 self._drop(keys=[line, keys.job(job_id)], args=[member])
                 continue
             found.append(Waiting(job_id, maybe_text(name) or job_id, team, -_record_number(score, 0),
                                  _record_number(created, 0, float), _record_number(attempt, 0) + 1,
-                                 max(1, _record_number(slots, 1)), needs=maybe_text(needs) or ""))
+                                 max(1, _record_number(slots, 1)), needs=maybe_text(needs) or "",
+                                 submitted_by=maybe_text(by) or ""))
         return found
 
 

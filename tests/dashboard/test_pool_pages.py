@@ -39,8 +39,8 @@ def test_the_queue_page_matches_baton_queue_and_a_cancel_needs_the_token(cluster
                                                "priority": priority}}, job_id)
     browser.get(f"{dashboard.url}/queue")
     wait_for(lambda: len(_queue_rows(browser, "pool")) == 3, 30, "three waiting jobs on the page")
-    page = [[row[1], row[0], row[5]] for row in _queue_rows(browser, "pool")]  # position, id, reason
-    cli = [[row[0], row[1], row[4]] for row in _cli_rows(cluster.env)]
+    page = [[row[1], row[0], row[6]] for row in _queue_rows(browser, "pool")]  # position, id, reason
+    cli = [[row[0], row[1], row[5]] for row in _cli_rows(cluster.env)]
     assert page == cli, (page, cli)
     # priority first; then team a (at its quota of 1) before team b (1 over its none, once urgent starts)
     assert [row[1] for row in page] == ["urgent", "also-a", "low"]
