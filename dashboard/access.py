@@ -1,15 +1,18 @@
-"""Who may do what on the dashboard.
+"""Who may do what on the dashboard and the pool's server: one application, two ways to say who asks.
 
-Reading (the pages, every ``GET``) is open to whoever can reach the address it listens on: by
-default 127.0.0.1 only. Acting (cancel, resume, priority, drain: every ``POST``) needs the token the
-dashboard was started with (``BATON_UI_TOKEN``), sent as ``Authorization: Bearer <token>``; without a
-token configured the dashboard is read-only and every action is refused.
+- **Local** (``baton ui``, one trusted person): reading (the pages, every ``GET``) is open to whoever can reach
+  the address it listens on, by default 127.0.0.1 only. Acting (cancel, resume, priority, drain) needs the
+  token the dashboard was started with (``BATON_UI_TOKEN``); without one it is read-only.
+- **Pool** (``baton server``): every request but the health check and the pages' static files names a
+  principal by its token (``baton users``), or is refused (401); what the principal may do is the role
+  table's (``baton.jobs.roles``), refused with 403. A token is looked up in Redis at each request, so one
+  removed or rotated is refused by every server from the moment the change returns.
 
-Cross-site requests cannot act: a browser sends a custom ``Authorization`` header cross-origin only
-after a CORS preflight, which this application never approves; the token lives in the page's
-``sessionStorage``, never in a cookie, so no other site's form or script carries it. Requests whose
-``Host`` is not the one the dashboard serves (DNS rebinding) are refused outright, and an ``Origin``
-that is not the dashboard's own is refused on actions.
+Either way the token rides in ``Authorization: Bearer <token>`` and nowhere else: never a cookie (no other
+site's form or script carries it; a cookie is ignored), never a query string (logs, history). A browser
+sends a custom ``Authorization`` header cross-origin only after a CORS preflight, which this application
+never approves. Requests whose ``Host`` is not one the server serves (DNS rebinding) are refused outright,
+and an ``Origin`` that is not the server's own is refused on actions (and, in pool mode, on reads).
 """
 from __future__ import annotations
 
@@ -18,16 +21,32 @@ from typing import Any, Optional
 
 from fastapi import HTTPException, Request
 
+from baton.schemas.principals import Principal, Role
+from baton.storage.records.principals import Principals
 from baton.storage.redaction import Redactor
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+READER = Principal(name="local-reader", role=Role.admin)
+"""Who reads in local mode: anyone who can reach the address, as the operator."""
+OPERATOR = Principal(name="operator", role=Role.admin)
+"""Who acts in local mode: whoever holds BATON_UI_TOKEN."""
+
+
+def bearer(request: Request) -> Optional[str]:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
 
 
 class Access:
-    def __init__(self, token: Optional[str], allowed_hosts: list[str]):
+    def __init__(self, token: Optional[str], allowed_hosts: list[str], principals: Optional[Principals] = None):
         self.token = token or None
         self.allowed_hosts = allowed_hosts  # host names (no port) that may appear in Host; '*' for any
+        self.principals = principals  # set: pool mode
         self.redact = Redactor()
+
+    @property
+    def pool(self) -> bool:
+        return self.principals is not None
 
     def check_host(self, request: Request) -> Optional[str]:
         """Why this request's Host is refused, or None."""
@@ -37,18 +56,49 @@ class Access:
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return None if name in self.allowed_hosts else f"host {host!r} is not served here"
 
-    def require_action(self, request: Request) -> None:
-        """Raise 403 unless the request carries the token (and, when it says where it comes from, comes
-        from this dashboard's own pages)."""
-        if self.token is None:
-            raise HTTPException(403, "this dashboard is read-only: start it with BATON_UI_TOKEN set to allow actions")
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.token.encode()):
-            raise HTTPException(403, "an action needs the dashboard's token (Authorization: Bearer <BATON_UI_TOKEN>)")
+    def _same_origin(self, request: Request) -> None:
         origin = request.headers.get("origin")
         if origin is not None and origin.split("://", 1)[-1].lower() != (request.headers.get("host") or "").lower():
-            raise HTTPException(403, f"an action from another site ({origin}) is refused")
+            raise HTTPException(403, f"a request from another site ({origin}) is refused")
+
+    def _signed_in(self, request: Request) -> Principal:
+        assert self.principals is not None
+        token = bearer(request)
+        who = self.principals.authenticate(token) if token else None
+        if who is None:
+            raise HTTPException(401, "a valid token is needed (Authorization: Bearer <token>; `baton users` makes them)"
+                                if token else "sign in: send your token as Authorization: Bearer <token>",
+                                headers={"WWW-Authenticate": "Bearer"})
+        request.state.principal = who.name
+        return who
+
+    def reader(self, request: Request) -> Principal:
+        """Who reads: in pool mode the token's principal (401 without one), else anyone, as the operator."""
+        if not self.pool:
+            return READER
+        who = self._signed_in(request)
+        self._same_origin(request)
+        return who
+
+    def actor(self, request: Request) -> Principal:
+        """Who acts: in pool mode the token's principal (401 without one); in local mode the holder of the
+        dashboard's token (403 otherwise, or always when it has none). Never from another site's page."""
+        if self.pool:
+            who = self._signed_in(request)
+        else:
+            if self.token is None:
+                raise HTTPException(403, "this dashboard is read-only: start it with BATON_UI_TOKEN set to allow actions")
+            given = bearer(request) or ""
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                raise HTTPException(403, "an action needs the dashboard's token (Authorization: Bearer <BATON_UI_TOKEN>)")
+            who = OPERATOR
+        self._same_origin(request)
+        return who
+
+    def require(self, request: Request, refusal: Optional[str]) -> None:
+        """403 with ``refusal`` (a role check's answer), unless it is None."""
+        if refusal is not None:
+            raise HTTPException(403, refusal)
 
     def clean(self, value: Any, names: bool = True) -> Any:
         """``value`` with every string redacted (secrets of this environment, any URL's password), but the

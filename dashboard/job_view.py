@@ -62,6 +62,15 @@ def find(records: JobRecords, store: ObjectStore, default_url: str, job_id: str)
     return Found(job_id, status, spec, store, manifest, elsewhere)
 
 
+def team_of(found: Found) -> tuple[str, str]:
+    """The job's team and who submitted it ("": nobody the server proved): from its record, else its spec."""
+    if found.status is not None:
+        return found.status.team, found.status.submitted_by or ""
+    resources = (found.spec or {}).get("resources") if isinstance(found.spec, dict) else None
+    team = resources.get("team", "default") if isinstance(resources, dict) else "default"
+    return str(team), ""
+
+
 def stored_status(found: Found) -> dict[str, Any]:
     """A status made from the store alone (the fields it can tell; a spec is read as anyone may have written it)."""
     manifest = found.manifest

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from baton.schemas.errors import JobNotFound, LocalStoreWarning, SpecError
+from baton.schemas.errors import JobNotFound, LocalStoreWarning, OverLimit, SpecError
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
 from baton.schemas.spec import NAME_PATTERN, JobSpec
@@ -90,7 +90,7 @@ class JobClient:
         problems = sorted({problem for spec in specs if (problem := within_limit(
             spec.resources.priority, spec.resources.team, limits.get(spec.resources.team))) is not None})
         if problems:
-            raise SpecError([f"resources.priority: {problem}" for problem in problems])
+            raise OverLimit([f"resources.priority: {problem}" for problem in problems])
 
     def _publish(self, job_id: str, attempt: int) -> None:
         from baton.storage.records.messages import make_app, publish_run  # the Celery app only, never the loop

@@ -26,6 +26,10 @@ class SpecError(BatonError):
         super().__init__(f"invalid {what}:\n" + "\n".join(f"  {p}" for p in self.problems))
 
 
+class OverLimit(SpecError):
+    """A job's priority is above its team's max priority (``baton teams set``): a policy's refusal, not a typo."""
+
+
 class UserCodeError(BatonError):
     """The job's model or data code raised; ``traceback`` is the formatted original. ``origin`` says
     where, when that was another process (``"on rank 1 of 2"``): its traceback then came as text, and

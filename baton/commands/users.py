@@ -1,5 +1,5 @@
-"""The commands on who may use the pool: ``users add|list|rm|token`` (principals and their tokens) and
-``teams set|list`` (each team's max priority). An admin's work: in direct mode whoever holds the Redis
+"""The commands on who may use the pool: ``users add|list|rm|token`` (principals and their tokens),
+``teams set|list`` (each team's max priority) and ``audit`` (what the pool's server was asked, by whom). An admin's work: in direct mode whoever holds the Redis
 URL is that admin (the operator making the first one)."""
 from __future__ import annotations
 
@@ -133,3 +133,34 @@ def teams_list() -> None:
         return
     for team, limit in limits.items():
         typer.echo(f"{team}: max priority {limit}")
+
+
+def _since(text: str) -> float:
+    """``1h``, ``30m``, ``2d``, ``90s`` ago, as a unix time."""
+    import re
+    import time
+
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if not found:
+        raise ValueError(f"--since: {text!r} is not a duration such as 90s, 30m, 1h or 2d")
+    return time.time() - float(found.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
+
+
+@app.command()
+def audit(since: Optional[str] = typer.Option(None, "--since", help="Only what was asked this long ago or later: "
+                                              "90s, 30m, 1h, 2d."),
+          user: Optional[str] = typer.Option(None, "--user", help="Only this user's requests."),
+          limit: int = typer.Option(1000, "--limit", min=1, help="At most this many, newest first.")) -> None:
+    """What the pool's server was asked, newest first: when, who, what, on what, allowed or refused and why,
+    from where. Redis keeps the latest 100,000 entries; the store keeps every one, under audit/."""
+    from baton.storage.records.audit import recent
+
+    try:
+        start = _since(since) if since else None
+    except ValueError as exc:
+        raise _refuse(exc)
+    entries = recent(_client().records.redis, start, user, limit)
+    if not entries:
+        typer.echo("no audit entries" + (" in that time" if since else "") + (f" of {user}" if user else ""))
+    for entry in entries:
+        typer.echo(entry.line())

@@ -4,7 +4,9 @@
 const baton = {
   token() { return sessionStorage.getItem("batonToken") || ""; },
   async get(path) {
-    const response = await fetch(path, { headers: { "Accept": "application/json" } });
+    const headers = { "Accept": "application/json" };
+    if (baton.token()) headers["Authorization"] = "Bearer " + baton.token();
+    const response = await fetch(path, { headers });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) throw new Error(body.detail || response.statusText);
     return body;
@@ -41,11 +43,12 @@ const baton = {
   },
   nav(here) {
     const links = [["/", "Jobs"], ["/queue", "Queue"], ["/workers", "Workers"]];
-    const input = baton.el("input", { type: "password", id: "token", placeholder: "token for actions", value: baton.token() });
+    const input = baton.el("input", { type: "password", id: "token", placeholder: "your token", value: baton.token() });
+    // (the pool's server asks it of every read too: the pages' next refresh reads with it)
     input.addEventListener("change", () => sessionStorage.setItem("batonToken", input.value));
     const bar = baton.el("nav", {}, baton.el("span", { class: "brand" }, "baton"),
       ...links.map(([href, text]) => baton.el("a", { href, class: href === here ? "here" : "" }, text)),
-      baton.el("span", { class: "token" }, "actions:", input));
+      baton.el("span", { class: "token" }, "token:", input));
     document.body.prepend(bar);
   },
   say(node, error) { node.textContent = String(error.message || error); node.className = "error"; },

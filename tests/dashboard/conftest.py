@@ -64,29 +64,38 @@ def start_dashboard(env: dict, log: Path, token: Optional[str] = TOKEN, *extra: 
     env.pop("BATON_UI_TOKEN", None)
     if token:
         env["BATON_UI_TOKEN"] = token
+    return _start("ui", env, log, extra)
+
+
+def start_server(env: dict, log: Path, *extra: str) -> Dashboard:
+    """``baton server`` (the pool's: every request names its user by a token) on a free port."""
+    return _start("server", env, log, extra)
+
+
+def _start(command: str, env: dict, log: Path, extra: tuple[str, ...]) -> Dashboard:
     for _ in range(5):
-        board = _try_dashboard(env, log, extra)
+        board = _try_dashboard(command, env, log, extra)
         if board is not None:
             return board
-    raise AssertionError(f"baton ui found no free port in 5 tries: {log.read_text()}")
+    raise AssertionError(f"baton {command} found no free port in 5 tries: {log.read_text()}")
 
 
-def _try_dashboard(env: dict, log: Path, extra: tuple[str, ...]) -> Optional[Dashboard]:
+def _try_dashboard(command: str, env: dict, log: Path, extra: tuple[str, ...]) -> Optional[Dashboard]:
     port = free_port()
-    proc = start_baton("ui", "--port", str(port), "--history-every-s", "0.5", *extra, env=env, log=log)
+    proc = start_baton(command, "--port", str(port), "--history-every-s", "0.5", *extra, env=env, log=log)
     board = Dashboard(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             if proc.returncode == 2 and "Address already in use" in log.read_text():
                 return None
-            raise AssertionError(f"baton ui exited with {proc.returncode}: {log.read_text()}")
+            raise AssertionError(f"baton {command} exited with {proc.returncode}: {log.read_text()}")
         try:
-            board.get("/api/info")
+            board.get("/api/health")
             return board
         except (urllib.error.URLError, ConnectionError, AssertionError):
             time.sleep(0.1)
-    raise AssertionError(f"baton ui did not answer: {log.read_text()}")
+    raise AssertionError(f"baton {command} did not answer: {log.read_text()}")
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -1,0 +1,205 @@
+"""The pool server's own routes (``baton server``; not ``baton ui``): who am I, submitting a job for the
+signed-in user, a job's status and history for clients, and the admin's: quotas, team limits, users, the
+audit trail. Each checks the role table (``baton.jobs.roles``) before it acts."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from fastapi import FastAPI, HTTPException, Request
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from baton.jobs.pool import check_quota
+from baton.jobs.roles import may_submit
+from baton.jobs.specfile import load_spec, with_overrides
+from baton.schemas.overrides import normalize
+from baton.schemas.errors import OverLimit, SpecError
+from baton.schemas.principals import Principal, Role
+from baton.storage.records import audit, events, teams
+from baton.storage.records.principals import PrincipalError
+
+if TYPE_CHECKING:
+    from baton.dashboard.app import Context
+
+
+def _spec_problems(exc: SpecError) -> HTTPException:
+    return HTTPException(422, {"problems": list(exc.problems), "message": str(exc)})
+
+
+def _with_team(raw: Any, who: Principal) -> Any:
+    """A spec that names no team is its submitter's first team's (an admin of no team: ``default``)."""
+    if not isinstance(raw, dict) or not who.teams:
+        return raw
+    resources = raw.get("resources")
+    if resources is None:
+        return {**raw, "resources": {"team": who.teams[0]}}
+    if isinstance(resources, dict) and "team" not in resources:
+        return {**raw, "resources": {**resources, "team": who.teams[0]}}
+    return raw
+
+
+def _no_local_code(raw: Any) -> None:
+    code = raw.get("code") if isinstance(raw, dict) else None
+    if isinstance(code, dict) and code.get("dir") is not None:
+        raise SpecError(["code.dir: names a directory of the server's machine; through the server, ship your code "
+                         "with `baton submit --code DIR` (it is uploaded), or name an archive the store holds "
+                         "(code.digest)"])
+
+
+def add_routes(app: FastAPI, ctx: "Context") -> None:
+    _job_routes(app, ctx)
+    _pool_routes(app, ctx)
+    _user_routes(app, ctx)
+
+
+def _job_routes(app: FastAPI, ctx: "Context") -> None:
+    from baton.dashboard.app import small_json
+
+    clean = ctx.access.clean
+
+    @app.get("/api/whoami", name="whoami")
+    def whoami(request: Request) -> dict:
+        return ctx.access.reader(request).model_dump(mode="json")
+
+    @app.post("/api/jobs", name="submit")
+    async def submit(request: Request) -> dict:
+        who = await run_in_threadpool(ctx.access.actor, request)
+        body = await small_json(request)
+        job_id, overrides, pause_at = body.get("id"), body.get("overrides"), body.get("pause_at")
+        if job_id is not None and not isinstance(job_id, str):
+            raise HTTPException(422, "id must be a string")
+        if overrides is not None and not (isinstance(overrides, dict) or isinstance(overrides, list)
+                                          and all(isinstance(item, str) for item in overrides)):
+            raise HTTPException(422, "overrides must be a mapping or a list of path=value")
+        if pause_at is not None and (isinstance(pause_at, bool) or not isinstance(pause_at, int)):
+            raise HTTPException(422, "pause_at must be an integer")
+
+        if not isinstance(body.get("spec"), dict):
+            raise HTTPException(422, "spec must be a mapping (the spec file's contents)")  # never a path of the server's
+
+        def queue() -> str:
+            raw = _with_team(body["spec"], who)
+            _no_local_code(with_overrides(raw, normalize(overrides)))
+            parsed = load_spec(raw, ctx.settings.allowed_prefixes, overrides)
+            ctx.access.require(request, may_submit(who, parsed.resources.team))
+            return ctx.client.acting_for(who.name).submit(raw, job_id, overrides, pause_at=pause_at).id
+
+        try:
+            return {"id": await run_in_threadpool(queue)}
+        except OverLimit as exc:
+            raise HTTPException(403, str(exc.problems[0]))
+        except SpecError as exc:
+            raise _spec_problems(exc)
+
+    @app.get("/api/jobs/{job_id}/status", name="status")
+    def status(job_id: str, request: Request) -> dict:
+        found = ctx.readable(request, job_id)
+        if found.status is None:
+            raise HTTPException(404, f"no job {job_id!r} in Redis (the store holds it: read it with --storage)")
+        return clean(found.status.model_dump(mode="json"))
+
+    @app.get("/api/jobs/{job_id}/events", name="events")
+    def job_events(job_id: str, request: Request) -> dict:
+        ctx.readable(request, job_id)
+        return clean({"events": [dataclasses.asdict(event) for event in events.events(ctx.records.redis, job_id)]})
+
+
+
+def _pool_routes(app: FastAPI, ctx: "Context") -> None:
+    from baton.dashboard.app import small_json
+
+    @app.put("/api/quotas/{queue}/{team}", name="quota.set")
+    async def quota_set(queue: str, team: str, request: Request) -> dict:
+        await run_in_threadpool(ctx.pool_action, request, "quota")
+        slots = (await small_json(request)).get("slots")
+        if isinstance(slots, bool) or not isinstance(slots, int):
+            raise HTTPException(422, "slots must be an integer")
+        try:
+            await run_in_threadpool(ctx.client.set_quota, team, queue, slots)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc))
+        return {"queue": queue, "team": team, "slots": slots}
+
+    @app.delete("/api/quotas/{queue}/{team}", name="quota.rm")
+    def quota_rm(queue: str, team: str, request: Request) -> dict:
+        ctx.pool_action(request, "quota")
+        try:
+            removed = ctx.client.remove_quota(team, queue)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc))
+        if not removed:
+            raise HTTPException(404, f"team {team} has no quota on queue {queue}")
+        return {"queue": queue, "team": team, "removed": True}
+
+    @app.put("/api/teams/{team}", name="teams.set")
+    async def team_set(team: str, request: Request) -> dict:
+        await run_in_threadpool(ctx.pool_action, request, "teams")
+        limit = (await small_json(request)).get("max_priority")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise HTTPException(422, "max_priority must be an integer or null")
+        try:
+            check_quota("default", team)
+            await run_in_threadpool(teams.set_max_priority, ctx.records.redis, team, limit)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc))
+        return {"team": team, "max_priority": limit}
+
+    @app.get("/api/teams", name="teams.list")
+    def team_list(request: Request) -> dict:
+        ctx.access.reader(request)  # (a limit is what a user must know to submit under it)
+        return {"teams": teams.limits(ctx.records.redis)}
+
+
+
+def _user_routes(app: FastAPI, ctx: "Context") -> None:
+    from baton.dashboard.app import small_json
+
+    @app.get("/api/users", name="users.list")
+    def users(request: Request) -> dict:
+        ctx.pool_action(request, "users")
+        return {"users": [p.model_dump(mode="json") for p in ctx.access.principals.list()]}  # type: ignore[union-attr]
+
+    @app.post("/api/users", name="users.add")
+    async def user_add(request: Request) -> dict:
+        await run_in_threadpool(ctx.pool_action, request, "users")
+        body = await small_json(request)
+        try:
+            who = Principal(name=body.get("name"), role=body.get("role", "member"), teams=tuple(body.get("teams") or ()),
+                            service=bool(body.get("service", False)))
+        except (ValidationError, TypeError) as exc:
+            raise HTTPException(422, str(exc).splitlines()[0] if isinstance(exc, TypeError) else
+                                "; ".join(f"{'.'.join(map(str, e['loc'])) or 'user'}: {e['msg']}"
+                                          for e in exc.errors(include_url=False)))
+        if who.role is not Role.admin and not who.teams:
+            raise HTTPException(422, f"a {who.role.value} needs a team: it submits to and reads only its teams")
+        try:
+            token = await run_in_threadpool(ctx.access.principals.add, who)  # type: ignore[union-attr]
+        except PrincipalError as exc:
+            raise HTTPException(409, str(exc))
+        return {"name": who.name, "token": token}
+
+    @app.delete("/api/users/{name}", name="users.rm")
+    def user_rm(name: str, request: Request) -> dict:
+        ctx.pool_action(request, "users")
+        try:
+            ctx.access.principals.remove(name)  # type: ignore[union-attr]
+        except PrincipalError as exc:
+            raise HTTPException(404, str(exc))
+        return {"name": name, "removed": True}
+
+    @app.post("/api/users/{name}/token", name="users.rotate")
+    def user_rotate(name: str, request: Request) -> dict:
+        ctx.pool_action(request, "users")
+        try:
+            return {"name": name, "token": ctx.access.principals.rotate(name)}  # type: ignore[union-attr]
+        except PrincipalError as exc:
+            raise HTTPException(404, str(exc))
+
+    @app.get("/api/audit", name="audit")
+    def audit_trail(request: Request, since: Optional[float] = None, user: Optional[str] = None,
+                    limit: int = 1000) -> dict:
+        ctx.pool_action(request, "audit")
+        found = audit.recent(ctx.records.redis, since, user, max(1, min(limit, 10_000)))
+        return {"entries": [entry.model_dump(mode="json") for entry in found], "now": time.time()}
