@@ -8,6 +8,7 @@ const baton = {
     if (baton.token()) headers["Authorization"] = "Bearer " + baton.token();
     const response = await fetch(path, { headers });
     const body = await response.json().catch(() => ({}));
+    if (response.status === 401) baton.signedOut = true;
     if (!response.ok) throw new Error(body.detail || response.statusText);
     return body;
   },
@@ -44,8 +45,11 @@ const baton = {
   nav(here) {
     const links = [["/", "Jobs"], ["/queue", "Queue"], ["/workers", "Workers"]];
     const input = baton.el("input", { type: "password", id: "token", placeholder: "your token", value: baton.token() });
-    // (the pool's server asks it of every read too: the pages' next refresh reads with it)
-    input.addEventListener("change", () => sessionStorage.setItem("batonToken", input.value));
+    // (the pool's server asks it of every read too: a page that was refused reads again with it)
+    input.addEventListener("change", () => {
+      sessionStorage.setItem("batonToken", input.value);
+      if (baton.signedOut) location.reload();
+    });
     const bar = baton.el("nav", {}, baton.el("span", { class: "brand" }, "baton"),
       ...links.map(([href, text]) => baton.el("a", { href, class: href === here ? "here" : "" }, text)),
       baton.el("span", { class: "token" }, "token:", input));

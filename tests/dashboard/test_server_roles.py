@@ -162,3 +162,23 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
     store = cluster.store()
     stored = [json.loads(line) for key in store.list("audit/") for line in store.get_bytes(key).decode().splitlines()]
     assert sorted(map(json.dumps, stored)) == sorted(map(json.dumps, answer["entries"]))  # (reads since: not written)
+
+
+@pytest.mark.slow
+def test_the_dashboard_signs_in_with_a_token_and_shows_only_the_user_s_teams(cluster, pool, browser):
+    server, tokens = pool
+    cluster.client.acting_for("ada").submit(WAITING, "adas")
+    cluster.client.acting_for("bob").submit(make_spec(resources={"queue": "nobody-serves", "team": "nlp"}), "bobs")
+    browser.get(server.url + "/")
+    said = wait_for(lambda: browser.find_element("id", "banner").text, 30, "the page to say it needs a token")
+    assert "sign in" in said and browser.execute_script("return document.querySelectorAll('#jobs tbody tr').length") == 0
+    browser.find_element("id", "token").send_keys(tokens["ada"] + "\n")
+    rows = wait_for(lambda: browser.execute_script(
+        "return [...document.querySelectorAll('#jobs tbody tr')].map((r) => r.dataset.id)"), 30, "ada's jobs")
+    assert rows == ["adas"], rows
+    assert "ada" in browser.execute_script("return document.querySelector('#jobs tbody tr').innerText")
+    browser.get(server.url + "/jobs/bobs")  # (the token stays in this tab)
+    said = wait_for(lambda: browser.execute_script("return document.body.innerText.includes('may not read') && "
+                                                   "document.body.innerText"), 30, "the refusal")
+    assert "nlp" in said
+    assert browser.get_cookies() == []  # the token is never a cookie
