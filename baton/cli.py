@@ -50,8 +50,13 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in unknown_variables(os.environ):
         typer.echo(f"warning: {name} is not a baton setting (misspelled?); it is ignored", err=True)
+    from baton.schemas.errors import ServerError
+
     try:
         app()
+    except ServerError as exc:  # the pool's server refused, or cannot be reached: its one line
+        typer.echo(str(exc), err=True)
+        sys.exit(EXIT_INFRASTRUCTURE if exc.status == 0 or exc.status >= 500 else 1)
     except Exception as exc:  # noqa: BLE001 - one line for Redis or a store that cannot be used; the rest as is
         line = None if common._debug else common._infrastructure_line(exc)
         if line is None:

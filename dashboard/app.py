@@ -301,8 +301,8 @@ async def small_json(request: Request, empty: Optional[dict] = None) -> dict:
         return empty
     try:
         value = json.loads(body)
-    except ValueError:
-        raise HTTPException(422, "the body is not JSON")
+    except (ValueError, RecursionError):  # (4,000 '[' fit in the limit and nest too deep to decode)
+        raise HTTPException(422, "the body is not JSON (or nests too deep)")
     if not isinstance(value, dict):
         raise HTTPException(422, "the body must be a JSON object")
     return value

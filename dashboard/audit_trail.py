@@ -57,7 +57,8 @@ class AuditTrail:
         route = request.scope.get("route")
         entry = AuditEntry(at=started, principal=getattr(request.state, "principal", None),
                            action=getattr(route, "name", None) or f"{request.method} {request.url.path}"[:200],
-                           target="/".join(str(v) for v in request.path_params.values())[:200],
+                           target=getattr(request.state, "target", None)
+                           or "/".join(str(v) for v in request.path_params.values())[:200],
                            result="allowed" if status < 400 else "refused" if status in (401, 403, 413) else "failed",
                            reason=reason[:500], client=request.client.host if request.client else "")
         await run_in_threadpool(self.append, entry)

@@ -4,13 +4,19 @@ audit trail. Each checks the role table (``baton.jobs.roles``) before it acts.""
 from __future__ import annotations
 
 import dataclasses
+import io
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from baton.jobs.downloads import download
 from baton.jobs.pool import check_quota
 from baton.jobs.roles import may_submit
 from baton.jobs.specfile import load_spec, with_overrides
@@ -50,6 +56,7 @@ def _no_local_code(raw: Any) -> None:
 
 def add_routes(app: FastAPI, ctx: "Context") -> None:
     _job_routes(app, ctx)
+    _fetch_route(app, ctx)
     _pool_routes(app, ctx)
     _user_routes(app, ctx)
 
@@ -86,8 +93,10 @@ def _job_routes(app: FastAPI, ctx: "Context") -> None:
             ctx.access.require(request, may_submit(who, parsed.resources.team))
             return ctx.client.acting_for(who.name).submit(raw, job_id, overrides, pause_at=pause_at).id
 
+        request.state.target = job_id or ""
         try:
-            return {"id": await run_in_threadpool(queue)}
+            request.state.target = await run_in_threadpool(queue)
+            return {"id": request.state.target}
         except OverLimit as exc:
             raise HTTPException(403, str(exc.problems[0]))
         except SpecError as exc:
@@ -105,6 +114,27 @@ def _job_routes(app: FastAPI, ctx: "Context") -> None:
         ctx.readable(request, job_id)
         return clean({"events": [dataclasses.asdict(event) for event in events.events(ctx.records.redis, job_id)]})
 
+
+
+def _fetch_route(app: FastAPI, ctx: "Context") -> None:
+    clean = ctx.access.clean
+
+    @app.get("/api/jobs/{job_id}/fetch/{which}", name="fetch")
+    def fetch(job_id: str, which: str, request: Request) -> Response:
+        """What ``baton fetch --which WHICH`` writes (best, latest, final, tensorboard, code), each file verified
+        against its manifest's sha256 here, as one tar archive of the job's folder."""
+        found = ctx.readable(request, job_id)
+        if found.elsewhere:
+            raise HTTPException(404, f"job {job_id} is stored in a store this server does not read")
+        with tempfile.TemporaryDirectory(prefix="baton-fetch-") as scratch:
+            try:
+                path = download(found.store, job_id, scratch, which)
+            except (FileNotFoundError, ValueError) as exc:
+                raise HTTPException(404, clean(str(exc)))
+            archive = io.BytesIO()
+            with tarfile.open(fileobj=archive, mode="w") as tar:
+                tar.add(path, arcname=str(Path(path).relative_to(scratch)))
+        return Response(archive.getvalue(), media_type="application/x-tar")
 
 
 def _pool_routes(app: FastAPI, ctx: "Context") -> None:
@@ -165,6 +195,9 @@ def _user_routes(app: FastAPI, ctx: "Context") -> None:
     async def user_add(request: Request) -> dict:
         await run_in_threadpool(ctx.pool_action, request, "users")
         body = await small_json(request)
+        request.state.target = str(body.get("name", ""))[:64]
+        if not isinstance(body.get("teams", []), list) or not isinstance(body.get("service", False), bool):
+            raise HTTPException(422, "teams must be a list of names and service true or false")
         try:
             who = Principal(name=body.get("name"), role=body.get("role", "member"), teams=tuple(body.get("teams") or ()),
                             service=bool(body.get("service", False)))

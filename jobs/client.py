@@ -66,6 +66,17 @@ def warn_if_local(store: ObjectStore, stacklevel: int = 3) -> None:
 
 
 class JobClient:
+    def __new__(cls, redis_url: Optional[str] = None, storage_url: Optional[str] = None) -> Any:
+        """With BATON_SERVER_URL set and no Redis or store named here, the client of the pool's server
+        (``baton.jobs.server_client.ServerClient``: the same calls, each a request the server checks)."""
+        if cls is JobClient and redis_url is None and storage_url is None:
+            from baton.jobs.server_client import ServerClient, server_settings
+
+            settings = server_settings()
+            if settings is not None:
+                return ServerClient(settings)
+        return super().__new__(cls)
+
     def __init__(self, redis_url: Optional[str] = None, storage_url: Optional[str] = None):
         overrides = {k: v for k, v in (("redis_url", redis_url), ("storage_url", storage_url)) if v}
         self.settings = BatonSettings.model_validate(overrides)

@@ -23,5 +23,6 @@ class AuditEntry(BaseModel):
         """The entry as ``baton audit`` prints it."""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.at))
         said = f" ({self.reason})" if self.reason else ""
-        return (f"{when}Z {self.principal or '-'} {self.action} {self.target or '-'} {self.result}{said}"
+        line = (f"{when}Z {self.principal or '-'} {self.action} {self.target or '-'} {self.result}{said}"
                 f" from {self.client or '-'}")
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)  # (a target of a\nb: one line)

@@ -26,6 +26,15 @@ class SpecError(BatonError):
         super().__init__(f"invalid {what}:\n" + "\n".join(f"  {p}" for p in self.problems))
 
 
+class ServerError(BatonError):
+    """The pool's server refused (401, 403), could not do what was asked, or could not be reached
+    (``status`` 0); its one line says why."""
+
+    def __init__(self, status: int, line: str, detail: str = ""):
+        self.status, self.detail = status, detail or line
+        super().__init__(line)
+
+
 class OverLimit(SpecError):
     """A job's priority is above its team's max priority (``baton teams set``): a policy's refusal, not a typo."""
 

@@ -51,6 +51,11 @@ class BatonSettings(BaseSettings):
     accept_code: bool = Field(False, description="Whether this worker runs jobs that ship their own code (`code` in the "
                               "spec): anyone who can queue jobs on its Redis then runs code here. Off: it passes such "
                               "jobs on to workers that accept them. BATON_ALLOWED_MODULES applies to shipped code too.")
+    server_url: str = Field("", description="The pool's server (`baton server`), e.g. https://pool.example:8470: set, "
+                            "every client command and `JobClient()` go through it with your token and need no Redis "
+                            "or store credentials of their own. Unset: they use Redis and the store directly.")
+    token: SecretStr = Field(SecretStr(""), description="Your token for the pool's server (`baton users add` printed "
+                             "it); unset, the first line of ~/.config/baton/token.")
     ui_token: SecretStr = Field(SecretStr(""), description="The token `baton ui` asks of every action (cancel, resume, "
                                 "priority, drain), sent as `Authorization: Bearer <token>`; unset, the dashboard is "
                                 "read-only. Use a long random value (`python -c 'import secrets; print(secrets.token_urlsafe())'`).")
@@ -108,6 +113,13 @@ class BatonSettings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"{what} (got {url!r}: {exc})") from None
         return url
+
+    @field_validator("server_url")
+    @classmethod
+    def _server_url(cls, url: str) -> str:
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL (got {url!r})")
+        return url.rstrip("/")
 
     @field_validator("preemption_notice_url")
     @classmethod

@@ -95,6 +95,8 @@ def _say_which_redis() -> None:
     """First, on stderr, when the default Redis is used because BATON_REDIS_URL is unset."""
     from baton.schemas.settings import default_redis_notice
 
+    if os.environ.get("BATON_SERVER_URL"):
+        return  # (the pool's server holds Redis: this client never reaches it)
     notice = default_redis_notice(os.environ)
     if notice:
         typer.echo(notice, err=True)

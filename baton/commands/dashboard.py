@@ -70,10 +70,13 @@ def ui(
     _serve(make_app(settings, token, hosts, history_every_s), sock, None, None)
 
 
-def _serve(app, sock, certfile: Optional[str], keyfile: Optional[str]) -> None:
+def _serve(app, sock, certfile: Optional[str], keyfile: Optional[str], proxies: Optional[str] = None) -> None:
+    """``proxies``: the addresses whose X-Forwarded-For / -Proto are believed (None: nobody's, so a client
+    cannot name another address for itself in the audit trail)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, ssl_certfile=certfile, ssl_keyfile=keyfile)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, ssl_certfile=certfile, ssl_keyfile=keyfile,
+                            proxy_headers=proxies is not None, forwarded_allow_ips=proxies)
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -113,6 +116,9 @@ def server(
                                                   "user has the name) and print its token once."),
     history_every_s: float = typer.Option(30.0, "--history-every-s", min=0.1, help="How often the store is listed "
                                           "for jobs Redis does not hold."),
+    forwarded_allow_ips: Optional[str] = typer.Option(None, "--forwarded-allow-ips", help="Behind a reverse proxy: "
+                                                      "its addresses (comma-separated), whose X-Forwarded-For names the "
+                                                      "client in the audit trail. Default: no one's is believed."),
 ) -> None:
     """Serve the pool: the JSON API that clients with BATON_SERVER_URL and a token use, and the dashboard's
     pages. Every request but GET /api/health names its user by a token (`baton users`); each may do what its
@@ -140,4 +146,4 @@ def server(
     if not certfile and not _is_loopback(host):
         typer.echo(f"baton server: listening on {host} without TLS: tokens cross the network in the clear unless "
                    "a proxy in front terminates TLS", err=True)
-    _serve(make_app(settings, None, hosts, history_every_s, pool=True), sock, certfile, keyfile)
+    _serve(make_app(settings, None, hosts, history_every_s, pool=True), sock, certfile, keyfile, forwarded_allow_ips)

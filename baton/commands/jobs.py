@@ -38,6 +38,8 @@ def submit(
 
 def _warn_if_unserved(job) -> None:
     """One line when no live worker serves the job's queue now (a misspelled queue, or none started)."""
+    if not hasattr(job.client, "records"):  # (through the pool's server: its queue page says so)
+        return
     queue = job.status().queue
     if not job.client.records.pool.live_workers(queue):
         typer.echo(f"warning: no live worker serves queue {queue!r} now; the job waits for one "
@@ -276,7 +278,15 @@ def logs(
     """A job's own output, every attempt in order: baton's lines and the job's stdout, stderr and
     logging, secrets redacted. Stored every few seconds while it runs; -f follows it live."""
     from baton.jobs.logs import open_job_log
+    from baton.jobs.server_client import server_settings
 
+    if storage is None and server_settings() is not None:
+        job = _job(job_id)
+        if follow:
+            job.follow_logs(lambda text: (sys.stdout.write(text), sys.stdout.flush()) and None)
+        else:
+            sys.stdout.write(job.logs(attempt))
+        return
     try:
         source = open_job_log(job_id, storage, _settings())
     except (FileNotFoundError, ValueError) as exc:

@@ -16,9 +16,12 @@ app.add_typer(teams_app, name="teams")
 
 
 def _principals():
+    """The principals: through the pool's server (an admin's token) when BATON_SERVER_URL is set, else in Redis."""
+    from baton.jobs.server_client import ServerPrincipals
     from baton.storage.records.principals import Principals
 
-    return Principals(_client().records.redis)
+    client = _client()
+    return Principals(client.records.redis) if hasattr(client, "records") else ServerPrincipals(client)
 
 
 def _refuse(exc: Exception) -> typer.Exit:
@@ -116,7 +119,11 @@ def teams_set(
         raise _refuse(ValueError("give --max-priority N or --no-max-priority"))
     try:
         check_quota("default", team)  # (the team's name, checked as a quota's is)
-        teams.set_max_priority(_client().records.redis, team, max_priority)
+        client = _client()
+        if hasattr(client, "records"):
+            teams.set_max_priority(client.records.redis, team, max_priority)
+        else:
+            client.set_max_priority(team, max_priority)
     except ValueError as exc:
         raise _refuse(exc)
     typer.echo(f"team {team}: " + (f"max priority {max_priority}" if max_priority is not None else "no max priority"))
@@ -127,7 +134,8 @@ def teams_list() -> None:
     """Every team's limits."""
     from baton.storage.records import teams
 
-    limits = teams.limits(_client().records.redis)
+    client = _client()
+    limits = teams.limits(client.records.redis) if hasattr(client, "records") else client.limits()
     if not limits:
         typer.echo("no team has limits: any priority may be asked for")
         return
@@ -159,7 +167,9 @@ def audit(since: Optional[str] = typer.Option(None, "--since", help="Only what w
         start = _since(since) if since else None
     except ValueError as exc:
         raise _refuse(exc)
-    entries = recent(_client().records.redis, start, user, limit)
+    client = _client()
+    entries = recent(client.records.redis, start, user, limit) if hasattr(client, "records") else \
+        client.audit(start, user, limit)
     if not entries:
         typer.echo("no audit entries" + (" in that time" if since else "") + (f" of {user}" if user else ""))
     for entry in entries:

@@ -37,9 +37,10 @@ class Dashboard:
     log: Path
 
     def call(self, method: str, path: str, body: Any = None, token: Optional[str] = None,
-             headers: Optional[dict] = None) -> tuple[int, Any]:
-        """(status, JSON body) of one request, as any HTTP client (a stranger) would send it."""
-        data = None if body is None else json.dumps(body).encode()
+             headers: Optional[dict] = None, data: Optional[bytes] = None) -> tuple[int, Any]:
+        """(status, JSON body) of one request, as any HTTP client (a stranger) would send it (``data``: these
+        bytes as the body instead of ``body``'s JSON)."""
+        data = data if data is not None else None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json", **(headers or {})})
         if token is not None:

@@ -66,6 +66,9 @@ def test_a_stranger_reaches_nothing_but_the_health_check(cluster, pool):
     status, answer = server.call("GET", "/api/jobs", token=tokens["root"], headers={"Host": "evil.example"})
     assert status == 421
     assert server.call("GET", "/api/health") == (200, {"ok": True})
+    deep = server.call("POST", "/api/jobs/held/priority", None, token=tokens["root"],
+                       headers={"Content-Type": "application/json"}, data=b"[" * 4000)
+    assert deep[0] == 422, deep  # (not a 500 that escapes the audit trail)
     assert job.status().state.value == "queued" and job.status().priority == 0
     assert {p.name for p in _principals(cluster).list()} == set(tokens)
     log = server.log.read_text()
@@ -97,7 +100,8 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
     assert [row["id"] for row in server.call("GET", "/api/jobs", token=tokens["ann"])[1]["jobs"]] == ["ada-long"]
     # ann (vision, member) may read it but not act on it; lea (vision, lead) may
     assert server.call("GET", "/api/jobs/ada-long/status", token=tokens["ann"])[1]["submitted_by"] == "ada"
-    status, answer = server.call("POST", "/api/jobs/ada-long/cancel", token=tokens["ann"])
+    status, answer = server.call("POST", "/api/jobs/ada-long/cancel", token=tokens["ann"],
+                                 headers={"X-Forwarded-For": "6.6.6.6"})
     assert status == 403 and "only their own jobs" in answer["detail"], answer
     step = job.status().step
     wait_for(lambda: job.status().step > step, 60, "the job to go on training")
@@ -145,7 +149,7 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
     status, answer = server.call("GET", "/api/audit", token=tokens["root"])
     assert status == 200
     entries = [(e["principal"], e["action"], e["target"], e["result"]) for e in answer["entries"]]
-    for expected in [("ada", "submit", "", "allowed"), ("bob", "cancel", "ada-long", "refused"),
+    for expected in [("ada", "submit", "ada-long", "allowed"), ("bob", "cancel", "ada-long", "refused"),
                      ("ann", "cancel", "ada-long", "refused"), ("lea", "priority", "ada-long", "allowed"),
                      ("ada", "quota.set", "default/vision", "refused"), ("root", "quota.set", "default/vision", "allowed"),
                      ("ada", "submit", "", "refused"), ("root", "priority", "ada-long", "refused"),
@@ -154,6 +158,8 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
         assert expected in entries, (expected, entries)
     refused = next(e for e in answer["entries"] if e["principal"] == "bob" and e["action"] == "cancel")
     assert "may not cancel team vision's jobs" in refused["reason"] and refused["client"] == "127.0.0.1"
+    forged = next(e for e in answer["entries"] if e["principal"] == "ann" and e["action"] == "cancel")
+    assert forged["client"] == "127.0.0.1"  # (its X-Forwarded-For is nobody's word)
     assert server.call("GET", "/api/audit?user=bob", token=tokens["root"])[1]["entries"][0]["principal"] == "bob"
     audit_cli = run_baton("audit", "--user", "bob", "--since", "1h", env=cluster.env)
     assert audit_cli.returncode == 0 and "bob cancel ada-long refused" in audit_cli.stdout, audit_cli.stderr

@@ -41,6 +41,8 @@ def test_an_entry_reads_as_one_line_with_who_what_and_why():
         "1970-01-01 00:00:00Z - status - refused from -"
     with pytest.raises(ValueError):
         entry(0.0, "mia", "maybe")
+    forged = entry(0.0, None, "refused", target="a\n1970-01-01 00:00:00Z root users.add eve allowed", reason="x\ry")
+    assert "\n" not in forged.line() and "\r" not in forged.line() and "a\\n1970" in forged.line()
 
 
 def test_a_teams_max_priority_is_set_read_removed_and_bounded(r):

@@ -1,0 +1,257 @@
+"""``JobClient``'s surface through the pool's server (``baton server``): what a user with ``BATON_SERVER_URL``
+and a token (``BATON_TOKEN``, or ``~/.config/baton/token``) gets from ``JobClient()`` and every client
+command. It holds no Redis or store credentials: each call is one HTTPS request that the server checks
+against the user's role. The standard library's HTTP client only: a user's machine needs nothing more.
+
+What it does not do (yet): ship a code directory (``code=``), sweeps and searches, the pool's settings
+(quotas, drain); those are done on the server's side for now (``baton server``'s API, or direct mode)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from baton.jobs.job import Job
+from baton.jobs.specfile import SpecSource, read_raw
+from baton.schemas.errors import BatonError, JobNotFound, ServerError, SpecError
+from baton.schemas.overrides import Overrides
+from baton.schemas.settings import BatonSettings
+from baton.schemas.status import JobStatus
+
+TOKEN_FILE = Path("~/.config/baton/token")
+TIMEOUT_S = 30.0
+
+
+def _token(settings: BatonSettings) -> str:
+    given = settings.token.get_secret_value()
+    if given:
+        return given.strip()
+    path = TOKEN_FILE.expanduser()
+    try:
+        return path.read_text().strip().splitlines()[0]
+    except (OSError, IndexError):
+        raise ServerError(401, f"BATON_SERVER_URL is set but no token is: set BATON_TOKEN or write it to {path}") from None
+
+
+class ServerClient:
+    """The client of the pool's server: ``submit``, ``job``, ``list``, and ``Job`` handles over HTTP."""
+
+    def __init__(self, settings: BatonSettings):
+        self.settings = settings
+        self.url = settings.server_url
+        self._token = _token(settings)
+
+    def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> Any:
+        """The server's answer to one request (JSON, or bytes with ``raw``); ServerError, JobNotFound or
+        SpecError (422 with problems) when it says no."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self._token}", "Content-Type": "application/json", "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                content = response.read()
+        except urllib.error.HTTPError as exc:
+            raise _refusal(exc.code, exc.read()) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ServerError(0, f"error: cannot reach the pool's server at {self.url}: {reason}; check "
+                              "BATON_SERVER_URL") from None
+        return content if raw else json.loads(content or b"null")
+
+    def whoami(self) -> dict:
+        return self.call("GET", "/api/whoami")
+
+    def submit(self, spec: SpecSource, job_id: Optional[str] = None, overrides: Overrides = None,
+               code: "str | Path | None" = None, pause_at: Optional[int] = None) -> "ServerJob":
+        """As ``JobClient.submit``: the spec is read here (a file of yours, or a mapping) and validated by the
+        server, for you; SpecError (nothing queued) naming each wrong field, ServerError when your role
+        may not submit to its team or its priority is above the team's limit."""
+        if code is not None:
+            raise SpecError(["code: shipping a directory through the pool's server is not supported yet; ask the "
+                             "operator to submit it, or name an archive the store holds (code.digest)"])
+        raw = read_raw(spec)
+        if not isinstance(raw, dict):
+            raise SpecError(["spec: must be a mapping of sections"])
+        body = {"spec": raw, "id": job_id, "overrides": list(overrides) if isinstance(overrides, (list, tuple))
+                else overrides, "pause_at": pause_at}
+        answer = self.call("POST", "/api/jobs", {key: value for key, value in body.items() if value is not None})
+        return ServerJob(self, answer["id"])
+
+    def job(self, job_id: str) -> "ServerJob":
+        job = ServerJob(self, job_id)
+        job.status()  # JobNotFound, or a refusal, now
+        return job
+
+    def __getattr__(self, name: str) -> Any:
+        if name in UNSUPPORTED:
+            raise _unsupported(name)
+        raise AttributeError(name)
+
+    def set_max_priority(self, team: str, limit: Optional[int]) -> None:
+        self.call("PUT", f"/api/teams/{urllib.parse.quote(team, safe='')}", {"max_priority": limit})
+
+    def limits(self) -> dict[str, int]:
+        return self.call("GET", "/api/teams")["teams"]
+
+    def audit(self, since: Optional[float], user: Optional[str], limit: int) -> list:
+        from baton.schemas.audit import AuditEntry
+
+        query = urllib.parse.urlencode({k: v for k, v in (("since", since), ("user", user), ("limit", limit)) if v is not None})
+        return [AuditEntry.model_validate(e) for e in self.call("GET", f"/api/audit?{query}")["entries"]]
+
+    def list(self, limit: int = 100) -> list[JobStatus]:
+        """The newest jobs of your teams first (an admin's: every team's)."""
+        rows = self.call("GET", f"/api/jobs?limit={int(limit)}")["jobs"]
+        return [as_status(row) for row in rows if row.get("state") != "stored"]
+
+
+JSON_FIELDS = ("metrics", "overrides")
+"""The status's fields a record holds as JSON text, which the server's answer holds decoded."""
+
+
+def as_status(answer: dict) -> JobStatus:
+    return JobStatus.model_validate({key: json.dumps(value) if key in JSON_FIELDS and isinstance(value, dict) else value
+                                     for key, value in answer.items() if value is not None})
+
+
+UNSUPPORTED = frozenset({"sweep", "search", "sweep_results", "cancel_sweep", "search_results", "search_report", "queue",
+                         "set_quota", "remove_quota", "quotas", "drain", "undrain", "recover"})
+
+
+def _unsupported(name: str) -> ServerError:
+    return ServerError(400, f"error: {name} is not supported through the pool's server yet: use the server's API "
+                       "(docs/security.md) or, as the operator, direct mode (BATON_SERVER_URL unset)")
+
+
+class ServerPrincipals:
+    """``baton users`` through the server (an admin's token): ``storage.records.principals.Principals``'s calls."""
+
+    def __init__(self, client: ServerClient):
+        self.client = client
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        from baton.storage.records.principals import PrincipalError
+
+        try:
+            return self.client.call(method, path, body)
+        except (ServerError, JobNotFound) as exc:
+            if isinstance(exc, JobNotFound) or exc.status in (404, 409, 422):
+                raise PrincipalError(getattr(exc, "detail", str(exc))) from None
+            raise
+
+    def add(self, principal: Any) -> str:
+        return self._call("POST", "/api/users", {"name": principal.name, "role": principal.role.value,
+                                                 "teams": list(principal.teams), "service": principal.service})["token"]
+
+    def list(self) -> list:
+        from baton.schemas.principals import Principal
+
+        return [Principal.model_validate(p) for p in self._call("GET", "/api/users")["users"]]
+
+    def remove(self, name: str) -> None:
+        self._call("DELETE", f"/api/users/{urllib.parse.quote(name, safe='')}")
+
+    def rotate(self, name: str) -> str:
+        return self._call("POST", f"/api/users/{urllib.parse.quote(name, safe='')}/token")["token"]
+
+
+def _refusal(status: int, content: bytes) -> BatonError:
+    try:
+        detail = json.loads(content).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if status == 422 and isinstance(detail, dict) and "problems" in detail:
+        return SpecError(list(detail["problems"]))
+    line = detail if isinstance(detail, str) else f"HTTP {status}"
+    if status == 404:
+        return JobNotFound(line)
+    return ServerError(status, f"error: the pool's server refused ({status}): {line}", line)
+
+
+class ServerJob(Job):
+    """A handle on one job through the server: what ``Job`` does, each call a request."""
+
+    client: ServerClient  # type: ignore[assignment]
+
+    def __init__(self, client: ServerClient, job_id: str):
+        super().__init__(client, job_id)  # type: ignore[arg-type]
+
+    def _path(self, tail: str = "") -> str:
+        return f"/api/jobs/{urllib.parse.quote(self.id, safe='')}{tail}"
+
+    def status(self) -> JobStatus:
+        return as_status(self.client.call("GET", self._path("/status")))
+
+    def events(self) -> list:
+        from baton.storage.records.events import Event
+
+        return [Event(**event) for event in self.client.call("GET", self._path("/events"))["events"]]
+
+    def cancel(self) -> str:
+        return self.client.call("POST", self._path("/cancel"))["result"]
+
+    def resume(self, pause_at: Optional[int] = None) -> int:
+        try:
+            return self.client.call("POST", self._path("/resume"), {} if pause_at is None else {"pause_at": pause_at})["attempt"]
+        except ServerError as exc:
+            if exc.status == 409:
+                raise ValueError(str(exc).split(": ", 2)[-1]) from None
+            raise
+
+    def set_priority(self, priority: int) -> None:
+        try:
+            self.client.call("POST", self._path("/priority"), {"priority": priority})
+        except ServerError as exc:
+            if exc.status in (409, 422):
+                raise ValueError(str(exc).split(": ", 2)[-1]) from None
+            raise
+
+    def metrics(self) -> list[dict]:
+        return self.client.call("GET", self._path("/metrics"))["rows"]
+
+    def logs(self, attempt: Optional[int] = None) -> str:
+        if attempt is not None:
+            raise ValueError("one attempt's log through the pool's server is not supported yet: read them all")
+        return self.client.call("GET", self._path("/log"))["text"]
+
+    def follow_logs(self, write: Callable[[str], None] = lambda text: print(text, end="", flush=True),
+                    attempt: Optional[int] = None, poll_s: float = 2.0) -> JobStatus:
+        seen = 0
+        while True:
+            done = self.status().state.terminal
+            answer = self.client.call("GET", self._path(f"/log?since={seen}"))
+            if answer["text"]:
+                write(answer["text"])
+            seen = answer["chunks"]
+            if done:
+                return self.status()
+            time.sleep(poll_s)
+
+    def report(self) -> dict:
+        return json.loads(self.client.call("GET", self._path("/artifacts/report"), raw=True))
+
+    def download(self, directory: str | Path = ".", which: str = "best") -> Path:
+        """As ``Job.download``: the server verifies each file against its manifest's sha256 and sends them
+        as one archive, unpacked here under ``directory/JOB_ID``."""
+        content = self.client.call("GET", self._path(f"/fetch/{urllib.parse.quote(which, safe='')}"), raw=True)
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(content)) as tar:
+            names = tar.getnames()
+            tar.extractall(out, filter="data")  # (no absolute paths, no '..', no links out)
+        return out / min(names, key=len) if names else out / self.id
+
+
+def server_settings() -> Optional[BatonSettings]:
+    """The settings, when they name a server (``BATON_SERVER_URL``); None otherwise (direct mode)."""
+    if not os.environ.get("BATON_SERVER_URL"):
+        return None
+    settings = BatonSettings()
+    return settings if settings.server_url else None
