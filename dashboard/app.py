@@ -273,7 +273,7 @@ def _queue_view(view: Any) -> dict:
                                                                 "total_steps", "attempt", "submitted_by"})
                         for status in view.running],
             "usage": view.state.usage, "quotas": view.state.quotas, "workers": view.workers,
-            "drained": sorted(view.drained)}
+            "drained": sorted(view.drained), "yielded": sorted(view.yielded)}
 
 
 BODY_LIMIT = 4096
@@ -282,8 +282,16 @@ SUBMIT_LIMIT = 1 << 20
 """The most a submit's body may hold (a spec, its overrides)."""
 
 
+SUBMITS = ("/api/jobs", "/api/sweeps", "/api/searches")
+
+
 def body_limit(request: Request) -> int:
-    return SUBMIT_LIMIT if request.method == "POST" and request.url.path in ("/api/jobs", "/api/sweeps") else BODY_LIMIT
+    """A submit's limit, an archive of code's (the server's BATON_CODE_LIMIT_MB), or an action's."""
+    if request.method == "POST" and request.url.path in SUBMITS:
+        return SUBMIT_LIMIT
+    if request.method == "PUT" and request.url.path.startswith("/api/code/"):
+        return int(request.app.state.ctx.settings.code_limit_mb * 1e6)
+    return BODY_LIMIT
 
 
 async def small_json(request: Request, empty: Optional[dict] = None) -> dict:

@@ -1,6 +1,6 @@
-"""The pool server's own routes (``baton server``; not ``baton ui``): who am I, submitting a job for the
-signed-in user, a job's status and history for clients, and the admin's: quotas, team limits, users, the
-audit trail. Each checks the role table (``baton.jobs.roles``) before it acts."""
+"""The pool server's own routes (``baton server``; not ``baton ui``): who am I, a job's status, history and
+files for clients, and the admin's: quotas, team limits, users, the audit trail (what users queue:
+``pool_submit``). Each checks the role table (``baton.jobs.roles``) before it acts."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,10 +18,6 @@ from starlette.concurrency import run_in_threadpool
 
 from baton.jobs.downloads import download
 from baton.jobs.pool import check_quota
-from baton.jobs.roles import may_submit
-from baton.jobs.specfile import load_spec, with_overrides
-from baton.schemas.overrides import normalize
-from baton.schemas.errors import OverLimit, SpecError
 from baton.schemas.principals import Principal, Role
 from baton.storage.records import audit, events, teams
 from baton.storage.records.principals import PrincipalError
@@ -30,31 +26,10 @@ if TYPE_CHECKING:
     from baton.dashboard.app import Context
 
 
-def _spec_problems(exc: SpecError) -> HTTPException:
-    return HTTPException(422, {"problems": list(exc.problems), "message": str(exc)})
-
-
-def _with_team(raw: Any, who: Principal) -> Any:
-    """A spec that names no team is its submitter's first team's (an admin of no team: ``default``)."""
-    if not isinstance(raw, dict) or not who.teams:
-        return raw
-    resources = raw.get("resources")
-    if resources is None:
-        return {**raw, "resources": {"team": who.teams[0]}}
-    if isinstance(resources, dict) and "team" not in resources:
-        return {**raw, "resources": {**resources, "team": who.teams[0]}}
-    return raw
-
-
-def _no_local_code(raw: Any) -> None:
-    code = raw.get("code") if isinstance(raw, dict) else None
-    if isinstance(code, dict) and code.get("dir") is not None:
-        raise SpecError(["code.dir: names a directory of the server's machine; through the server, ship your code "
-                         "with `baton submit --code DIR` (it is uploaded), or name an archive the store holds "
-                         "(code.digest)"])
-
-
 def add_routes(app: FastAPI, ctx: "Context") -> None:
+    from baton.dashboard import pool_submit
+
+    pool_submit.add_routes(app, ctx)
     _job_routes(app, ctx)
     _fetch_route(app, ctx)
     _pool_routes(app, ctx)
@@ -62,45 +37,11 @@ def add_routes(app: FastAPI, ctx: "Context") -> None:
 
 
 def _job_routes(app: FastAPI, ctx: "Context") -> None:
-    from baton.dashboard.app import small_json
-
     clean = ctx.access.clean
 
     @app.get("/api/whoami", name="whoami")
     def whoami(request: Request) -> dict:
         return ctx.access.reader(request).model_dump(mode="json")
-
-    @app.post("/api/jobs", name="submit")
-    async def submit(request: Request) -> dict:
-        who = await run_in_threadpool(ctx.access.actor, request)
-        body = await small_json(request)
-        job_id, overrides, pause_at = body.get("id"), body.get("overrides"), body.get("pause_at")
-        if job_id is not None and not isinstance(job_id, str):
-            raise HTTPException(422, "id must be a string")
-        if overrides is not None and not (isinstance(overrides, dict) or isinstance(overrides, list)
-                                          and all(isinstance(item, str) for item in overrides)):
-            raise HTTPException(422, "overrides must be a mapping or a list of path=value")
-        if pause_at is not None and (isinstance(pause_at, bool) or not isinstance(pause_at, int)):
-            raise HTTPException(422, "pause_at must be an integer")
-
-        if not isinstance(body.get("spec"), dict):
-            raise HTTPException(422, "spec must be a mapping (the spec file's contents)")  # never a path of the server's
-
-        def queue() -> str:
-            raw = _with_team(body["spec"], who)
-            _no_local_code(with_overrides(raw, normalize(overrides)))
-            parsed = load_spec(raw, ctx.settings.allowed_prefixes, overrides)
-            ctx.access.require(request, may_submit(who, parsed.resources.team))
-            return ctx.client.acting_for(who.name).submit(raw, job_id, overrides, pause_at=pause_at).id
-
-        request.state.target = job_id or ""
-        try:
-            request.state.target = await run_in_threadpool(queue)
-            return {"id": request.state.target}
-        except OverLimit as exc:
-            raise HTTPException(403, str(exc.problems[0]))
-        except SpecError as exc:
-            raise _spec_problems(exc)
 
     @app.get("/api/jobs/{job_id}/status", name="status")
     def status(job_id: str, request: Request) -> dict:
@@ -147,10 +88,10 @@ def _pool_routes(app: FastAPI, ctx: "Context") -> None:
         if isinstance(slots, bool) or not isinstance(slots, int):
             raise HTTPException(422, "slots must be an integer")
         try:
-            await run_in_threadpool(ctx.client.set_quota, team, queue, slots)
+            warnings = await run_in_threadpool(ctx.client.set_quota, team, queue, slots)
         except ValueError as exc:
             raise HTTPException(422, str(exc))
-        return {"queue": queue, "team": team, "slots": slots}
+        return {"queue": queue, "team": team, "slots": slots, "warnings": warnings}
 
     @app.delete("/api/quotas/{queue}/{team}", name="quota.rm")
     def quota_rm(queue: str, team: str, request: Request) -> dict:

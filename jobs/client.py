@@ -41,7 +41,8 @@ from baton.jobs.job import Job
 from baton.jobs.specfile import SpecSource, load_spec, read_raw, with_overrides
 from baton.jobs.sweeps import SweepEntry, plan, rank
 from baton.jobs.pool import QueueView, check_quota, drain, queue_views
-from baton.jobs.roles import within_limit
+from baton.jobs.roles import may_submit, within_limit
+from baton.schemas.principals import Principal
 
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
@@ -82,26 +83,31 @@ class JobClient:
         self.settings = BatonSettings.model_validate(overrides)
         self.records = JobRecords(connect(self.settings))
         self._celery = None
-        self._submitter = ""  # the principal the pool's server acts for (``acting_for``); "": nobody proved
+        self._principal: Optional[Principal] = None  # whom the pool's server acts for (``acting_for``): None, nobody proved
 
-    def acting_for(self, name: str) -> "JobClient":
-        """This client, submitting for the principal ``name`` (the pool's server, which proved who it is): each
-        job it creates records ``submitted_by``. Shares this client's connections."""
+    def acting_for(self, who: Principal) -> "JobClient":
+        """This client, submitting for the principal ``who`` (the pool's server, which proved who it is): each
+        job it creates records ``submitted_by``, and a job, sweep point or search of a team ``who`` may not
+        submit to is refused as one above its team's limit is. Shares this client's connections."""
         other = copy.copy(self)
-        other._submitter = name
+        other._principal = who
         return other
 
     def _submitter_field(self) -> dict[str, str]:
-        return {"submitted_by": self._submitter} if self._submitter else {}
+        return {"submitted_by": self._principal.name} if self._principal is not None else {}
 
     def _check_limits(self, specs: "Sequence[JobSpec]") -> None:
-        """SpecError (nothing queued) naming the limit when a spec's priority is above its team's max priority
-        (``baton teams set``), whoever submits."""
+        """OverLimit (nothing queued) naming the limit when a spec's priority is above its team's max priority
+        (``baton teams set``), whoever submits, or its team is not one the principal acted for may submit to."""
         limits = team_records.limits(self.records.redis)
-        problems = sorted({problem for spec in specs if (problem := within_limit(
+        problems = sorted({f"resources.priority: {problem}" for spec in specs if (problem := within_limit(
             spec.resources.priority, spec.resources.team, limits.get(spec.resources.team))) is not None})
+        if self._principal is not None:
+            who = self._principal
+            problems += sorted({f"resources.team: {problem}" for spec in specs
+                                if (problem := may_submit(who, spec.resources.team)) is not None})
         if problems:
-            raise OverLimit([f"resources.priority: {problem}" for problem in problems])
+            raise OverLimit(problems)
 
     def _publish(self, job_id: str, attempt: int) -> None:
         from baton.storage.records.messages import make_app, publish_run  # the Celery app only, never the loop
@@ -224,7 +230,12 @@ class JobClient:
         search has finished). JobNotFound for an unknown search."""
         from baton.searches.results import search_results
 
-        return search_results(self.records.redis, search_id)
+        try:
+            return search_results(self.records.redis, search_id)
+        except JobNotFound as exc:
+            if self.records.sweep_ids(search_id):
+                raise JobNotFound(f"{exc}; {search_id!r} is a grid sweep: baton list --sweep {search_id}") from None
+            raise
 
     def search_report(self, search_id: str, dest: "str | Path") -> list[Path]:
         """Write the search's report into ``dest``: report.md (its table and best trial) and rungs.png (each
@@ -271,10 +282,19 @@ class JobClient:
         each waits; its running jobs; each team's use of its worker slots and its quota."""
         return queue_views(self.records, name)
 
-    def set_quota(self, team: str, queue: str, slots: int) -> None:
-        """Guarantee ``team`` ``slots`` worker slots of ``queue`` (it may borrow idle ones beyond)."""
+    def set_quota(self, team: str, queue: str, slots: int) -> list[str]:
+        """Guarantee ``team`` ``slots`` worker slots of ``queue`` (it may borrow idle ones beyond). The warnings
+        (a team that no job or quota named before, a queue that no live worker serves: a misspelling?)."""
+        from baton.storage.records import names
+
         check_quota(queue, team, slots)
+        known = names.teams(self.records.redis)
         self.records.pool.set_quota(queue, team, slots)
+        warnings = [] if team in known else [f"no job or quota has named team {team!r} yet (misspelled? known "
+                                             f"teams: {', '.join(known) or 'none'})"]
+        if not self.records.pool.live_workers(queue):
+            warnings.append(f"no live worker serves queue {queue!r} now (misspelled?)")
+        return warnings
 
     def remove_quota(self, team: str, queue: str) -> bool:
         """Remove ``team``'s quota on ``queue``; False when it had none."""
@@ -294,6 +314,10 @@ class JobClient:
     def quotas(self) -> dict[str, dict[str, int]]:
         """Every quota: queue -> team -> slots."""
         return self.records.pool.quotas()
+
+    def usage(self, queue: str) -> dict[str, int]:
+        """The worker slots each team holds on ``queue`` now."""
+        return self.records.pool.usage(queue)
 
     def list(self, limit: int = 100) -> list[JobStatus]:
         """The newest jobs first."""

@@ -51,6 +51,9 @@ def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...]
     spec = check_spec(raw, allowed_prefixes)
     problems = [f"search.space.{path}: also set by --set/overrides ({given}); the search would overwrite it in "
                 f"every trial: drop one" for path in search.space for given in fixed if _overlap(path, given)]
+    problems += [f"search.space.{path}: a search cannot search a trial's {held.split('.')[1]} (every trial is the "
+                 f"search's, under its team's limits): set it in the spec" for path in search.space
+                 for held in ("resources.team", "resources.priority") if _overlap(path, held)]
     for path, dimension in search.space.items():
         seen: set[str] = set()
         for value in dimension.choice if dimension.choice is not None else list(dimension.bounds or ()):

@@ -3,10 +3,11 @@ and a token (``BATON_TOKEN``, or ``~/.config/baton/token``) gets from ``JobClien
 command. It holds no Redis or store credentials: each call is one HTTPS request that the server checks
 against the user's role. The standard library's HTTP client only: a user's machine needs nothing more.
 
-What it does not do (yet): ship a code directory (``code=``), sweeps and searches, the pool's settings
-(quotas, drain); those are done on the server's side for now (``baton server``'s API, or direct mode)."""
+Shipped code is packed here and uploaded under its digest (``server_code``). What it does not do:
+``recover`` (the operator's, in direct mode: it reads the store)."""
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import os
@@ -16,12 +17,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from baton.jobs.job import Job
+from baton.jobs.server_views import as_status, queue_view, search_results, sweep_entries
 from baton.jobs.specfile import SpecSource, read_raw
 from baton.schemas.errors import BatonError, JobNotFound, ServerError, SpecError
-from baton.schemas.overrides import Overrides
+from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
 from baton.schemas.status import JobStatus
 
@@ -48,14 +50,17 @@ class ServerClient:
         self.url = settings.server_url
         self._token = _token(settings)
 
-    def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> Any:
-        """The server's answer to one request (JSON, or bytes with ``raw``); ServerError, JobNotFound or
-        SpecError (422 with problems) when it says no."""
-        data = None if body is None else json.dumps(body).encode()
+    def call(self, method: str, path: str, body: Any = None, raw: bool = False, data: Optional[bytes] = None,
+             timeout_s: float = TIMEOUT_S) -> Any:
+        """The server's answer to one request (JSON, or bytes with ``raw``) with a JSON ``body`` or the bytes
+        ``data``; ServerError, JobNotFound or SpecError (422 with problems) when it says no."""
+        content_type = "application/json" if data is None else "application/octet-stream"
+        if data is None and body is not None:
+            data = json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {self._token}", "Content-Type": "application/json", "Accept": "application/json"})
+            "Authorization": f"Bearer {self._token}", "Content-Type": content_type, "Accept": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 content = response.read()
         except urllib.error.HTTPError as exc:
             raise _refusal(exc.code, exc.read()) from None
@@ -68,21 +73,69 @@ class ServerClient:
     def whoami(self) -> dict:
         return self.call("GET", "/api/whoami")
 
-    def submit(self, spec: SpecSource, job_id: Optional[str] = None, overrides: Overrides = None,
-               code: "str | Path | None" = None, pause_at: Optional[int] = None) -> "ServerJob":
-        """As ``JobClient.submit``: the spec is read here (a file of yours, or a mapping) and validated by the
-        server, for you; SpecError (nothing queued) naming each wrong field, ServerError when your role
-        may not submit to its team or its priority is above the team's limit."""
-        if code is not None:
-            raise SpecError(["code: shipping a directory through the pool's server is not supported yet; ask the "
-                             "operator to submit it, or name an archive the store holds (code.digest)"])
+    def _queued(self, spec: SpecSource, overrides: Overrides, code: "str | Path | None",
+                point: Optional[dict] = None) -> tuple[dict, dict]:
+        """The spec's mapping and its overrides as the server takes them: its code shipped (``server_code``)."""
+        from baton.jobs.server_code import ship
+
         raw = read_raw(spec)
         if not isinstance(raw, dict):
             raise SpecError(["spec: must be a mapping of sections"])
-        body = {"spec": raw, "id": job_id, "overrides": list(overrides) if isinstance(overrides, (list, tuple))
-                else overrides, "pause_at": pause_at}
-        answer = self.call("POST", "/api/jobs", {key: value for key, value in body.items() if value is not None})
+        return ship(self, raw, normalize(overrides), code, point)
+
+    def submit(self, spec: SpecSource, job_id: Optional[str] = None, overrides: Overrides = None,
+               code: "str | Path | None" = None, pause_at: Optional[int] = None) -> "ServerJob":
+        """As ``JobClient.submit``: the spec is read here (a file of yours, or a mapping), its code packed and
+        uploaded, and validated by the server, for you; SpecError (nothing queued) naming each wrong field,
+        ServerError when your role may not submit to its team or its priority is above the team's limit."""
+        raw, wanted = self._queued(spec, overrides, code)
+        answer = self.call("POST", "/api/jobs", _given({"spec": raw, "id": job_id, "overrides": wanted or None,
+                                                        "pause_at": pause_at}))
         return ServerJob(self, answer["id"])
+
+    def sweep(self, spec: SpecSource, grid: "Mapping[str, Sequence[Any]] | Sequence[str]",
+              overrides: Overrides = None, sweep_id: Optional[str] = None, code: "str | Path | None" = None) -> Any:
+        """As ``JobClient.sweep``: one job per point of ``grid``, every point validated by the server first."""
+        from baton.jobs.client import Sweep
+
+        axes = normalize_grid(grid)
+        raw, wanted = self._queued(spec, overrides, code, {path: values[0] for path, values in axes.items()})
+        answer = self.call("POST", "/api/sweeps", _given({"spec": raw, "grid": axes, "overrides": wanted or None,
+                                                          "id": sweep_id}))
+        return Sweep(answer["id"], [ServerJob(self, job_id) for job_id in answer["jobs"]])
+
+    def search(self, spec: SpecSource, search: "str | Path | dict", overrides: Overrides = None,
+               search_id: Optional[str] = None, code: "str | Path | None" = None) -> Any:
+        """As ``JobClient.search``: the search file is read and checked here, the search run by the server."""
+        from baton.jobs.client import Sweep
+        from baton.jobs.search_submit import read_search
+
+        found = read_search(search).model_dump(mode="json", by_alias=True, exclude_none=True)
+        raw, wanted = self._queued(spec, overrides, code)
+        answer = self.call("POST", "/api/searches", _given({"spec": raw, "search": found, "overrides": wanted or None,
+                                                            "id": search_id}))
+        return Sweep(answer["id"], [ServerJob(self, job_id) for job_id in answer["jobs"]])
+
+    def _sweep(self, sweep_id: str) -> dict:
+        return self.call("GET", f"/api/sweeps/{_quoted(sweep_id)}")
+
+    def sweep_results(self, sweep_id: str) -> Any:
+        answer = self._sweep(sweep_id)
+        return sweep_entries(answer) if answer["kind"] == "sweep" else search_results(answer["results"])
+
+    def search_results(self, search_id: str) -> Any:
+        answer = self._sweep(search_id)
+        if answer["kind"] != "search":
+            raise JobNotFound(f"no search {search_id!r}; {search_id!r} is a grid sweep: baton list --sweep {search_id}")
+        return search_results(answer["results"])
+
+    def search_report(self, search_id: str, dest: "str | Path") -> "builtins.list[Path]":
+        from baton.searches.report import write_report
+
+        return write_report(self.search_results(search_id), dest)
+
+    def cancel_sweep(self, sweep_id: str) -> dict[str, str]:
+        return self.call("POST", f"/api/sweeps/{_quoted(sweep_id)}/cancel")["answers"]
 
     def job(self, job_id: str) -> "ServerJob":
         job = ServerJob(self, job_id)
@@ -95,7 +148,7 @@ class ServerClient:
         raise AttributeError(name)
 
     def set_max_priority(self, team: str, limit: Optional[int]) -> None:
-        self.call("PUT", f"/api/teams/{urllib.parse.quote(team, safe='')}", {"max_priority": limit})
+        self.call("PUT", f"/api/teams/{_quoted(team)}", {"max_priority": limit})
 
     def limits(self) -> dict[str, int]:
         return self.call("GET", "/api/teams")["teams"]
@@ -111,23 +164,69 @@ class ServerClient:
         rows = self.call("GET", f"/api/jobs?limit={int(limit)}")["jobs"]
         return [as_status(row) for row in rows if row.get("state") != "stored"]
 
+    def _queues(self, name: Optional[str] = None) -> dict:
+        return self.call("GET", "/api/queue" + (f"?name={urllib.parse.quote(name)}" if name is not None else ""))
 
-JSON_FIELDS = ("metrics", "overrides")
-"""The status's fields a record holds as JSON text, which the server's answer holds decoded."""
+    def queue(self, name: Optional[str] = None) -> "builtins.list[Any]":
+        """As ``JobClient.queue``: every user sees every queue's line (ids, teams, reasons)."""
+        answer = self._queues(name)
+        return [queue_view(view, answer["quotas"]) for view in answer["queues"]]
+
+    def quotas(self) -> dict[str, dict[str, int]]:
+        return self._queues()["quotas"]
+
+    def usage(self, queue: str) -> dict[str, int]:
+        views = self._queues(queue)["queues"]
+        return views[0]["usage"] if views else {}
+
+    def set_quota(self, team: str, queue: str, slots: int) -> "builtins.list[str]":
+        """As ``JobClient.set_quota`` (an admin's token); ValueError for a team or queue name that cannot be."""
+        try:
+            return self.call("PUT", f"/api/quotas/{_quoted(queue)}/{_quoted(team)}", {"slots": slots})["warnings"]
+        except ServerError as exc:
+            if exc.status == 422:
+                raise ValueError(exc.detail) from None
+            raise
+
+    def remove_quota(self, team: str, queue: str) -> bool:
+        try:
+            self.call("DELETE", f"/api/quotas/{_quoted(queue)}/{_quoted(team)}")
+        except JobNotFound:
+            return False
+        except ServerError as exc:
+            if exc.status == 422:
+                raise ValueError(exc.detail) from None
+            raise
+        return True
+
+    def _drain(self, worker: str, drained: bool) -> tuple[str, bool]:
+        try:
+            answer = self.call("POST", f"/api/workers/{_quoted(worker)}/drain", {"drained": drained})
+        except JobNotFound as exc:
+            raise ValueError(str(exc)) from None
+        return answer["worker"], answer["changed"]
+
+    def drain(self, worker: str) -> tuple[str, bool]:
+        return self._drain(worker, True)
+
+    def undrain(self, worker: str) -> tuple[str, bool]:
+        return self._drain(worker, False)
 
 
-def as_status(answer: dict) -> JobStatus:
-    return JobStatus.model_validate({key: json.dumps(value) if key in JSON_FIELDS and isinstance(value, dict) else value
-                                     for key, value in answer.items() if value is not None})
+def _quoted(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
 
 
-UNSUPPORTED = frozenset({"sweep", "search", "sweep_results", "cancel_sweep", "search_results", "search_report", "queue",
-                         "set_quota", "remove_quota", "quotas", "drain", "undrain", "recover"})
+def _given(body: dict) -> dict:
+    return {key: value for key, value in body.items() if value is not None}
+
+
+UNSUPPORTED = frozenset({"recover", "search_driver"})
 
 
 def _unsupported(name: str) -> ServerError:
-    return ServerError(400, f"error: {name} is not supported through the pool's server yet: use the server's API "
-                       "(docs/security.md) or, as the operator, direct mode (BATON_SERVER_URL unset)")
+    return ServerError(400, f"error: {name} is not done through the pool's server: the operator does it in direct "
+                       "mode (BATON_SERVER_URL unset, with the pool's Redis and store)")
 
 
 class ServerPrincipals:
@@ -156,10 +255,10 @@ class ServerPrincipals:
         return [Principal.model_validate(p) for p in self._call("GET", "/api/users")["users"]]
 
     def remove(self, name: str) -> None:
-        self._call("DELETE", f"/api/users/{urllib.parse.quote(name, safe='')}")
+        self._call("DELETE", f"/api/users/{_quoted(name)}")
 
     def rotate(self, name: str) -> str:
-        return self._call("POST", f"/api/users/{urllib.parse.quote(name, safe='')}/token")["token"]
+        return self._call("POST", f"/api/users/{_quoted(name)}/token")["token"]
 
 
 def _refusal(status: int, content: bytes) -> BatonError:

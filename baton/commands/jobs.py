@@ -2,6 +2,7 @@
 ``recover``, ``fetch``, ``logs``."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -25,7 +26,8 @@ def submit(
 ) -> None:
     """Validate a spec and queue it (exit 2 naming each wrong field; nothing is queued then)."""
     _id_or_exit(job_id)
-    _load_or_exit(spec, _settings(), sets, code)
+    if not os.environ.get("BATON_SERVER_URL"):  # (through the pool's server, its allowed modules apply: it checks)
+        _load_or_exit(spec, _settings(), sets, code)
     try:
         job = _client().submit(spec, job_id, overrides=sets, code=code)
     except SpecError as exc:
@@ -95,8 +97,7 @@ def sweep_status(search_id: str = typer.Argument(..., help="The search's id (bat
     try:
         results = client.search_results(search_id)
     except JobNotFound as exc:
-        grid = f"; {search_id!r} is a grid sweep: baton list --sweep {search_id}" if client.records.sweep_ids(search_id) else ""
-        typer.echo(f"{exc}{grid}", err=True)
+        typer.echo(str(exc), err=True)
         raise typer.Exit(1)
     typer.echo(search_table(results))
     if report is not None:

@@ -31,22 +31,15 @@ def quota_set(
 ) -> None:
     """Guarantee TEAM SLOTS worker slots of a queue: below it, its waiting jobs start before those of teams
     at or above theirs. Beyond it, the team borrows slots while they are idle."""
-    from baton.storage.records import names
-
-    client = _client()
-    known = names.teams(client.records.redis)
     try:
-        client.set_quota(team, queue_name or "default", slots)
+        warnings = _client().set_quota(team, queue_name or "default", slots)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
     typer.echo(f"team {team}: {slots} slot(s) of queue {queue_name or 'default'}"
                + ("" if queue_name else " (no --queue given: the queue named default)"))
-    if team not in known:
-        typer.echo(f"warning: no job or quota has named team {team!r} yet (misspelled? known teams: "
-                   f"{', '.join(known) or 'none'})", err=True)
-    if not client.records.pool.live_workers(queue_name or "default"):
-        typer.echo(f"warning: no live worker serves queue {queue_name or 'default'!r} now (misspelled?)", err=True)
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
 
 
 @quota_app.command("list")
@@ -57,7 +50,7 @@ def quota_list() -> None:
     client = _client()
     rows = []
     for queue_name, quotas in client.quotas().items():
-        usage = client.records.pool.usage(queue_name)
+        usage = client.usage(queue_name)
         rows += [[queue_name, team, str(slots), str(usage.get(team, 0))] for team, slots in sorted(quotas.items())]
     if not rows:
         typer.echo("no quotas: every team shares every queue in order of priority and submit time")

@@ -11,6 +11,7 @@ import time
 import pytest
 import redis as redis_lib
 
+from baton.schemas.principals import Principal, Role
 from tests.dashboard.conftest import start_server, stop, wait_for
 from tests.helpers import make_spec, run_baton
 
@@ -52,7 +53,7 @@ ROUTES = [("GET", "/api/jobs", None), ("GET", "/api/jobs/x", None), ("GET", "/ap
 
 def test_a_stranger_reaches_nothing_but_the_health_check(cluster, pool):
     server, tokens = pool
-    job = cluster.client.acting_for("ada").submit(WAITING, "held")
+    job = cluster.client.acting_for(Principal(name="ada", role=Role.member, teams=("vision",))).submit(WAITING, "held")
     for method, path, body in ROUTES:
         for token, headers in ((None, {}), ("bt_" + "x" * 43, {}), (tokens["ada"][:-1], {}), ("", {}),
                                (None, {"Cookie": f"batonToken={tokens['root']}; session={tokens['root']}"}),
@@ -173,8 +174,8 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
 @pytest.mark.slow
 def test_the_dashboard_signs_in_with_a_token_and_shows_only_the_user_s_teams(cluster, pool, browser):
     server, tokens = pool
-    cluster.client.acting_for("ada").submit(WAITING, "adas")
-    cluster.client.acting_for("bob").submit(make_spec(resources={"queue": "nobody-serves", "team": "nlp"}), "bobs")
+    cluster.client.acting_for(Principal(name="ada", role=Role.member, teams=("vision",))).submit(WAITING, "adas")
+    cluster.client.acting_for(Principal(name="bob", role=Role.member, teams=("nlp",))).submit(make_spec(resources={"queue": "nobody-serves", "team": "nlp"}), "bobs")
     browser.get(server.url + "/")
     said = wait_for(lambda: browser.find_element("id", "banner").text, 30, "the page to say it needs a token")
     assert "sign in" in said and browser.execute_script("return document.querySelectorAll('#jobs tbody tr').length") == 0

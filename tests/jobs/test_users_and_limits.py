@@ -2,10 +2,17 @@
 URL), a team's max priority refusing a job at submit and at a priority change, and ``submitted_by``."""
 from __future__ import annotations
 
+import pytest
 import redis as redis_lib
 
+from baton.schemas.errors import OverLimit
+from baton.schemas.principals import Principal, Role
 from baton.storage.records.principals import Principals
 from tests.helpers import make_spec, run_baton, write_spec
+
+
+def member(name: str, *teams: str) -> Principal:
+    return Principal(name=name, role=Role.member, teams=teams)
 
 
 def test_users_are_added_listed_rotated_and_removed_and_each_mistake_is_one_line(cluster):
@@ -76,15 +83,25 @@ def test_a_team_s_max_priority_refuses_a_job_above_it_at_submit_and_later(cluste
 def test_a_job_records_who_the_server_submitted_it_for_and_a_direct_one_names_nobody(cluster, tmp_path):
     spec = make_spec(resources={"team": "vision"})
     direct = cluster.client.submit(spec)
-    theirs = cluster.client.acting_for("ada").submit(spec)
+    theirs = cluster.client.acting_for(member("ada", "vision")).submit(spec)
     assert direct.status().submitted_by is None and theirs.status().submitted_by == "ada"
     assert cluster.client.submit(spec).status().submitted_by is None  # the client acting for ada is a copy
 
-    sweep = cluster.client.acting_for("ada").sweep(spec, {"seed": [1, 2]})
+    sweep = cluster.client.acting_for(member("ada", "vision")).sweep(spec, {"seed": [1, 2]})
     assert [job.status().submitted_by for job in sweep.jobs] == ["ada", "ada"]
     search = {"space": {"optimizer.lr": {"loguniform": [1e-3, 1e-1]}}, "sampler": "random", "seed": 1, "trials": 2}
-    trials = cluster.client.acting_for("bob").search(spec, search)
+    trials = cluster.client.acting_for(member("bob", "vision")).search(spec, search)
     assert trials.jobs and [job.status().submitted_by for job in trials.jobs] == ["bob"] * len(trials.jobs)
+
+    stranger = cluster.client.acting_for(member("eve", "nlp"))
+    for attempt in (lambda: stranger.submit(spec), lambda: stranger.sweep(spec, {"seed": [1, 2]}),
+                    lambda: stranger.search(spec, search, search_id="eve-search")):
+        with pytest.raises(OverLimit, match="resources.team: eve may not submit to team vision"):
+            attempt()
+    assert not cluster.client.records.sweep_taken("eve-search")
+    with pytest.raises(OverLimit, match="team vision"):  # every point's team: one of them is refused, none queued
+        stranger.sweep(spec, {"resources.team": ["nlp", "vision"]}, sweep_id="eve-sweep")
+    assert not cluster.client.records.sweep_ids("eve-sweep") and not cluster.client.records.exists("eve-sweep-1")
 
     (view,) = cluster.client.queue()
     by = {w.job_id: w.submitted_by for w in view.state.waiting}

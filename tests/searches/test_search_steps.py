@@ -269,6 +269,15 @@ def test_a_searched_path_holding_a_set_one_is_refused_too(client):
                                      "would overwrite it in every trial: drop one"]
 
 
+def test_a_search_of_a_trials_team_or_priority_is_refused(client):
+    for path, values in (("resources.team", ["vision", "nlp"]), ("resources.priority", [1, 1_000_000_000])):
+        with pytest.raises(SpecError) as caught:
+            client.search(SPEC, {**SEARCH, "space": {path: {"choice": values}}}, search_id="policy")
+        assert caught.value.problems == [f"search.space.{path}: a search cannot search a trial's {path.split('.')[1]} "
+                                         "(every trial is the search's, under its team's limits): set it in the spec"]
+    assert not client.records.sweep_taken("policy")
+
+
 def test_a_halving_search_of_the_runs_length_a_bad_seed_or_a_jobs_id_is_refused_and_a_large_seed_samples(client):
     lengths = {**SEARCH, "space": {"loop.epochs": {"int": [2, 6]}}}
     with pytest.raises(SpecError) as caught:
