@@ -37,7 +37,7 @@ from baton.schemas.principals import Principal, Role
 from baton.storage.records.principals import Principals
 
 STATIC = files("baton.dashboard") / "static"
-PAGES = {"/": "jobs.html", "/queue": "queue.html", "/workers": "workers.html"}
+PAGES = {"/": "jobs.html", "/queue": "queue.html", "/workers": "workers.html", "/audit": "audit.html"}
 HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
            "script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
            "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",

@@ -43,7 +43,7 @@ const baton = {
     return baton.el("span", { class: "state " + (shown === s ? s : "yielded") }, shown);
   },
   nav(here) {
-    const links = [["/", "Jobs"], ["/queue", "Queue"], ["/workers", "Workers"]];
+    const links = [["/", "Jobs"], ["/queue", "Queue"], ["/workers", "Workers"], ["/audit", "Audit"]];
     const input = baton.el("input", { type: "password", id: "token", placeholder: "your token", value: baton.token() });
     // (the pool's server asks it of every read too: a page that was refused reads again with it)
     input.addEventListener("change", () => {

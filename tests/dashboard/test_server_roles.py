@@ -16,6 +16,7 @@ from tests.dashboard.conftest import start_server, stop, wait_for
 from tests.helpers import make_spec, run_baton
 
 WAITING = make_spec(resources={"queue": "nobody-serves", "team": "vision"})
+ADA, BOB = Principal(name="ada", role=Role.member, teams=("vision",)), Principal(name="bob", role=Role.member, teams=("nlp",))
 LONG = make_spec(loop={"epochs": 400}, checkpoint={"every_steps": 200, "min_interval_s": 1},
                  resources={"team": "vision"})
 
@@ -53,7 +54,7 @@ ROUTES = [("GET", "/api/jobs", None), ("GET", "/api/jobs/x", None), ("GET", "/ap
 
 def test_a_stranger_reaches_nothing_but_the_health_check(cluster, pool):
     server, tokens = pool
-    job = cluster.client.acting_for(Principal(name="ada", role=Role.member, teams=("vision",))).submit(WAITING, "held")
+    job = cluster.client.acting_for(ADA).submit(WAITING, "held")
     for method, path, body in ROUTES:
         for token, headers in ((None, {}), ("bt_" + "x" * 43, {}), (tokens["ada"][:-1], {}), ("", {}),
                                (None, {"Cookie": f"batonToken={tokens['root']}; session={tokens['root']}"}),
@@ -174,8 +175,8 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
 @pytest.mark.slow
 def test_the_dashboard_signs_in_with_a_token_and_shows_only_the_user_s_teams(cluster, pool, browser):
     server, tokens = pool
-    cluster.client.acting_for(Principal(name="ada", role=Role.member, teams=("vision",))).submit(WAITING, "adas")
-    cluster.client.acting_for(Principal(name="bob", role=Role.member, teams=("nlp",))).submit(make_spec(resources={"queue": "nobody-serves", "team": "nlp"}), "bobs")
+    cluster.client.acting_for(ADA).submit(WAITING, "adas")
+    cluster.client.acting_for(BOB).submit(make_spec(resources={"queue": "nobody-serves", "team": "nlp"}), "bobs")
     browser.get(server.url + "/")
     said = wait_for(lambda: browser.find_element("id", "banner").text, 30, "the page to say it needs a token")
     assert "sign in" in said and browser.execute_script("return document.querySelectorAll('#jobs tbody tr').length") == 0
@@ -189,3 +190,14 @@ def test_the_dashboard_signs_in_with_a_token_and_shows_only_the_user_s_teams(clu
                                                    "document.body.innerText"), 30, "the refusal")
     assert "nlp" in said
     assert browser.get_cookies() == []  # the token is never a cookie
+
+    # the audit trail's page: an admin's alone
+    browser.get(server.url + "/audit")
+    said = wait_for(lambda: browser.find_element("id", "banner").text, 30, "the page to refuse a member")
+    assert "needs the admin role" in said, said
+    token = browser.find_element("id", "token")
+    token.clear()
+    token.send_keys(tokens["root"] + "\n")
+    rows = wait_for(lambda: browser.execute_script(
+        "return [...document.querySelectorAll('#audit tbody tr')].map((r) => r.innerText)"), 30, "the trail")
+    assert any("ada" in row and "bobs" in row and "refused" in row and "may not read" in row for row in rows), rows
