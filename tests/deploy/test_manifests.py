@@ -52,7 +52,7 @@ def test_compose_worker_has_gpus_a_long_enough_grace_and_shared_memory():
 
 def test_compose_redis_persists_and_the_bucket_is_created():
     services = compose()["services"]
-    assert "--appendonly" in services["redis"]["command"] and "yes" in services["redis"]["command"]
+    assert "--appendonly yes" in " ".join(services["redis"]["command"])
     assert "mc mb" in " ".join(services["create-bucket"]["command"])
     assert services["worker"]["depends_on"]["create-bucket"]["condition"] == "service_completed_successfully"
     assert "flower" in services
@@ -77,7 +77,7 @@ def test_every_variable_the_deployment_reads_is_documented():
 
 def test_kubernetes_worker_grace_gpus_probes_and_secrets():
     docs = k8s_docs()
-    deployments = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != "baton-ui"]
+    deployments = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != "baton-server"]
     config = next(d for d in docs if d["kind"] == "ConfigMap")
     assert {d["metadata"]["name"] for d in deployments} == {"baton-worker", "baton-worker-multinode"}
     for deployment in deployments:
@@ -93,8 +93,11 @@ def test_kubernetes_worker_grace_gpus_probes_and_secrets():
         assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"]) and "value" in e]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert not any(SECRET_NAME.search(key) for key in config["data"])
-    secret = next(d for d in docs if d["kind"] == "Secret")
-    assert all("REPLACE_ME" in value for value in secret["stringData"].values())  # an example only
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
+    assert all("REPLACE_ME" in value for data in secrets.values() for value in data.values())  # examples only
+    # each names its own Redis user (docs/security.md's ACL lines)
+    assert secrets["baton-secrets"]["BATON_REDIS_URL"].startswith("rediss://baton-worker:")
+    assert secrets["baton-server-secrets"]["BATON_REDIS_URL"].startswith("rediss://baton-server:")
 
 
 def test_the_multinode_pool_is_one_pod_a_host_reachable_from_itself_on_its_own_queue():
@@ -159,19 +162,24 @@ def test_the_scaled_object_scales_the_worker_deployment_on_the_metric_workers_ex
     assert spec["cooldownPeriod"] >= 60
 
 
-def test_the_dashboard_is_internal_holds_no_token_and_names_the_hosts_it_is_reached_by():
+def test_the_server_is_internal_holds_only_its_own_secret_and_names_the_hosts_it_is_reached_by():
     docs = k8s_docs()
-    ui = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "baton-ui")
-    container = ui["spec"]["template"]["spec"]["containers"][0]
+    server = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "baton-server")
+    container = server["spec"]["template"]["spec"]["containers"][0]
     command = container["command"]
-    assert command[:2] == ["baton", "ui"] and "--allowed-host" in command  # bound to 0.0.0.0 in its pod only
-    assert {"secretRef": {"name": "baton-secrets"}} in container["envFrom"] and pinned(container["image"])
+    assert command[:2] == ["baton", "server"] and "--allowed-host" in command  # bound to 0.0.0.0 in its pod only
+    assert {"secretRef": {"name": "baton-server-secrets"}} in container["envFrom"] and pinned(container["image"])
+    assert {"secretRef": {"name": "baton-secrets"}} not in container["envFrom"]  # not the workers' Redis user
     assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"])]
-    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "baton-ui")
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/api/health" and {"name": "Host", "value": "localhost"} in probe["httpHeaders"]
+    assert "localhost" in command  # (the probe's Host is one the server allows)
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "baton-server")
     assert service["spec"]["type"] == "ClusterIP"
-    ui_service = compose()["services"]["ui"]
-    assert all(port.startswith("127.0.0.1:") for port in ui_service["ports"])  # published on the host's loopback
-    assert "BATON_UI_TOKEN" not in str(ui_service.get("environment", {}))  # from deploy/.env, never the file
+    compose_server = compose()["services"]["server"]
+    assert compose_server["command"][:2] == ["baton", "server"] and "--allowed-host" in compose_server["command"]
+    for name in ("server", "flower"):  # published on the host's loopback (a TLS proxy in front to share the server)
+        assert all(port.startswith("127.0.0.1:") for port in compose()["services"][name]["ports"]), name
 
 
 def test_the_grafana_dashboard_queries_only_metrics_the_workers_export():
