@@ -17,9 +17,8 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from baton.jobs.downloads import download
-from baton.jobs.pool import check_quota
 from baton.schemas.principals import Principal, Role
-from baton.storage.records import audit, events, teams
+from baton.storage.records import events
 from baton.storage.records.principals import PrincipalError
 
 if TYPE_CHECKING:
@@ -111,8 +110,7 @@ def _pool_routes(app: FastAPI, ctx: "Context") -> None:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise HTTPException(422, "max_priority must be an integer or null")
         try:
-            check_quota("default", team)
-            await run_in_threadpool(teams.set_max_priority, ctx.records.redis, team, limit)
+            await run_in_threadpool(ctx.client.set_max_priority, team, limit)
         except ValueError as exc:
             raise HTTPException(422, str(exc))
         return {"team": team, "max_priority": limit}
@@ -120,7 +118,7 @@ def _pool_routes(app: FastAPI, ctx: "Context") -> None:
     @app.get("/api/teams", name="teams.list")
     def team_list(request: Request) -> dict:
         ctx.access.reader(request)  # (a limit is what a user must know to submit under it)
-        return {"teams": teams.limits(ctx.records.redis)}
+        return {"teams": ctx.client.limits()}
 
 
 
@@ -175,5 +173,5 @@ def _user_routes(app: FastAPI, ctx: "Context") -> None:
     def audit_trail(request: Request, since: Optional[float] = None, user: Optional[str] = None,
                     limit: int = 1000) -> dict:
         ctx.pool_action(request, "audit")
-        found = audit.recent(ctx.records.redis, since, user, max(1, min(limit, 10_000)))
+        found = ctx.client.audit(since, user, max(1, min(limit, 10_000)))
         return {"entries": [entry.model_dump(mode="json") for entry in found], "now": time.time()}

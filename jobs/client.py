@@ -46,6 +46,8 @@ from baton.schemas.principals import Principal
 
 if TYPE_CHECKING:
     from baton.jobs.recover import Recovered
+    from baton.schemas.audit import AuditEntry
+    from baton.storage.records.principals import Principals
     from baton.searches.driver import Driver
     from baton.searches.results import SearchResults
 
@@ -318,6 +320,31 @@ class JobClient:
     def usage(self, queue: str) -> dict[str, int]:
         """The worker slots each team holds on ``queue`` now."""
         return self.records.pool.usage(queue)
+
+    def live_workers(self, queue: str) -> list[str]:
+        """The live workers that serve ``queue``."""
+        return self.records.pool.live_workers(queue)
+
+    def principals(self) -> "Principals":
+        """The pool's users and their tokens (``baton users``): whoever holds the Redis URL is their admin."""
+        from baton.storage.records.principals import Principals
+
+        return Principals(self.records.redis)
+
+    def set_max_priority(self, team: str, limit: Optional[int]) -> None:
+        """``team``'s max priority (None: no limit): a job above it is refused, at submit and at a change."""
+        check_quota("default", team)  # (the team's name, checked as a quota's is)
+        team_records.set_max_priority(self.records.redis, team, limit)
+
+    def limits(self) -> dict[str, int]:
+        """Each team's max priority, of the teams that have one."""
+        return team_records.limits(self.records.redis)
+
+    def audit(self, since: Optional[float], user: Optional[str], limit: int) -> "list[AuditEntry]":
+        """The pool server's audit trail, newest first (``baton audit``)."""
+        from baton.storage.records.audit import recent
+
+        return recent(self.records.redis, since, user, limit)
 
     def list(self, limit: int = 100) -> list[JobStatus]:
         """The newest jobs first."""

@@ -147,8 +147,16 @@ class ServerClient:
             raise _unsupported(name)
         raise AttributeError(name)
 
+    def principals(self) -> "ServerPrincipals":
+        return ServerPrincipals(self)
+
     def set_max_priority(self, team: str, limit: Optional[int]) -> None:
-        self.call("PUT", f"/api/teams/{_quoted(team)}", {"max_priority": limit})
+        try:
+            self.call("PUT", f"/api/teams/{_quoted(team)}", {"max_priority": limit})
+        except ServerError as exc:
+            if exc.status == 422:
+                raise ValueError(exc.detail) from None
+            raise
 
     def limits(self) -> dict[str, int]:
         return self.call("GET", "/api/teams")["teams"]
@@ -178,6 +186,10 @@ class ServerClient:
     def usage(self, queue: str) -> dict[str, int]:
         views = self._queues(queue)["queues"]
         return views[0]["usage"] if views else {}
+
+    def live_workers(self, queue: str) -> "builtins.list[str]":
+        views = self._queues(queue)["queues"]
+        return views[0]["workers"] if views else []
 
     def set_quota(self, team: str, queue: str, slots: int) -> "builtins.list[str]":
         """As ``JobClient.set_quota`` (an admin's token); ValueError for a team or queue name that cannot be."""

@@ -40,10 +40,8 @@ def submit(
 
 def _warn_if_unserved(job) -> None:
     """One line when no live worker serves the job's queue now (a misspelled queue, or none started)."""
-    if not hasattr(job.client, "records"):  # (through the pool's server: its queue page says so)
-        return
     queue = job.status().queue
-    if not job.client.records.pool.live_workers(queue):
+    if not job.client.live_workers(queue):
         typer.echo(f"warning: no live worker serves queue {queue!r} now; the job waits for one "
                    f"(`baton worker --queues {queue}`)", err=True)
 

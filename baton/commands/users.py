@@ -17,11 +17,7 @@ app.add_typer(teams_app, name="teams")
 
 def _principals():
     """The principals: through the pool's server (an admin's token) when BATON_SERVER_URL is set, else in Redis."""
-    from baton.jobs.server_client import ServerPrincipals
-    from baton.storage.records.principals import Principals
-
-    client = _client()
-    return Principals(client.records.redis) if hasattr(client, "records") else ServerPrincipals(client)
+    return _client().principals()
 
 
 def _refuse(exc: Exception) -> typer.Exit:
@@ -112,18 +108,10 @@ def teams_set(
     no_limit: bool = typer.Option(False, "--no-max-priority", help="Remove the team's limit."),
 ) -> None:
     """Set a team's limits."""
-    from baton.jobs.pool import check_quota
-    from baton.storage.records import teams
-
     if (max_priority is None) == (not no_limit):
         raise _refuse(ValueError("give --max-priority N or --no-max-priority"))
     try:
-        check_quota("default", team)  # (the team's name, checked as a quota's is)
-        client = _client()
-        if hasattr(client, "records"):
-            teams.set_max_priority(client.records.redis, team, max_priority)
-        else:
-            client.set_max_priority(team, max_priority)
+        _client().set_max_priority(team, max_priority)
     except ValueError as exc:
         raise _refuse(exc)
     typer.echo(f"team {team}: " + (f"max priority {max_priority}" if max_priority is not None else "no max priority"))
@@ -132,10 +120,7 @@ def teams_set(
 @teams_app.command("list")
 def teams_list() -> None:
     """Every team's limits."""
-    from baton.storage.records import teams
-
-    client = _client()
-    limits = teams.limits(client.records.redis) if hasattr(client, "records") else client.limits()
+    limits = _client().limits()
     if not limits:
         typer.echo("no team has limits: any priority may be asked for")
         return
@@ -161,15 +146,11 @@ def audit(since: Optional[str] = typer.Option(None, "--since", help="Only what w
           limit: int = typer.Option(1000, "--limit", min=1, help="At most this many, newest first.")) -> None:
     """What the pool's server was asked, newest first: when, who, what, on what, allowed or refused and why,
     from where. Redis keeps the latest 100,000 entries; the store keeps every one, under audit/."""
-    from baton.storage.records.audit import recent
-
     try:
         start = _since(since) if since else None
     except ValueError as exc:
         raise _refuse(exc)
-    client = _client()
-    entries = recent(client.records.redis, start, user, limit) if hasattr(client, "records") else \
-        client.audit(start, user, limit)
+    entries = _client().audit(start, user, limit)
     if not entries:
         typer.echo("no audit entries" + (" in that time" if since else "") + (f" of {user}" if user else ""))
     for entry in entries:
