@@ -1,5 +1,5 @@
 """What the pool's server costs a user: ``--jobs`` job records in a real redis-server (bench/ui.py's history:
-three teams, two queues, most jobs finished), a real ``baton server`` (every request's token looked up in
+three teams, two queues, most jobs finished; their specs in moto's S3 server, or ``--store file``), a real ``baton server`` (every request's token looked up in
 Redis, its role checked, every action audited) and, beside it on the same Redis and store, a real
 ``baton ui`` (one person's dashboard: no tokens), measured in one run, interleaved:
 
@@ -12,7 +12,7 @@ Redis, its role checked, every action audited) and, beside it on the same Redis 
   and through the server (``BATON_SERVER_URL``: one request; the server validates, checks the role and the
   team's limit, writes, audits), ``--submits`` each, alternating; the ratio of their medians.
 
-    python bench/server.py [--jobs 10000] [--requests 200] [--submits 40] [--out bench/results/server.json]
+    python bench/server.py [--jobs 10000] [--requests 200] [--submits 40] [--store s3|file] [--out bench/results/server.json]
 
 ``--jobs 300 --requests 20 --submits 4`` is a CI-sized case (tests/bench).
 """
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.server_client import ServerClient  # noqa: E402
-from baton.jobs.services import RedisServer  # noqa: E402
+from baton.jobs.services import RedisServer, S3Server  # noqa: E402
 from baton.schemas.errors import LocalStoreWarning  # noqa: E402
 from baton.schemas.principals import Principal, Role  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
@@ -73,10 +73,15 @@ def timed(request: Callable[[int], object], count: int) -> list[float]:
 
 
 def getter(url: str, token: str = "") -> Callable[[str], bytes]:
+    """GET over one kept-alive connection, as a browser and ``ServerClient`` read."""
+    import urllib3
+
+    connections = urllib3.PoolManager(retries=False, headers={"Authorization": f"Bearer {token}"} if token else {})
+
     def get(path: str) -> bytes:
-        request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"} if token else {})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.read()
+        response = connections.request("GET", url + path, timeout=60)
+        assert response.status == 200, (path, response.status, response.data[:200])
+        return response.data
     return get
 
 
@@ -103,42 +108,56 @@ def measure_submits(direct: JobClient, server: ServerClient, count: int) -> dict
     return {name: percentiles(values) for name, values in times.items()}
 
 
+def run(args: argparse.Namespace, redis: RedisServer, store_url: str) -> tuple[dict, dict]:
+    """The history, the two servers, and their figures (the servers stopped before the store goes)."""
+    records = JobRecords(redis_lib.Redis.from_url(redis.url, decode_responses=True))
+    make_history(records, store_url, args.jobs, 0)
+    principals = Principals(records.redis)
+    member = principals.add(Principal(name="ada", role=Role.member, teams=("vision",)))
+    admin = principals.add(Principal(name="root", role=Role.admin))
+    vision = [job_id for job_id in records.list_ids(args.jobs) if records.raw(job_id).get("team") == "vision"]
+    env = {**os.environ, "BATON_REDIS_URL": redis.url, "BATON_STORAGE_URL": store_url,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    for name in ("BATON_UI_TOKEN", "BATON_SERVER_URL", "BATON_TOKEN"):
+        env.pop(name, None)
+    ports, procs = {"server": free_port(), "ui": free_port()}, []
+    try:
+        procs = [start(command, env, port) for command, port in ports.items()]
+        server_url, ui_url = (f"http://127.0.0.1:{ports[name]}" for name in ("server", "ui"))
+        reads = measure_reads({"server, member": getter(server_url, member), "server, admin": getter(server_url, admin),
+                               "ui, no token": getter(ui_url)}, vision, args.requests)
+        through = ServerClient(BatonSettings.model_validate({"server_url": server_url, "token": member}))
+        submits = measure_submits(JobClient(redis.url, store_url), through, args.submits)
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, 15)
+            proc.wait()
+    return reads, submits
+
+
 def main() -> None:
     warnings.simplefilter("ignore", LocalStoreWarning)  # (the bench's store is a directory of this machine, on purpose)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--submits", type=int, default=40)
+    parser.add_argument("--store", choices=("s3", "file"), default="s3",
+                        help="The pool's store: moto's S3 server (as a pool runs) or a directory")
     parser.add_argument("--out", default="bench/results/server.json")
     args = parser.parse_args()
-    redis, procs = RedisServer().start(), []
+    redis, s3 = RedisServer().start(), S3Server().start() if args.store == "s3" else None
     try:
         with tempfile.TemporaryDirectory(prefix="baton-server-bench-") as tmp:
-            store_url = f"file://{tmp}/store"
-            records = JobRecords(redis_lib.Redis.from_url(redis.url, decode_responses=True))
-            make_history(records, store_url, args.jobs, 0)
-            principals = Principals(records.redis)
-            member = principals.add(Principal(name="ada", role=Role.member, teams=("vision",)))
-            admin = principals.add(Principal(name="root", role=Role.admin))
-            vision = [job_id for job_id in records.list_ids(args.jobs) if records.raw(job_id).get("team") == "vision"]
-            env = {**os.environ, "BATON_REDIS_URL": redis.url, "BATON_STORAGE_URL": store_url,
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-            for name in ("BATON_UI_TOKEN", "BATON_SERVER_URL", "BATON_TOKEN"):
-                env.pop(name, None)
-            ports = {"server": free_port(), "ui": free_port()}
-            procs = [start(command, env, port) for command, port in ports.items()]
-            server_url, ui_url = (f"http://127.0.0.1:{ports[name]}" for name in ("server", "ui"))
-            reads = measure_reads({"server, member": getter(server_url, member), "server, admin": getter(server_url, admin),
-                                   "ui, no token": getter(ui_url)}, vision, args.requests)
-            through = ServerClient(BatonSettings.model_validate({"server_url": server_url, "token": member}))
-            submits = measure_submits(JobClient(redis.url, store_url), through, args.submits)
+            if s3 is not None:
+                s3.create_bucket("bench")
+                os.environ.update(s3.env())  # (this process's clients, and the servers it starts)
+            reads, submits = run(args, redis, "s3://bench/jobs" if s3 is not None else f"file://{tmp}/store")
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, 15)
-            proc.wait()
         redis.stop()
+        if s3 is not None:
+            s3.stop()
     ratio = round(submits["server"]["p50_ms"] / submits["direct"]["p50_ms"], 2)
-    result = {"jobs": args.jobs, "requests": args.requests, "submits": args.submits, "reads": reads,
+    result = {"jobs": args.jobs, "store": args.store, "requests": args.requests, "submits": args.submits, "reads": reads,
               "submit": submits, "submit_ratio_p50": ratio}
     print(f"{'what':46} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
     for name, kinds in reads.items():

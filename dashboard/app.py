@@ -211,16 +211,18 @@ def _reads(app: FastAPI, ctx: Context) -> None:
         return Response(body, media_type="application/json")
 
     @app.get("/api/jobs/{job_id}/log", name="logs")
-    def log(job_id: str, request: Request, since: int = 0) -> dict:
+    def log(job_id: str, request: Request, since: int = 0, attempt: Optional[int] = None) -> dict:
+        """The log's chunks from ``since`` on (of one ``attempt`` if given), joined, and each one's length: a
+        follower reads again from its last chunk, the only one that still grows."""
         found = ctx.readable(request, job_id)
-        chunks = [] if found.elsewhere else log_chunks(found.store, job_id)
+        chunks = [] if found.elsewhere else log_chunks(found.store, job_id, attempt)
         parts = []
         for _, _, key in chunks[max(0, since):]:
             try:
-                parts.append(found.store.get_bytes(key).decode("utf-8", errors="replace"))
+                parts.append(clean(found.store.get_bytes(key).decode("utf-8", errors="replace")))
             except FileNotFoundError:
-                continue
-        return {"text": clean("".join(parts)), "chunks": len(chunks)}
+                parts.append("")
+        return {"text": "".join(parts), "chunks": len(chunks), "sizes": [len(part) for part in parts]}
 
     @app.get("/api/jobs/{job_id}/artifacts/{which}", name="download")
     def download(job_id: str, which: str, request: Request) -> Response:
@@ -282,7 +284,7 @@ SUBMIT_LIMIT = 1 << 20
 """The most a submit's body may hold (a spec, its overrides)."""
 
 
-SUBMITS = ("/api/jobs", "/api/sweeps", "/api/searches")
+SUBMITS = ("/api/jobs", "/api/sweeps", "/api/searches", "/api/validate")
 
 
 def body_limit(request: Request) -> int:

@@ -50,6 +50,8 @@ class AuditTrail:
             body = b"".join([chunk async for chunk in response.body_iterator])  # type: ignore[attr-defined]
             try:
                 detail = json.loads(body).get("detail", "")
+                if isinstance(detail, dict) and isinstance(detail.get("problems"), list):  # (a spec's: every problem)
+                    detail = "; ".join(map(str, detail["problems"]))
                 reason = detail if isinstance(detail, str) else json.dumps(detail)[:300]
             except (ValueError, AttributeError):
                 reason = f"HTTP {status}"

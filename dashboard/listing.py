@@ -23,8 +23,8 @@ from baton.storage.records.connection import text
 from baton.storage.stores.base import ObjectStore
 
 ROW_FIELDS = ("name", "state", "team", "priority", "queue", "attempt", "lost", "step", "total_steps", "epoch",
-              "epochs", "monitor", "best_value", "worker", "created_at", "updated_at", "sweep", "loss", "yielded",
-              "submitted_by")
+              "epochs", "monitor", "best_value", "val_loss", "worker", "created_at", "updated_at", "sweep", "loss",
+              "yielded", "submitted_by")
 SORTABLE = ("created_at", "updated_at", "name", "state", "team", "priority", "queue", "step", "best_value", "attempt")
 STORE_LIST_EVERY_S = 30.0
 PAGE_MAX = 500
@@ -95,8 +95,8 @@ class RedisRows:
         return [rows[job_id] for job_id in ids if job_id in rows]
 
 
-_NUMERIC = {"priority", "attempt", "lost", "step", "total_steps", "epoch", "epochs", "best_value", "created_at",
-            "updated_at", "loss"}
+_NUMERIC = {"priority", "attempt", "lost", "step", "total_steps", "epoch", "epochs", "best_value", "val_loss",
+            "created_at", "updated_at", "loss"}
 
 
 def store_row(store: ObjectStore, job_id: str) -> Optional[dict[str, Any]]:

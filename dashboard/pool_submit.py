@@ -78,7 +78,7 @@ async def _queue(request: Request, ctx: "Context", act: Callable[[Queued, Any], 
 
     who = await run_in_threadpool(ctx.access.actor, request)
     queued = _queued(await small_json(request), who)
-    request.state.target = queued.given_id or ""
+    request.state.target = queued.given_id or f"name={str(queued.raw.get('name', ''))[:64]}"
 
     def run() -> Any:
         _no_local_code(with_overrides(queued.raw, normalize(queued.overrides)))
@@ -86,8 +86,8 @@ async def _queue(request: Request, ctx: "Context", act: Callable[[Queued, Any], 
 
     try:
         return await run_in_threadpool(run)
-    except OverLimit as exc:
-        raise HTTPException(403, str(exc.problems[0]))
+    except OverLimit as exc:  # (a policy's refusal: 403, its problems as a spec's, which a client says the same way)
+        raise HTTPException(403, {"problems": list(exc.problems), "message": str(exc), "policy": True})
     except SpecError as exc:
         raise HTTPException(422, {"problems": list(exc.problems), "message": str(exc)})
 
@@ -107,6 +107,17 @@ def _submit_routes(app: FastAPI, ctx: "Context") -> None:
                 raise SpecError(["pause_at: must be an integer"])
             request.state.target = client.submit(queued.raw, queued.given_id, queued.overrides, pause_at=pause_at).id
             return {"id": request.state.target}
+
+        return await _queue(request, ctx, act)
+
+    @app.post("/api/validate", name="validate")
+    async def validate(request: Request) -> dict:
+        """The spec checked as a submit checks it (this server's allowed modules, its code.dir refused), nothing
+        queued or stored."""
+        from baton.jobs.specfile import load_spec
+
+        def act(queued: Queued, client: Any) -> dict:
+            return {"name": load_spec(queued.raw, client.settings.allowed_prefixes, queued.overrides).name}
 
         return await _queue(request, ctx, act)
 

@@ -1,28 +1,26 @@
 """``JobClient``'s surface through the pool's server (``baton server``): what a user with ``BATON_SERVER_URL``
 and a token (``BATON_TOKEN``, or ``~/.config/baton/token``) gets from ``JobClient()`` and every client
 command. It holds no Redis or store credentials: each call is one HTTPS request that the server checks
-against the user's role. The standard library's HTTP client only: a user's machine needs nothing more.
+against the user's role, over urllib3 (already there: boto3's).
 
 Shipped code is packed here and uploaded under its digest (``server_code``). What it does not do:
 ``recover`` (the operator's, in direct mode: it reads the store)."""
 from __future__ import annotations
 
 import builtins
-import io
 import json
 import os
-import tarfile
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from baton.jobs.job import Job
+import urllib3
+
+from baton.jobs.server_job import ServerJob
 from baton.jobs.server_views import as_status, queue_view, search_results, sweep_entries
 from baton.jobs.specfile import SpecSource, read_raw
-from baton.schemas.errors import BatonError, JobNotFound, ServerError, SpecError
+from baton.schemas.errors import BatonError, JobNotFound, OverLimit, ServerError, SpecError
 from baton.schemas.overrides import Overrides, normalize, normalize_grid
 from baton.schemas.settings import BatonSettings
 from baton.schemas.status import JobStatus
@@ -42,6 +40,20 @@ def _token(settings: BatonSettings) -> str:
         raise ServerError(401, f"BATON_SERVER_URL is set but no token is: set BATON_TOKEN or write it to {path}") from None
 
 
+IDEMPOTENT = frozenset({"GET", "PUT", "DELETE"})
+
+
+def _connections(url: str) -> urllib3.PoolManager:
+    """Kept-alive connections to the server, through the proxy the environment names for it (HTTPS_PROXY,
+    NO_PROXY: as ``urllib`` reads them); nothing retried here (``ServerClient.call`` says what is)."""
+    retries = False
+    parts = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
+        return urllib3.ProxyManager(proxy, retries=retries)
+    return urllib3.PoolManager(retries=retries)
+
+
 class ServerClient:
     """The client of the pool's server: ``submit``, ``job``, ``list``, and ``Job`` handles over HTTP."""
 
@@ -49,26 +61,35 @@ class ServerClient:
         self.settings = settings
         self.url = settings.server_url
         self._token = _token(settings)
+        self._http = _connections(self.url)
 
     def call(self, method: str, path: str, body: Any = None, raw: bool = False, data: Optional[bytes] = None,
              timeout_s: float = TIMEOUT_S) -> Any:
         """The server's answer to one request (JSON, or bytes with ``raw``) with a JSON ``body`` or the bytes
-        ``data``; ServerError, JobNotFound or SpecError (422 with problems) when it says no."""
+        ``data``; ServerError, JobNotFound or SpecError (422 with problems) when it says no. Connections are
+        kept open between calls; a request that may have reached the server is never sent twice unless it
+        is idempotent (a submit is not), and no redirect is followed (the token goes to this server only)."""
         content_type = "application/json" if data is None else "application/octet-stream"
         if data is None and body is not None:
             data = json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {self._token}", "Content-Type": content_type, "Accept": "application/json"})
+        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": content_type, "Accept": "application/json"}
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                content = response.read()
-        except urllib.error.HTTPError as exc:
-            raise _refusal(exc.code, exc.read()) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            try:
+                response = self._http.request(method, self.url + path, body=data, timeout=timeout_s, redirect=False,
+                                              headers=headers)
+            except urllib3.exceptions.ProtocolError:  # a kept-alive connection the server closed meanwhile
+                if method not in IDEMPOTENT:
+                    raise
+                response = self._http.request(method, self.url + path, body=data, timeout=timeout_s, redirect=False,
+                                              headers=headers)
+        except urllib3.exceptions.HTTPError as exc:
+            reason = str(getattr(exc, "reason", None) or exc)
+            reason = reason.split(">: ", 1)[-1] if reason.startswith("<") else reason  # (not the connection's repr)
             raise ServerError(0, f"error: cannot reach the pool's server at {self.url}: {reason}; check "
                               "BATON_SERVER_URL") from None
-        return content if raw else json.loads(content or b"null")
+        if response.status >= 300:
+            raise _refusal(response.status, response.data)
+        return response.data if raw else json.loads(response.data or b"null")
 
     def whoami(self) -> dict:
         return self.call("GET", "/api/whoami")
@@ -92,6 +113,14 @@ class ServerClient:
         answer = self.call("POST", "/api/jobs", _given({"spec": raw, "id": job_id, "overrides": wanted or None,
                                                         "pause_at": pause_at}))
         return ServerJob(self, answer["id"])
+
+    def validate(self, spec: SpecSource, overrides: Overrides = None) -> None:
+        """SpecError naming every problem the server finds in the spec (the modules it allows among them);
+        nothing is queued or stored."""
+        raw = read_raw(spec)
+        if not isinstance(raw, dict):
+            raise SpecError(["spec: must be a mapping of sections"])
+        self.call("POST", "/api/validate", _given({"spec": raw, "overrides": normalize(overrides) or None}))
 
     def sweep(self, spec: SpecSource, grid: "Mapping[str, Sequence[Any]] | Sequence[str]",
               overrides: Overrides = None, sweep_id: Optional[str] = None, code: "str | Path | None" = None) -> Any:
@@ -278,86 +307,12 @@ def _refusal(status: int, content: bytes) -> BatonError:
         detail = json.loads(content).get("detail")
     except (ValueError, AttributeError):
         detail = None
-    if status == 422 and isinstance(detail, dict) and "problems" in detail:
-        return SpecError(list(detail["problems"]))
+    if status in (403, 422) and isinstance(detail, dict) and "problems" in detail:
+        return (OverLimit if status == 403 else SpecError)(list(detail["problems"]))
     line = detail if isinstance(detail, str) else f"HTTP {status}"
     if status == 404:
         return JobNotFound(line)
     return ServerError(status, f"error: the pool's server refused ({status}): {line}", line)
-
-
-class ServerJob(Job):
-    """A handle on one job through the server: what ``Job`` does, each call a request."""
-
-    client: ServerClient  # type: ignore[assignment]
-
-    def __init__(self, client: ServerClient, job_id: str):
-        super().__init__(client, job_id)  # type: ignore[arg-type]
-
-    def _path(self, tail: str = "") -> str:
-        return f"/api/jobs/{urllib.parse.quote(self.id, safe='')}{tail}"
-
-    def status(self) -> JobStatus:
-        return as_status(self.client.call("GET", self._path("/status")))
-
-    def events(self) -> list:
-        from baton.storage.records.events import Event
-
-        return [Event(**event) for event in self.client.call("GET", self._path("/events"))["events"]]
-
-    def cancel(self) -> str:
-        return self.client.call("POST", self._path("/cancel"))["result"]
-
-    def resume(self, pause_at: Optional[int] = None) -> int:
-        try:
-            return self.client.call("POST", self._path("/resume"), {} if pause_at is None else {"pause_at": pause_at})["attempt"]
-        except ServerError as exc:
-            if exc.status == 409:
-                raise ValueError(str(exc).split(": ", 2)[-1]) from None
-            raise
-
-    def set_priority(self, priority: int) -> None:
-        try:
-            self.client.call("POST", self._path("/priority"), {"priority": priority})
-        except ServerError as exc:
-            if exc.status in (409, 422):
-                raise ValueError(str(exc).split(": ", 2)[-1]) from None
-            raise
-
-    def metrics(self) -> list[dict]:
-        return self.client.call("GET", self._path("/metrics"))["rows"]
-
-    def logs(self, attempt: Optional[int] = None) -> str:
-        if attempt is not None:
-            raise ValueError("one attempt's log through the pool's server is not supported yet: read them all")
-        return self.client.call("GET", self._path("/log"))["text"]
-
-    def follow_logs(self, write: Callable[[str], None] = lambda text: print(text, end="", flush=True),
-                    attempt: Optional[int] = None, poll_s: float = 2.0) -> JobStatus:
-        seen = 0
-        while True:
-            done = self.status().state.terminal
-            answer = self.client.call("GET", self._path(f"/log?since={seen}"))
-            if answer["text"]:
-                write(answer["text"])
-            seen = answer["chunks"]
-            if done:
-                return self.status()
-            time.sleep(poll_s)
-
-    def report(self) -> dict:
-        return json.loads(self.client.call("GET", self._path("/artifacts/report"), raw=True))
-
-    def download(self, directory: str | Path = ".", which: str = "best") -> Path:
-        """As ``Job.download``: the server verifies each file against its manifest's sha256 and sends them
-        as one archive, unpacked here under ``directory/JOB_ID``."""
-        content = self.client.call("GET", self._path(f"/fetch/{urllib.parse.quote(which, safe='')}"), raw=True)
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(content)) as tar:
-            names = tar.getnames()
-            tar.extractall(out, filter="data")  # (no absolute paths, no '..', no links out)
-        return out / min(names, key=len) if names else out / self.id
 
 
 def server_settings() -> Optional[BatonSettings]:

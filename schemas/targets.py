@@ -36,7 +36,7 @@ def disallowed_message(module: str) -> str:
     return (
         f"module {module!r} is not allowed; add its package to BATON_ALLOWED_MODULES "
         f"(comma-separated prefixes, e.g. BATON_ALLOWED_MODULES={module.split('.')[0]}) "
-        "on the submitting machine and on every worker"
+        "on the submitting machine (the pool's server, for its users: ask its operator) and on every worker"
     )
 
 

@@ -27,8 +27,10 @@ def _is_loopback(host: str) -> bool:
 def _bind(host: str, port: int, command: str = "baton ui") -> socket.socket:
     """The listening socket, or one line saying why not (a port in use, an address not on this machine)."""
     try:
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
+        # (named TCP, as asyncio needs to set TCP_NODELAY on each connection: without it, a kept-alive
+        # connection waits ~40 ms on every response, Nagle's algorithm against the client's delayed ACK)
+        sock = socket.socket(info[0], socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(info[4])
         sock.listen(128)

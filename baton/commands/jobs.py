@@ -282,7 +282,7 @@ def logs(
     if storage is None and server_settings() is not None:
         job = _job(job_id)
         if follow:
-            job.follow_logs(lambda text: (sys.stdout.write(text), sys.stdout.flush()) and None)
+            job.follow_logs(lambda text: (sys.stdout.write(text), sys.stdout.flush()) and None, attempt)
         else:
             sys.stdout.write(job.logs(attempt))
         return

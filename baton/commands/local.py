@@ -22,11 +22,37 @@ def validate(
     spec: Path = typer.Argument(..., help="Job spec, YAML or JSON."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ) -> None:
-    """Check a job spec without running it (exit 2 naming each wrong field)."""
+    """Check a job spec without running it (exit 2 naming each wrong field). With BATON_SERVER_URL, the pool's
+    server checks it too (the modules it allows)."""
+    if os.environ.get("BATON_SERVER_URL"):
+        _validate_through_server(spec, sets)
+        return
     parsed = _load_or_exit(spec, _settings(), sets)
     for note, _ in check_user_targets(parsed):
         typer.echo(f"  {note}")
     typer.echo(f"{spec}: valid job spec {parsed.name!r}")
+
+
+def _validate_through_server(spec: Path, sets: Optional[List[str]]) -> None:
+    """The spec's targets checked here (where its code is), then the whole spec by the pool's server."""
+    from baton.jobs.server_client import ServerClient
+    from baton.jobs.specfile import read_raw, with_overrides
+    from baton.schemas.overrides import normalize
+    from baton.schemas.spec import JobSpec
+
+    try:
+        raw = with_overrides(read_raw(spec), normalize(sets))
+        parsed = JobSpec.parse(raw)
+        problems = [problem for _, problem in check_user_targets(parsed) if problem is not None]
+        if problems:
+            raise SpecError(problems)
+        ServerClient(BatonSettings()).validate(raw)
+    except SpecError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_BAD_SPEC)
+    for note, _ in check_user_targets(parsed):
+        typer.echo(f"  {note}")
+    typer.echo(f"{spec}: valid job spec {parsed.name!r} (checked by the pool's server too)")
 
 
 @app.command()

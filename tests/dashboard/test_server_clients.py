@@ -135,6 +135,11 @@ def test_code_sweeps_searches_and_the_queue_through_the_server(cluster, shipping
     env, bob, root = (_user_env(server, tokens[name], tmp_path) for name in ("ada", "bob", "root"))
     project = write_package(tmp_path / "project", 1)
     spec = write_spec(tmp_path, shipped_spec(resources={"team": "vision"}))
+    valid = run_baton("validate", str(spec), env=env)  # (its targets checked here; the modules allowed, by the server)
+    assert valid.returncode == 0 and "checked by the pool's server" in valid.stdout, valid.stderr
+    elsewhere = write_spec(tmp_path, {**shipped_spec(), "data": {"target": "collections:OrderedDict"}}, "other.yaml")
+    refused = run_baton("validate", str(elsewhere), env=env)
+    assert refused.returncode == 2 and "module 'collections' is not allowed" in refused.stderr, refused.stderr
     submitted = run_baton("submit", str(spec), "--code", str(project), "--id", "ada-shipped", "--wait", env=env)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     digest = json.loads(cluster.store().get_bytes(JobPaths("ada-shipped").spec))["code"]["digest"]
@@ -179,7 +184,7 @@ def test_code_sweeps_searches_and_the_queue_through_the_server(cluster, shipping
     assert cluster.client.job("ada-sweep-1").status().state.value == "queued"
     priority = write_spec(tmp_path, {**WAITING, "resources": {"team": "nlp", "queue": "nobody-serves"}}, "nlp.yaml")
     other = run_baton("sweep", str(priority), "--grid", "seed=1,2", env=env)
-    assert other.returncode == 1 and "may not submit to team nlp" in other.stderr, other.stderr
+    assert other.returncode == 2 and "resources.team: ada may not submit to team nlp" in other.stderr, other.stderr
     for sweep_id in ("ada-sweep", "ada-search"):
         assert run_baton("sweep-cancel", sweep_id, env=env).returncode == 0
     assert cluster.client.job("ada-sweep-2").status().state.value == "cancelled"
@@ -193,3 +198,26 @@ def test_code_sweeps_searches_and_the_queue_through_the_server(cluster, shipping
     assert run_baton("quota", "rm", "vision", "-Q", "nobody-serves", env=root).returncode == 0
     missing = run_baton("drain", "nobody@nowhere", env=root)
     assert missing.returncode == 2 and "nobody@nowhere" in missing.stderr, missing.stderr
+
+
+def test_logs_followed_through_the_server_are_the_whole_log_and_one_attempts_is_its_own(cluster, pool, tmp_path):  # noqa: F811
+    """A log chunk grows while its attempt runs: a follower through the server reads it again, not past it."""
+    import subprocess
+
+    from tests.helpers import BATON
+    from tests.workers.tracking.test_job_logs import SPEC as CHATTY
+
+    server, tokens = pool
+    cluster.start_workers(1)
+    env = _user_env(server, tokens["ada"], tmp_path)
+    spec = write_spec(tmp_path, {**CHATTY, "resources": {"team": "vision"}})
+    assert run_baton("submit", str(spec), "--id", "ada-chatty", env=env).returncode == 0
+    follower = subprocess.Popen([*BATON, "logs", "ada-chatty", "-f"], env=env, cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    followed, errors = follower.communicate(timeout=180)
+    assert follower.returncode == 0, errors
+    whole = run_baton("logs", "ada-chatty", env=env).stdout
+    assert followed == whole and whole.count("\n") > 30, (len(followed), len(whole))
+    assert whole == cluster.client.job("ada-chatty").logs()
+    one = run_baton("logs", "ada-chatty", "--attempt", "1", env=env)
+    assert one.returncode == 0 and one.stdout == cluster.client.job("ada-chatty").logs(attempt=1), one.stderr

@@ -126,13 +126,14 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
     # above the team's max priority: refused, whoever asks, at submit and later
     high = {**WAITING, "resources": {**WAITING["resources"], "priority": 6}}
     status, answer = server.call("POST", "/api/jobs", {"spec": high}, token=tokens["ada"])
-    assert status == 403 and "above team vision's max priority 5" in answer["detail"], answer
+    assert status == 403 and answer["detail"]["problems"] == [
+        "resources.priority: priority 6 is above team vision's max priority 5"], answer
     status, answer = server.call("POST", "/api/jobs/ada-long/priority", {"priority": 6}, token=tokens["root"])
     assert status == 403 and "max priority 5" in answer["detail"], answer
     assert job.status().priority == 4
     # a member submits only to its teams; a spec naming none is its team's
     status, answer = server.call("POST", "/api/jobs", {"spec": WAITING}, token=tokens["bob"])
-    assert status == 403 and "may not submit to team vision" in answer["detail"], answer
+    assert status == 403 and "may not submit to team vision" in answer["detail"]["message"], answer
     status, answer = server.call("POST", "/api/jobs", {"spec": make_spec(resources={"queue": "nobody-serves"})},
                                  token=tokens["bob"])
     assert status == 200 and cluster.client.job(answer["id"]).status().team == "nlp", answer
@@ -154,12 +155,14 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
     for expected in [("ada", "submit", "ada-long", "allowed"), ("bob", "cancel", "ada-long", "refused"),
                      ("ann", "cancel", "ada-long", "refused"), ("lea", "priority", "ada-long", "allowed"),
                      ("ada", "quota.set", "default/vision", "refused"), ("root", "quota.set", "default/vision", "allowed"),
-                     ("ada", "submit", "", "refused"), ("root", "priority", "ada-long", "refused"),
+                     ("ada", "submit", f"name={WAITING['name']}", "refused"), ("root", "priority", "ada-long", "refused"),
                      ("bob", "read", "ada-long", "refused"), ("ada", "cancel", "ada-long", "allowed"),
                      (None, "list", "", "refused")]:
         assert expected in entries, (expected, entries)
     refused = next(e for e in answer["entries"] if e["principal"] == "bob" and e["action"] == "cancel")
     assert "may not cancel team vision's jobs" in refused["reason"] and refused["client"] == "127.0.0.1"
+    over = next(e for e in answer["entries"] if e["principal"] == "ada" and e["action"] == "submit" and e["result"] == "refused")
+    assert over["reason"] == "resources.priority: priority 6 is above team vision's max priority 5", over  # (one line)
     forged = next(e for e in answer["entries"] if e["principal"] == "ann" and e["action"] == "cancel")
     assert forged["client"] == "127.0.0.1"  # (its X-Forwarded-For is nobody's word)
     assert server.call("GET", "/api/audit?user=bob", token=tokens["root"])[1]["entries"][0]["principal"] == "bob"
