@@ -147,6 +147,16 @@ def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+LISTING_SHARE = 0.05
+"""The most of its time the server spends listing the store: a store whose listing takes seconds (tens of
+thousands of jobs) is listed less often, so the requests it slows stay rare."""
+
+
+def next_listing_in(every_s: float, took_s: float) -> float:
+    """Seconds to the next listing of the store, after one that took ``took_s``."""
+    return max(every_s, took_s / LISTING_SHARE - took_s)
+
+
 class StoreHistory:
     """The store's jobs that Redis does not hold, refreshed by a background thread every ``every_s``:
     a request never waits for a listing. A finished job's row is read once and kept."""
@@ -178,12 +188,13 @@ class StoreHistory:
     def start(self) -> None:
         def loop() -> None:
             while True:
+                started = time.monotonic()
                 try:
                     self.refresh()
                     self.error = None
                 except Exception as exc:  # an unreachable store: said on the page, tried again
                     self.error = f"{type(exc).__name__}: {exc}"
-                if self._stop.wait(self.every_s):
+                if self._stop.wait(next_listing_in(self.every_s, time.monotonic() - started)):
                     return
 
         threading.Thread(target=loop, name="baton-ui-store-history", daemon=True).start()
