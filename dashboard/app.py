@@ -296,6 +296,10 @@ def body_limit(request: Request) -> int:
     return BODY_LIMIT
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 async def small_json(request: Request, empty: Optional[dict] = None) -> dict:
     """The request's JSON object, read after the token was checked and never more than its limit
     (``body_limit``); ``empty`` when it has no body (422 when one is needed)."""
@@ -310,9 +314,13 @@ async def small_json(request: Request, empty: Optional[dict] = None) -> dict:
             raise HTTPException(422, "a JSON body is needed")
         return empty
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_no_constant)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
     except (ValueError, RecursionError):  # (4,000 '[' fit in the limit and nest too deep to decode)
-        raise HTTPException(422, "the body is not JSON (or nests too deep)")
+        raise HTTPException(422, "the body is not JSON (or nests too deep, or holds NaN or Infinity, which JSON "
+                            "has not)")
+    except UnicodeEncodeError:  # (an escaped lone surrogate, \ud800: no character, and no answer could name it)
+        raise HTTPException(422, "the body holds a lone surrogate (\\ud800-\\udfff), which is no character")
     if not isinstance(value, dict):
         raise HTTPException(422, "the body must be a JSON object")
     return value

@@ -27,6 +27,11 @@ FLUSH_EVERY_S = 5.0
 AUDIT_PREFIX = "audit"
 
 
+def _text(value: str) -> str:
+    """``value`` as UTF-8 can hold it (a lone surrogate a client sent in a path becomes '?'): an entry always writes."""
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
 def audited(request: Request, status: int) -> bool:
     """Whether this request goes in the trail: any API request that is not a read, and a refused read."""
     return request.url.path.startswith("/api/") and (request.method not in ("GET", "HEAD") or status in (401, 403))
@@ -58,11 +63,11 @@ class AuditTrail:
             response = Response(body, status, headers=dict(response.headers), media_type=response.media_type)
         route = request.scope.get("route")
         entry = AuditEntry(at=started, principal=getattr(request.state, "principal", None),
-                           action=getattr(route, "name", None) or f"{request.method} {request.url.path}"[:200],
-                           target=getattr(request.state, "target", None)
-                           or "/".join(str(v) for v in request.path_params.values())[:200],
+                           action=_text(getattr(route, "name", None) or f"{request.method} {request.url.path}"[:200]),
+                           target=_text(getattr(request.state, "target", None)
+                                        or "/".join(str(v) for v in request.path_params.values())[:200]),
                            result="allowed" if status < 400 else "refused" if status in (401, 403, 413) else "failed",
-                           reason=reason[:500], client=request.client.host if request.client else "")
+                           reason=_text(reason[:500]), client=request.client.host if request.client else "")
         await run_in_threadpool(self.append, entry)
         return response
 

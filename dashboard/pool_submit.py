@@ -89,7 +89,7 @@ async def _queue(request: Request, ctx: "Context", act: Callable[[Queued, Any], 
     except OverLimit as exc:  # (a policy's refusal: 403, its problems as a spec's, which a client says the same way)
         raise HTTPException(403, {"problems": list(exc.problems), "message": str(exc), "policy": True})
     except SpecError as exc:
-        raise HTTPException(422, {"problems": list(exc.problems), "message": str(exc)})
+        raise HTTPException(422, {"problems": list(exc.problems), "message": str(exc), "what": exc.what})
 
 
 def add_routes(app: FastAPI, ctx: "Context") -> None:
@@ -147,7 +147,7 @@ def _submit_routes(app: FastAPI, ctx: "Context") -> None:
 
 
 def _check_digest(digest: str) -> None:
-    if not re.match(DIGEST_PATTERN, digest):
+    if not re.fullmatch(DIGEST_PATTERN.removeprefix("^").removesuffix("$"), digest):
         raise HTTPException(422, "the digest must be sha256:<64 hex digits>")
 
 
@@ -177,6 +177,8 @@ def _code_routes(app: FastAPI, ctx: "Context") -> None:
         found = f"sha256:{hashlib.sha256(data).hexdigest()}"
         if found != digest:
             raise HTTPException(422, f"the body's digest is {found}, not {digest}")
+        if not data.startswith(b"\x1f\x8b"):  # (a worker unpacks it only after its own checks: this refuses a slip)
+            raise HTTPException(422, "an archive of code is a gzip'd tar (what `baton submit --code` packs)")
 
         def keep() -> bool:
             store, key = ctx.store(), code_key(digest)
@@ -193,10 +195,10 @@ def _sweep_of(ctx: "Context", sweep_id: str) -> list[tuple[str, str, str]]:
     """Each job of a sweep or search as (job id, team, submitted by); a search's own team first (its trials
     share it: a search space cannot hold a team). JobNotFound for an unknown id."""
     records = ctx.records
-    found = []
-    if searches.exists(records.redis, sweep_id):
+    if searches.exists(records.redis, sweep_id):  # (its trials are its own: a search space holds no team)
         meta = searches.meta(records.redis, sweep_id)
-        found.append((sweep_id, JobSpec.model_validate_json(meta["spec"]).resources.team, meta.get("submitted_by", "")))
+        return [(sweep_id, JobSpec.model_validate_json(meta["spec"]).resources.team, meta.get("submitted_by", ""))]
+    found = []
     for job_id in records.sweep_ids(sweep_id):
         try:
             status = records.status(job_id)

@@ -53,6 +53,13 @@ if TYPE_CHECKING:
 
 
 
+def _refuse_code_axes(paths: list[str]) -> None:
+    named = [path for path in paths if path == "code" or path.startswith("code.") and path != "code.digest"]
+    if named:
+        raise SpecError([f"{path}: through the pool's server, a sweep ships your code with `--code DIR` (uploaded "
+                         "from your machine); a grid or override may not name a directory" for path in named])
+
+
 @dataclass(frozen=True)
 class Sweep:
     """The jobs one ``JobClient.sweep`` queued, in grid order."""
@@ -160,8 +167,11 @@ class JobClient:
         except ValueError as exc:
             raise SpecError([f"sweep_id: {exc}"]) from None
         wanted = {**normalize(overrides), **({"code.dir": str(code)} if code is not None else {})}
-        with importable(code_dir(with_overrides(raw, wanted))):
-            jobs = plan(raw, normalize_grid(grid), sweep_id, self.settings.allowed_prefixes, wanted)
+        axes = normalize_grid(grid)
+        if self._principal is not None:  # (the server's directories are no grid's to name)
+            _refuse_code_axes(list(axes) + list(wanted))
+        with importable(code_dir(with_overrides(raw, wanted)) if self._principal is None else None):
+            jobs = plan(raw, axes, sweep_id, self.settings.allowed_prefixes, wanted)
         self._check_limits([job.spec for job in jobs])
         if self.records.sweep_taken(sweep_id):
             raise SpecError([f"sweep_id: a sweep or search {sweep_id!r} already exists"])
@@ -252,7 +262,9 @@ class JobClient:
         return Driver(self.records.redis, search_id, self._publish, open_client_store)
 
     def _shipper(self, store: ObjectStore) -> Shipper:
-        return Shipper(store, int(self.settings.code_limit_mb * 1e6))
+        """What packs a spec's code.dir; for the pool's server (``acting_for``) none: the directory would be one of
+        the server's machine, not the user's (the user's client packs and uploads it)."""
+        return Shipper(store, int(self.settings.code_limit_mb * 1e6), local_dirs=self._principal is None)
 
     def _refuse_taken(self, store: ObjectStore, job_ids: list[str], what: str = "job spec") -> None:
         from baton.searches.driver import searches_claiming

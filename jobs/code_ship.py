@@ -46,8 +46,9 @@ def importable(directory: Optional[Path]) -> Iterator[None]:
 class Shipper:
     """Packs and stores the code of the specs given to it, each directory once (a sweep's trials)."""
 
-    def __init__(self, store: ObjectStore, limit_bytes: int):
-        self.store, self.limit_bytes = store, limit_bytes
+    def __init__(self, store: ObjectStore, limit_bytes: int, local_dirs: bool = True):
+        """``local_dirs``: whether a code.dir of this machine may be packed (never for the pool's server)."""
+        self.store, self.limit_bytes, self.local_dirs = store, limit_bytes, local_dirs
         self._digests: dict[tuple[Path, tuple[str, ...]], str] = {}
 
     def ship(self, spec: JobSpec) -> JobSpec:
@@ -59,6 +60,9 @@ class Shipper:
                 raise SpecError([f"code.digest: the store {self.store.url} holds no archive {code.digest} (give "
                                  "code.dir to ship the directory again)"])
             return spec
+        if not self.local_dirs:
+            raise SpecError(["code.dir: names a directory of the server's machine; ship your code with `baton submit "
+                             "--code DIR` (packed on your machine and uploaded), or name an archive (code.digest)"])
         directory = Path(code.dir).resolve()
         known = (directory, code.exclude)
         if known not in self._digests:

@@ -54,6 +54,8 @@ def check_search(raw: Any, search: SearchSpec, allowed_prefixes: tuple[str, ...]
     problems += [f"search.space.{path}: a search cannot search a trial's {held.split('.')[1]} (every trial is the "
                  f"search's, under its team's limits): set it in the spec" for path in search.space
                  for held in ("resources.team", "resources.priority") if _overlap(path, held)]
+    problems += [f"search.space.{path}: a search cannot search a trial's code (every trial runs the search's, "
+                 "shipped once): set it in the spec" for path in search.space if _overlap(path, "code")]
     for path, dimension in search.space.items():
         seen: set[str] = set()
         for value in dimension.choice if dimension.choice is not None else list(dimension.bounds or ()):

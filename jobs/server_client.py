@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import urllib3
 
+from baton.jobs.pool import check_quota
 from baton.jobs.server_job import ServerJob
 from baton.jobs.server_views import as_status, queue_view, search_results, sweep_entries
 from baton.jobs.specfile import SpecSource, read_raw
@@ -180,6 +181,7 @@ class ServerClient:
         return ServerPrincipals(self)
 
     def set_max_priority(self, team: str, limit: Optional[int]) -> None:
+        check_quota("default", team)  # (the team's name, checked as direct mode checks it)
         try:
             self.call("PUT", f"/api/teams/{_quoted(team)}", {"max_priority": limit})
         except ServerError as exc:
@@ -222,6 +224,7 @@ class ServerClient:
 
     def set_quota(self, team: str, queue: str, slots: int) -> "builtins.list[str]":
         """As ``JobClient.set_quota`` (an admin's token); ValueError for a team or queue name that cannot be."""
+        check_quota(queue, team, slots)
         try:
             return self.call("PUT", f"/api/quotas/{_quoted(queue)}/{_quoted(team)}", {"slots": slots})["warnings"]
         except ServerError as exc:
@@ -230,6 +233,7 @@ class ServerClient:
             raise
 
     def remove_quota(self, team: str, queue: str) -> bool:
+        check_quota(queue, team)
         try:
             self.call("DELETE", f"/api/quotas/{_quoted(queue)}/{_quoted(team)}")
         except JobNotFound:
@@ -308,7 +312,7 @@ def _refusal(status: int, content: bytes) -> BatonError:
     except (ValueError, AttributeError):
         detail = None
     if status in (403, 422) and isinstance(detail, dict) and "problems" in detail:
-        return (OverLimit if status == 403 else SpecError)(list(detail["problems"]))
+        return (OverLimit if status == 403 else SpecError)(list(detail["problems"]), str(detail.get("what") or "job spec"))
     line = detail if isinstance(detail, str) else f"HTTP {status}"
     if status == 404:
         return JobNotFound(line)

@@ -26,9 +26,18 @@ class PlannedJob:
     spec: JobSpec
 
 
+MAX_POINTS = 1000
+"""The most jobs one sweep queues (a search's trials have the same bound: ``baton.schemas.search.MAX_TRIALS``)."""
+
+
 def plan(raw: Any, axes: dict[str, list[Any]], sweep_id: str, allowed_prefixes: tuple[str, ...],
          overrides: Optional[dict[str, Any]] = None) -> list[PlannedJob]:
-    """Every grid point as a validated job; SpecError with every distinct problem if any is invalid."""
+    """Every grid point as a validated job; SpecError with every distinct problem if any is invalid, or when
+    the grid has more than MAX_POINTS points (said before any is made)."""
+    size = math.prod(len(values) for values in axes.values())
+    if size > MAX_POINTS:
+        raise SpecError([f"grid: {size:,} points ({' x '.join(str(len(v)) for v in axes.values())}); a sweep holds at "
+                         f"most {MAX_POINTS:,}: split it, or sample it with a search (--search)"])
     points = grid_points(axes)
     width = len(str(len(points)))
     try:

@@ -22,7 +22,7 @@ class SpecError(BatonError):
     line per wrong field."""
 
     def __init__(self, problems: list[str], what: str = "job spec"):
-        self.problems = list(problems)
+        self.problems, self.what = list(problems), what
         super().__init__(f"invalid {what}:\n" + "\n".join(f"  {p}" for p in self.problems))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import baton.cli  # noqa: F401  (first: the commands register in the CLI's order, which docs/cli.md follows)
 from baton.commands.dashboard import _bind
 
 

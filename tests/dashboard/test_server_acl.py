@@ -61,6 +61,8 @@ def test_the_server_and_a_worker_run_a_job_as_their_own_redis_users(cluster, acl
         assert state == "succeeded"
         log = server.log.read_text()
         assert PASSWORDS["SERVER-PASSWORD"] not in log and token not in log
+        worker_log = workers.workers[0].log()
+        assert "no permissions" not in worker_log and "NOPERM" not in worker_log, worker_log[-2000:]  # (its reaper's INFO)
     finally:
         stop(server.proc)
         workers.stop()

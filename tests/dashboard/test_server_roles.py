@@ -143,6 +143,20 @@ def test_each_role_does_what_it_may_and_every_action_is_audited(cluster, pool):
         assert status == 422, (spec, answer)
     status, _ = server.call("POST", "/api/jobs", {"spec": WAITING, "overrides": ["code.dir=/etc"]}, token=tokens["ada"])
     assert status == 422
+    for grid in ({"code.dir": ["/etc"]}, {"code": [{"dir": "/etc"}]}):  # nor through a sweep's grid, nor a search's space
+        status, answer = server.call("POST", "/api/sweeps", {"spec": WAITING, "grid": grid, "id": "etc"}, token=tokens["root"])
+        assert status == 422 and "through the pool's server" in str(answer) and "not a directory" not in str(answer), answer
+    assert not cluster.client.records.sweep_ids("etc") and not cluster.store().exists("jobs/etc-1/spec.json")
+    status, answer = server.call("POST", "/api/searches", {"spec": WAITING, "id": "etc", "search": {
+        "space": {"code.dir": {"choice": ["/etc"]}}, "sampler": "grid"}}, token=tokens["ada"])
+    assert status == 422 and "cannot search a trial's code" in str(answer), answer
+    # a grid too large to make, NaN, a lone surrogate: refused in one line, each in the audit trail
+    huge = {"seed": list(range(1000)), "optimizer.lr": [0.1] * 1000}
+    status, answer = server.call("POST", "/api/sweeps", {"spec": WAITING, "grid": huge}, token=tokens["ada"])
+    assert status == 422 and "1,000,000 points" in answer["detail"]["problems"][0], answer
+    for raw in (b'{"spec": {"name": "t", "seed": NaN}}', b'{"spec": {"name": "t"}, "id": "\\ud800"}'):
+        status, answer = server.call("POST", "/api/jobs", None, token=tokens["ada"], data=raw)
+        assert status == 422, (raw, status, answer)
 
     assert server.call("POST", "/api/jobs/ada-long/cancel", token=tokens["ada"])[1]["result"] == "requested"
     wait_for(lambda: job.status().state.value == "cancelled", 60, "ada's own cancel")

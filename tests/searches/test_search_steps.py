@@ -275,6 +275,8 @@ def test_a_search_of_a_trials_team_or_priority_is_refused(client):
             client.search(SPEC, {**SEARCH, "space": {path: {"choice": values}}}, search_id="policy")
         assert caught.value.problems == [f"search.space.{path}: a search cannot search a trial's {path.split('.')[1]} "
                                          "(every trial is the search's, under its team's limits): set it in the spec"]
+    with pytest.raises(SpecError, match="cannot search a trial's code"):
+        client.search(SPEC, {**SEARCH, "space": {"code.dir": {"choice": ["/etc", "/root"]}}}, search_id="policy")
     assert not client.records.sweep_taken("policy")
 
 
