@@ -206,8 +206,9 @@ class Driver:
         try:
             parsed = JobSpec.parse(raw)
         except SpecError as exc:
-            self.records.restore(job_id, {**extra, "name": str(raw.get("name")), "error": "; ".join(exc.problems)},
-                                 JobState.failed, 0)
+            resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
+            self.records.restore(job_id, {**extra, "name": str(raw.get("name")), "error": "; ".join(exc.problems),
+                                          "team": str(resources.get("team", "default"))}, JobState.failed, 0)  # (its team reads it)
             return False
         store = self.store(plan)
         try:
