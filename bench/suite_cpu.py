@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -141,6 +141,17 @@ def alive(proc: Seen) -> bool:
     return stat is not None and stat.started == proc.started and not stat.zombie
 
 
+def classify(seen: Seen, parent: Optional[Seen], pid: str) -> None:
+    seen.kind = kind_of(seen, parent)
+    if seen.kind not in UNATTRIBUTED:
+        seen.test = read_test(pid) or (parent.test if parent is not None else "")
+
+
+def parent_cmd(seen: Seen, mine: dict[int, Seen]) -> Optional[str]:
+    parent = mine.get(seen.ppid)
+    return parent.cmd if parent is not None else None
+
+
 def sample(command: list[str], every: float, linger: float, env: dict[str, str]) -> tuple[dict[tuple[int, int], Seen], int, float,
                                                                     tuple[int, int]]:
     root = subprocess.Popen(command, env=env)
@@ -172,9 +183,10 @@ def sample(command: list[str], every: float, linger: float, env: dict[str, str])
                         del mine[int(pid)]  # that pid is another process's now
                     continue  # not below the command
                 seen = ours[key] = mine[int(pid)] = Seen(int(pid), ppid, start, comm, read_cmdline(pid))
-                seen.kind = kind_of(seen, parent)
-                if seen.kind not in UNATTRIBUTED:
-                    seen.test = read_test(pid) or (parent.test if parent is not None else "")
+                classify(seen, parent, pid)
+            elif parent_cmd(seen, mine) == seen.cmd and (cmd := read_cmdline(pid)) != seen.cmd:
+                seen.cmd = cmd  # first read between its fork and its exec: what it runs is known only now
+                classify(seen, mine.get(ppid), pid)
             seen.cpu_ticks, seen.comm = cpu, comm
         if done:
             break

@@ -206,7 +206,8 @@ class Driver:
         try:
             parsed = JobSpec.parse(raw)
         except SpecError as exc:
-            resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
+            given = raw.get("resources") if isinstance(raw, dict) else None
+            resources = given if isinstance(given, dict) else {}
             self.records.restore(job_id, {**extra, "name": str(raw.get("name")), "error": "; ".join(exc.problems),
                                           "team": str(resources.get("team", "default"))}, JobState.failed, 0)  # (its team reads it)
             return False
