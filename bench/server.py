@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import random
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -44,23 +42,9 @@ from baton.schemas.settings import BatonSettings  # noqa: E402
 from baton.storage.records.job_records import JobRecords  # noqa: E402
 from baton.storage.records.principals import Principals  # noqa: E402
 from bench.loop_overhead import write_result  # noqa: E402
-from bench.ui import QUERIES, SPEC, free_port, make_history, percentiles  # noqa: E402
+from bench.ui import QUERIES, SPEC, free_port, make_history, percentiles, serve  # noqa: E402
 
 SUBMITTED = {**SPEC, "resources": {"team": "vision", "queue": "nobody-serves"}}
-
-
-def start(command: str, env: dict, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "baton", command, "--port", str(port), "--history-every-s", "30"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=5).read()
-            return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"baton {command} did not start")
 
 
 def timed(request: Callable[[int], object], count: int) -> list[float]:
@@ -122,7 +106,7 @@ def run(args: argparse.Namespace, redis: RedisServer, store_url: str) -> tuple[d
         env.pop(name, None)
     ports, procs = {"server": free_port(), "ui": free_port()}, []
     try:
-        procs = [start(command, env, port) for command, port in ports.items()]
+        procs = [serve(env, port, command, 30) for command, port in ports.items()]
         server_url, ui_url = (f"http://127.0.0.1:{ports[name]}" for name in ("server", "ui"))
         reads = measure_reads({"server, member": getter(server_url, member), "server, admin": getter(server_url, admin),
                                "ui, no token": getter(ui_url)}, vision, args.requests)

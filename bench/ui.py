@@ -165,18 +165,20 @@ def time_page(url: str, job_id: str, loads: int, query: str = "") -> list[float]
     return drawn
 
 
-def serve(env: dict, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "baton", "ui", "--port", str(port), "--history-every-s", "2"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def serve(env: dict, port: int, command: str = "ui", history_every_s: float = 2) -> subprocess.Popen:
+    """``baton ui`` (or ``baton server``) on ``port``, once it answers its health check."""
+    proc = subprocess.Popen([sys.executable, "-m", "baton", command, "--port", str(port), "--history-every-s",
+                             str(history_every_s)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/info", timeout=5).read()
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=5).read()
             return proc
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("baton ui did not start")
+    raise RuntimeError(f"baton {command} did not start")
 
 
 def free_port() -> int:

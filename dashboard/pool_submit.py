@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
+from baton.jobs.code_ship import not_the_servers
 from baton.jobs.roles import may_act, may_read
 from baton.jobs.specfile import with_overrides
 from baton.schemas.code import DIGEST_PATTERN
@@ -42,11 +43,10 @@ def _with_team(raw: Any, who: Principal) -> Any:
 
 
 def _no_local_code(raw: Any) -> None:
+    """Before a spec's targets are checked with its code.dir on the import path (the server's directory)."""
     code = raw.get("code") if isinstance(raw, dict) else None
     if isinstance(code, dict) and code.get("dir") is not None:
-        raise SpecError(["code.dir: names a directory of the server's machine; through the server, ship your code "
-                         "with `baton submit --code DIR` (it is uploaded), or name an archive the store holds "
-                         "(code.digest)"])
+        raise SpecError([not_the_servers("code.dir")])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +59,10 @@ class Queued:
     body: dict
 
 
-def _queued(body: dict, who: Principal, id_field: str = "id") -> Queued:
-    given_id, overrides = body.get(id_field), body.get("overrides")
+def _queued(body: dict, who: Principal) -> Queued:
+    given_id, overrides = body.get("id"), body.get("overrides")
     if given_id is not None and not isinstance(given_id, str):
-        raise HTTPException(422, f"{id_field} must be a string")
+        raise HTTPException(422, "id must be a string")
     if overrides is not None and not (isinstance(overrides, dict) or isinstance(overrides, list)
                                       and all(isinstance(item, str) for item in overrides)):
         raise HTTPException(422, "overrides must be a mapping or a list of path=value")
@@ -147,7 +147,7 @@ def _submit_routes(app: FastAPI, ctx: "Context") -> None:
 
 
 def _check_digest(digest: str) -> None:
-    if not re.fullmatch(DIGEST_PATTERN.removeprefix("^").removesuffix("$"), digest):
+    if not re.fullmatch(DIGEST_PATTERN, digest):  # (fullmatch: a trailing newline is refused too)
         raise HTTPException(422, "the digest must be sha256:<64 hex digits>")
 
 
@@ -192,10 +192,10 @@ def _code_routes(app: FastAPI, ctx: "Context") -> None:
 
 
 def _sweep_of(ctx: "Context", sweep_id: str) -> list[tuple[str, str, str]]:
-    """Each job of a sweep or search as (job id, team, submitted by); a search's own team first (its trials
-    share it: a search space cannot hold a team). JobNotFound for an unknown id."""
+    """Who owns a sweep: each of its jobs as (job id, team, submitted by); for a search, the search itself (its
+    trials are its own: a search space holds no team). JobNotFound for an unknown id."""
     records = ctx.records
-    if searches.exists(records.redis, sweep_id):  # (its trials are its own: a search space holds no team)
+    if searches.exists(records.redis, sweep_id):
         meta = searches.meta(records.redis, sweep_id)
         return [(sweep_id, JobSpec.model_validate_json(meta["spec"]).resources.team, meta.get("submitted_by", ""))]
     found = []

@@ -36,7 +36,7 @@ from baton.storage.records.job_records import JobRecords
 from baton.storage.records import searches as search_records
 from baton.storage.records import teams as team_records
 from baton.storage.records.connection import connect
-from baton.jobs.code_ship import Shipper, code_dir, importable
+from baton.jobs.code_ship import Shipper, code_dir, importable, not_the_servers
 from baton.jobs.job import Job
 from baton.jobs.specfile import SpecSource, load_spec, read_raw, with_overrides
 from baton.jobs.sweeps import SweepEntry, plan, rank
@@ -56,8 +56,7 @@ if TYPE_CHECKING:
 def _refuse_code_axes(paths: list[str]) -> None:
     named = [path for path in paths if path == "code" or path.startswith("code.") and path != "code.digest"]
     if named:
-        raise SpecError([f"{path}: through the pool's server, a sweep ships your code with `--code DIR` (uploaded "
-                         "from your machine); a grid or override may not name a directory" for path in named])
+        raise SpecError([not_the_servers(path) for path in named])
 
 
 @dataclass(frozen=True)

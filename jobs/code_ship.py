@@ -43,6 +43,12 @@ def importable(directory: Optional[Path]) -> Iterator[None]:
         sys.path_importer_cache.pop(entry, None)
 
 
+def not_the_servers(path: str) -> str:
+    """Why ``path`` (code.dir, or a grid axis holding it) is refused through the pool's server."""
+    return (f"{path}: through the pool's server, this names a directory of the server's machine; ship your code "
+            "with `--code DIR` (packed on your machine and uploaded), or name an archive the store holds (code.digest)")
+
+
 class Shipper:
     """Packs and stores the code of the specs given to it, each directory once (a sweep's trials)."""
 
@@ -61,8 +67,7 @@ class Shipper:
                                  "code.dir to ship the directory again)"])
             return spec
         if not self.local_dirs:
-            raise SpecError(["code.dir: names a directory of the server's machine; ship your code with `baton submit "
-                             "--code DIR` (packed on your machine and uploaded), or name an archive (code.digest)"])
+            raise SpecError([not_the_servers("code.dir")])
         directory = Path(code.dir).resolve()
         known = (directory, code.exclude)
         if known not in self._digests:

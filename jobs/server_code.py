@@ -39,7 +39,7 @@ class ServerCodeStore:
         self.client.call("PUT", f"/api/code/{self._digest(key)}", data=data, timeout_s=UPLOAD_TIMEOUT_S)
 
 
-def _checked(raw: Any, directory: Path) -> JobSpec:
+def checked_here(raw: Any, directory: Optional[Path] = None) -> JobSpec:
     """The spec, valid, its targets found in ``directory`` (or installed here): checked here, where the
     directory is. Which modules the pool allows is the server's to say (its BATON_ALLOWED_MODULES)."""
     with importable(directory):
@@ -58,7 +58,7 @@ def ship(client: "ServerClient", raw: Any, wanted: dict[str, Any], code: "str | 
     directory = Path(code) if code is not None else code_dir(with_overrides(raw, wanted))
     if directory is None:
         return raw, wanted
-    parsed = _checked(with_overrides(raw, {**wanted, **(point or {}), "code.dir": str(directory)}), directory)
+    parsed = checked_here(with_overrides(raw, {**wanted, **(point or {}), "code.dir": str(directory)}), directory)
     shipper = Shipper(ServerCodeStore(client), int(client.settings.code_limit_mb * 1e6))  # type: ignore[arg-type]
     digest = shipper.ship(parsed).code.digest  # type: ignore[union-attr]
     given = raw.get("code") if isinstance(raw.get("code"), dict) else {}

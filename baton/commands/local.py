@@ -36,16 +36,13 @@ def validate(
 def _validate_through_server(spec: Path, sets: Optional[List[str]]) -> None:
     """The spec's targets checked here (where its code is), then the whole spec by the pool's server."""
     from baton.jobs.server_client import ServerClient
+    from baton.jobs.server_code import checked_here
     from baton.jobs.specfile import read_raw, with_overrides
     from baton.schemas.overrides import normalize
-    from baton.schemas.spec import JobSpec
 
     try:
         raw = with_overrides(read_raw(spec), normalize(sets))
-        parsed = JobSpec.parse(raw)
-        problems = [problem for _, problem in check_user_targets(parsed) if problem is not None]
-        if problems:
-            raise SpecError(problems)
+        parsed = checked_here(raw)
         ServerClient(BatonSettings()).validate(raw)
     except SpecError as exc:
         typer.echo(str(exc), err=True)

@@ -13,23 +13,21 @@ from baton.commands.dashboard import _bind
 def test_every_accepted_connection_has_tcp_nodelay():
     listening = _bind("127.0.0.1", 0)
     port = listening.getsockname()[1]
-    seen: list[int] = []
+    async def accept_one() -> int:
+        accepted: asyncio.Future = asyncio.get_running_loop().create_future()
 
-    class Protocol(asyncio.Protocol):
-        def connection_made(self, transport):  # type: ignore[override]
-            seen.append(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
-            transport.close()
+        class Protocol(asyncio.Protocol):
+            def connection_made(self, transport):  # type: ignore[override]
+                accepted.set_result(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
 
-    async def accept_one() -> None:
         server = await asyncio.get_running_loop().create_server(Protocol, sock=listening)
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        for _ in range(100):
-            if seen:
-                break
-            await asyncio.sleep(0.01)
+        nodelay = await asyncio.wait_for(accepted, 30)
         writer.close()
         server.close()
         await server.wait_closed()
+        return nodelay
 
-    asyncio.run(accept_one())
-    assert seen and seen[0] != 0, seen
+    nodelay = asyncio.run(accept_one())
+    assert nodelay != 0, nodelay

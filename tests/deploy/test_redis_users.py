@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 
 import pytest
 import redis as redis_lib
@@ -29,16 +28,15 @@ def compose_redis(tmp_path):
     port = free_port()
     assert "exec redis-server " in command
     command = command.replace("exec redis-server ", f"exec redis-server --port {port} --bind 127.0.0.1 --dir {tmp_path} ")
-    proc = subprocess.Popen(["sh", "-c", command], env={**os.environ, **PASSWORDS}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            redis_lib.Redis(port=port, username="baton-worker", password=PASSWORDS["REDIS_WORKER_PASSWORD"]).ping()
+    proc = subprocess.Popen(["sh", "-c", command], env={**os.environ, **PASSWORDS}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    said = []
+    for line in proc.stdout:  # (redis-server says when it listens; its end, EOF: the command failed)
+        said.append(line)
+        if "Ready to accept connections" in line:
             break
-        except redis_lib.ConnectionError:
-            assert proc.poll() is None, "the compose file's redis command exited"
-            time.sleep(0.1)
+    else:
+        raise AssertionError(f"the compose file's redis command exited: {''.join(said)}")
     yield service, port, tmp_path
     proc.terminate()
     proc.wait(timeout=30)
