@@ -44,13 +44,12 @@ def markdown(results: SearchResults, plot: str) -> str:
 
 
 def _plot(results: SearchResults, path: Path) -> None:
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # not pyplot: a report made in a notebook leaves its backend alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = plt.get_cmap("tab20")
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    colours = colormaps["tab20"]
     for i, t in enumerate(results.trials):
         points = sorted((at, v) for at, v in t.rung_values.items() if v is not None and math.isfinite(v))
         if t.status.best_value is not None and math.isfinite(t.status.best_value) and t.standing == "finished":
@@ -72,7 +71,6 @@ def _plot(results: SearchResults, path: Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def _number(value: Any) -> str:

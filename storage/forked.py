@@ -81,7 +81,7 @@ def fork(name: str, kept: Collection[int], body: Callable[[], int]) -> ForkedChi
         try:
             _keep_only({0, 1, 2, *kept})
             _forget_parents_helpers()
-            _name(name)
+            name_process(name)
             code = body()
         except BaseException:  # noqa: BLE001 - said on stderr; the parent sees the exit status
             traceback.print_exc()
@@ -120,7 +120,8 @@ def _forget_parents_helpers() -> None:
         setattr(process, "_children", set())
 
 
-def _name(name: str) -> None:
+def name_process(name: str) -> None:
+    """This process's name as ``/proc/PID/comm`` and ``ps -o comm`` show it (15 bytes at most)."""
     if sys.platform.startswith("linux"):
         import ctypes
 

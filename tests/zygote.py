@@ -35,7 +35,7 @@ import threading
 import time
 from typing import IO, Optional
 
-PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "matplotlib.pyplot", "numpy", "pydantic", "pydantic_settings",
+PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "matplotlib.figure", "numpy", "pydantic", "pydantic_settings",
            "yaml", "typer", "click", "tqdm", "safetensors.torch", "torchdata.stateful_dataloader", "boto3",
            "botocore.session", "redis", "celery", "kombu", "cryptography.hazmat.primitives.ciphers.aead",
            "prometheus_client", "pathspec", "packaging.requirements", "torch.utils.tensorboard", "torch.distributed")

@@ -1,8 +1,9 @@
 """Starting, watching and ending the ranks 1..N-1 of a data-parallel attempt (rank 0 is this process).
 
 Each rank is a spare forked ahead of the attempt (``spare_ranks``: its place and the attempt's secret sent
-through its pipe) or, where none is left, ``python -m baton.workers.parallel.rank_main`` with its place in
-``BATON_RANK_ARGS`` and the secret in ``BATON_RANK_SECRET``. Rank 0 opens the rendezvous (``rendezvous``:
+through its pipe), on a multi-node follower a child of its worker's forkserver (``forked_ranks``), or, where
+neither is at hand, ``python -m baton.workers.parallel.rank_main`` with its place in ``BATON_RANK_ARGS`` and
+the secret in ``BATON_RANK_SECRET``. Rank 0 opens the rendezvous (``rendezvous``:
 a file store in the attempt's private directory, no port) before starting them. No rank outlives its attempt:
 - a rank asks the kernel for SIGKILL when rank 0 dies (``PR_SET_PDEATHSIG``, set by the rank
   itself at start, then it checks that its parent is still the one that started it): a SIGKILLed
@@ -30,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
@@ -85,9 +86,11 @@ class Ranks:
     """The ranks an attempt starts on this node (never this process's rank 0), watched until they end."""
 
     def __init__(self, order: GroupOrder, ranks: range, meeting: Meeting, log: Callable[[str], None],
-                 directory: Optional[Path] = None, on_hang: Optional[Callable[[str], None]] = None):
+                 directory: Optional[Path] = None, on_hang: Optional[Callable[[str], None]] = None,
+                 start: Optional[Callable[[RankOrder, str], Any]] = None):
         """Start ``ranks`` with ``order`` (each gets its place: ``RankOrder``), meeting as ``meeting`` says,
-        their reports in ``directory`` (the attempt's private one on this node; made if None)."""
+        their reports in ``directory`` (the attempt's private one on this node; made if None). Each rank
+        is a spare where one is left, else ``start(place, secret)``'s process (a new interpreter if None)."""
         self.world_size, self.log = order.world_size, log
         self.ranks = ranks
         self.directory = directory or owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
@@ -102,16 +105,18 @@ class Ranks:
         for rank in self.ranks:
             place = RankOrder(group=order, rank=rank, parent_pid=os.getpid(), directory=str(self.directory),
                               endpoint=meeting.endpoint)
-            self.procs.append(spare_ranks.start(place.model_dump(mode="json"), self.secret) or self._new(place))
+            self.procs.append(spare_ranks.start(place.model_dump(mode="json"), self.secret)
+                              or (start or self._new)(place, self.secret))
         if self.procs:
             self.log(f"data-parallel: {self.world_size} ranks; ranks {self.ranks[0]}..{self.ranks[-1]} are pids "
                      f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
         self._watchdog.start()
 
-    def _new(self, place: RankOrder) -> subprocess.Popen:
+    @staticmethod
+    def _new(place: RankOrder, secret: str) -> subprocess.Popen:
         """A rank as a new interpreter (no spare is left here: ``spare_ranks``)."""
-        env = {**os.environ, ARGS_ENV: place.model_dump_json(), rendezvous.SECRET_ENV: self.secret}
+        env = {**os.environ, ARGS_ENV: place.model_dump_json(), rendezvous.SECRET_ENV: secret}
         return subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env)
 
     @property

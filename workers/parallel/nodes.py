@@ -20,7 +20,7 @@ from baton.schemas.manifest import CheckpointEntry
 from baton.schemas.messages import GroupOrder, PeersOrder
 from baton.schemas.spec import JobSpec
 from baton.storage import owned_dirs
-from baton.workers.parallel import rendezvous
+from baton.workers.parallel import forked_ranks, rendezvous
 from baton.workers.parallel.distributed import RankGroup, RankSeat
 from baton.workers.parallel.peer_calls import ANNOUNCE, REMOTE_FAILURE
 from baton.workers.parallel.launcher import RANKS_PREFIX, RENDEZVOUS_TIMEOUT_S, Meeting, Ranks, check_devices
@@ -128,10 +128,12 @@ def start_group(order: GroupOrder, peers: Peers, log: Callable[[str], None]) -> 
         raise explained from exc
 
 
-def start_node(order: GroupOrder, node: int, endpoint: str, secret: str, log: Callable[[str], None]) -> Ranks:
+def start_node(order: GroupOrder, node: int, endpoint: str, secret: str, log: Callable[[str], None],
+               forkserver: Any) -> Ranks:
     """A multi-node attempt's node ``node`` (1..N-1): its ranks, with their global numbers, meeting at the
-    leader's ``endpoint``. The worker watches them (``baton.workers.queue.gang_follower``)."""
+    leader's ``endpoint``, forked from the worker's ``forkserver`` (a multiprocessing context:
+    ``forked_ranks``). The worker watches them (``baton.workers.queue.gang_follower``)."""
     per_node = order.spec.resources.processes
     first = node * per_node
     return Ranks(order, range(first, first + per_node), Meeting(secret, endpoint=endpoint), log,
-                 on_hang=lambda why: None)
+                 on_hang=lambda why: None, start=forked_ranks.starter(forkserver))

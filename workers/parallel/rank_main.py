@@ -1,5 +1,6 @@
-"""A rank 1..N-1 of a data-parallel attempt (started by ``baton.workers.parallel.launcher``; rank 0 is its parent):
-a spare forked ahead of the attempt (``spare_ranks``) or ``python -m baton.workers.parallel.rank_main``.
+"""A rank 1..N-1 of a data-parallel attempt (started by ``baton.workers.parallel.launcher``):
+a spare forked ahead of the attempt (``spare_ranks``), a child of a follower's forkserver (``forked_ranks``) or
+``python -m baton.workers.parallel.rank_main``.
 
 It builds the same components as rank 0, joins the group, resumes from the checkpoint rank 0
 chose (reading and verifying it itself), and runs the same loop without a checkpointer: its RNG
@@ -134,7 +135,8 @@ def main() -> int:
 
 def serve(raw: dict, secret: str) -> int:
     """This rank's whole life, given its place (``RankOrder``'s fields) and the attempt's secret: its exit
-    status. A new interpreter (``main``) or a spare forked ahead of the attempt (``spare_ranks``) runs it."""
+    status. A new interpreter (``main``), a spare forked ahead of the attempt (``spare_ranks``) or a follower's
+    forkserver's child (``forked_ranks``) runs it."""
     # a Ctrl-C reaches every rank of the terminal's process group: rank 0 decides what it means, so until
     # RankControl takes it, it must not become a KeyboardInterrupt here (that would read as the job's failure)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -133,10 +133,11 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
         order = order.model_copy(update={"import_path": import_path})
         if ctx.preemption.requested.is_set():  # shutting down before its ranks started
             return _report(gangs, job_id, gang, "released", f"node {membership.node} ({ctx.worker}) is shutting down")
+        from baton.workers.attempt.process import context
         from baton.workers.parallel.nodes import start_node
 
         ranks = start_node(order, membership.node, gang.endpoint, gang.secret,
-                           lambda message: _log.info("job %s: %s", job_id, message))
+                           lambda message: _log.info("job %s: %s", job_id, message), context())
         try:
             return _watch(ctx, gangs, job_id, gang, membership, keeper, ranks)
         finally:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import io
 from typing import Optional
 
-import matplotlib
+from matplotlib.figure import Figure  # drawn straight to PNG: pyplot's backends and figure manager are not needed
 
-matplotlib.use("Agg")  # headless: workers have no display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from baton.schemas.metrics import val_metrics  # noqa: E402
+from baton.schemas.metrics import val_metrics
 
 
 def plot_curves(rows: list[dict], best_step: Optional[int], title: str) -> bytes:
@@ -18,17 +15,17 @@ def plot_curves(rows: list[dict], best_step: Optional[int], title: str) -> bytes
     fig = figure(rows, best_step, title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
     return buf.getvalue()
 
 
-def figure(rows: list[dict], best_step: Optional[int], title: str) -> "plt.Figure":
+def figure(rows: list[dict], best_step: Optional[int], title: str) -> Figure:
     """One panel per scale: the losses together, each other validation metric on its own axis (a
     perplexity of 6-10 beside an accuracy of 0.4 would flatten the accuracy into a line), and the
     gradient norm with the learning rate on a second axis, both in its legend."""
     steps = [r["step"] for r in rows]
     others = [name for name in val_metrics(rows[-1]) if name != "val_loss"]
-    fig, axes = plt.subplots(1, 2 + len(others), figsize=(4.6 * (2 + len(others)), 4), squeeze=False)
+    fig = Figure(figsize=(4.6 * (2 + len(others)), 4))
+    axes = fig.subplots(1, 2 + len(others), squeeze=False)
     ax_loss, *ax_others, ax_grad = axes[0]
     curve = [point for r in rows for point in r.get("train_curve", [])]
     if curve:

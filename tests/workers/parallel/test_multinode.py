@@ -131,7 +131,9 @@ def test_a_node_then_the_leader_sigkilled_the_gang_forms_again_each_time_and_end
     job = cluster.client.submit({**TWO_NODES, "retry": {"max_attempts": 5}}, "cut")
     wait_for(running_at_step(job, 1))
     follower = cluster.worker(gang_of(cluster, "cut").workers[1])
+    first_ranks = wait_for(lambda: rank_pids(follower), timeout=30)
     first_cut = sigkill_worker_pid_when(follower, store, "cut", mid_epoch_after_two_checkpoints())
+    wait_for(lambda: not any(alive(pid) for pid in first_ranks), timeout=30)  # its rank died with its worker alone
     resumed = first_cut["checkpoints"][-1]["step"]
     cluster.start_workers(1, **NODES_ENV)  # the first spare
 
@@ -144,6 +146,8 @@ def test_a_node_then_the_leader_sigkilled_the_gang_forms_again_each_time_and_end
     second_follower = cluster.worker(gang_of(cluster, "cut").workers[1])
     assert follower not in (holder, second_follower) and holder is not second_follower
     follower_ranks = wait_for(lambda: rank_pids(second_follower), timeout=30)
+    for pid in follower_ranks:  # forked from the follower's forkserver, which imported torch once, at its start
+        assert_forked_by_forkserver_of(pid, second_follower.proc.pid)
     second_cut = sigkill_worker_pid_when(holder, store, "cut", mid_epoch_after_two_checkpoints_past(resumed))
     wait_for(lambda: not any(alive(pid) for pid in follower_ranks), timeout=30)  # no orphan on the follower
     cluster.start_workers(1, **NODES_ENV)  # the second spare
@@ -153,6 +157,20 @@ def test_a_node_then_the_leader_sigkilled_the_gang_forms_again_each_time_and_end
     assert final.lost == 2 and final.attempt >= 3 and final.resumed_from == second_cut["checkpoints"][-1]["step"]
     assert_same_sharded_training(fsdp_reference, "reference", store, "cut", tmp_path)
     assert not any(alive(worker.proc.pid) for worker in (follower, holder))
+
+
+def assert_forked_by_forkserver_of(pid: int, worker_pid: int) -> None:
+    """``pid`` is a rank forked from the forkserver of the worker ``worker_pid``, not a new interpreter."""
+    from pathlib import Path
+
+    def stat(of: int) -> tuple[str, int]:  # its name and its parent's pid
+        text = Path(f"/proc/{of}/stat").read_text()
+        return text[text.index("(") + 1:text.rindex(")")], int(text[text.rindex(")") + 2:].split()[1])
+
+    name, parent = stat(pid)
+    cmdline = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert name == "baton-rank" and "multiprocessing.forkserver" in cmdline, (name, cmdline)
+    assert stat(parent)[1] == worker_pid, "the rank's forkserver is not its worker's"
 
 
 def rendezvous_endpoints(cluster) -> list[str]:
