@@ -6,15 +6,23 @@ worker joins). The worker's forkserver has imported both once, for its training 
 forked from it starts in a fraction of a second.
 
 Such a rank is the forkserver's child, in the worker's process group, and the forkserver outlives its
-worker for as long as any child of its own lives (each holds its "alive" pipe), so neither its parent's
-death (``PR_SET_PDEATHSIG``, which the rank also asks for) nor the forkserver's end tells a rank that its
-worker is gone. The worker tells it: a pipe whose one writing end the worker holds, watched by a thread
-of the rank, which kills the rank (SIGKILL) when the pipe closes, as when the worker dies, even by SIGKILL.
+worker for as long as any child of its own lives (each holds its "alive" pipe), so neither the
+forkserver's end nor its parent's death (``PR_SET_PDEATHSIG``, which covers only the forkserver's own
+death) tells a rank that its worker is gone. The worker holds the one writing end of a pipe whose reading
+end the rank holds, armed so that the kernel itself SIGKILLs the rank when the pipe closes (``O_ASYNC``
+with ``F_SETSIG``), as when the worker dies, even by SIGKILL, and whatever the rank is doing (no thread
+of its own has to run, so holding the GIL in an extension changes nothing).
+
+Such a rank ignores SIGTERM from its fork (the forkserver does, ``preload``) until its own handlers take
+it (``rank_main.RankControl``): a stop asked of it is asked again until it ends (``ForkserverRank``).
 """
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
+import multiprocessing.process
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -25,24 +33,38 @@ from baton.schemas.messages import RankOrder
 from baton.storage.forked import name_process
 from baton.workers.parallel.spare_ranks import RANK_NAME
 
+STOP_AGAIN_S = 0.1
+"""How often a stop (SIGTERM, SIGINT) is sent again to a rank that has not ended."""
+
 
 class ForkserverRank:
-    """A rank forked by the forkserver, as much of ``subprocess.Popen`` as ``launcher.Ranks`` uses. Its exit
-    status comes through the forkserver, read once, under a lock (the follower and the ranks' watchdog
-    both look); the worker's end of the rank's pipe is closed once it is known."""
+    """A process forked by the forkserver, as much of ``subprocess.Popen`` as ``launcher.Ranks`` uses.
+
+    It is signalled through a pidfd, so a signal never reaches another process that took its pid once
+    the forkserver reaped it. Its exit status comes from the forkserver; if the forkserver itself died
+    first, it reads as 255 (multiprocessing's) and the rank died with it (``PR_SET_PDEATHSIG``). The
+    status is read under a lock (the follower and the ranks' watchdog both look), and by nothing else:
+    the process is not among multiprocessing's children, whose ``active_children()`` at every start of
+    another process would read it concurrently. The worker's end of the rank's pipe is closed once the
+    rank is known to have ended."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess, worker_end: Connection):
         assert process.pid is not None  # (started)
+        multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
         self.process, self.pid, self._worker_end = process, process.pid, worker_end
+        self._pidfd: Optional[int] = os.pidfd_open(process.pid)
         self.returncode: Optional[int] = None
         self._lock = threading.Lock()
+        self._stopping: Optional[threading.Thread] = None
 
     def poll(self) -> Optional[int]:
         with self._lock:
             if self.returncode is None:
                 self.returncode = self.process.exitcode
-                if self.returncode is not None:
+                if self.returncode is not None and self._pidfd is not None:
                     self._worker_end.close()
+                    os.close(self._pidfd)
+                    self._pidfd = None
             return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
@@ -53,48 +75,76 @@ class ForkserverRank:
         return code
 
     def send_signal(self, signum: int) -> None:
-        if self.poll() is None:  # (not reaped yet: the pid is still this rank's)
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
+        """Send ``signum`` unless the rank has ended; a stop (SIGTERM, SIGINT) again every ``STOP_AGAIN_S``
+        until it ends, as it ignores one until its handlers are in (they count the first)."""
+        self._signal(signum)
+        if signum in (signal.SIGTERM, signal.SIGINT) and self._stopping is None:
+            self._stopping = threading.Thread(target=self._stop_until_ended, args=(signum,),
+                                              name="baton-rank-stop", daemon=True)
+            self._stopping.start()
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def _signal(self, signum: int) -> None:
+        with self._lock:
+            if self._pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signum)
+                except ProcessLookupError:  # (it has ended: the forkserver reaped it)
+                    pass
+
+    def _stop_until_ended(self, signum: int) -> None:
+        while self.poll() is None:
+            wait([self.process.sentinel], STOP_AGAIN_S)
+            self._signal(signum)
+
 
 def starter(forkserver: Any) -> Callable[[RankOrder, str], ForkserverRank]:
     """What starts a rank (given its place and the attempt's secret) as a child of ``forkserver``, a
-    multiprocessing context whose forkserver has imported the training code (the worker's)."""
+    multiprocessing context whose forkserver has imported the training code (the worker's). Where the
+    forkserver cannot fork it (it died, no descriptor is left), ``start`` raises OSError or EOFError."""
     def start(place: RankOrder, secret: str) -> ForkserverRank:
-        rank_end, worker_end = forkserver.Pipe(duplex=False)
-        process = forkserver.Process(target=_serve, args=(place.model_dump(mode="json"), secret, rank_end),
-                                     name=RANK_NAME, daemon=False)  # (its data loader may start processes)
-        try:
-            process.start()
-        finally:
-            rank_end.close()
-        return ForkserverRank(process, worker_end)
+        return fork(forkserver, _serve, place.model_dump(mode="json"), secret)
 
     return start
 
 
+def fork(forkserver: Any, target: Callable[..., None], *args: Any) -> ForkserverRank:
+    """``target(*args, worker)`` in a child of ``forkserver``: ``worker`` is the pipe the child must arm
+    first (``die_with_worker``)."""
+    rank_end, worker_end = forkserver.Pipe(duplex=False)
+    process = forkserver.Process(target=target, args=(*args, rank_end), name=RANK_NAME,
+                                 daemon=False)  # (its data loader may start processes)
+    try:
+        process.start()
+    except BaseException:
+        worker_end.close()
+        raise
+    finally:
+        rank_end.close()
+    return ForkserverRank(process, worker_end)
+
+
+def die_with_worker(worker: Connection) -> None:
+    """Have the kernel SIGKILL this process when the worker's end of ``worker`` closes (nothing is ever
+    sent on it); at once if it has closed already."""
+    fd = worker.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGKILL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_ASYNC)
+    if select.select([fd], [], [], 0)[0]:  # closed before it was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _serve(raw: dict, secret: str, worker: Connection) -> None:
     """The rank's life in the forked process: its parent is the forkserver, not the worker that asked."""
+    die_with_worker(worker)
     from baton.workers.parallel import rank_main
 
     name_process(RANK_NAME)
-    threading.Thread(target=_die_with_worker, args=(worker,), name="baton-rank-worker-watch", daemon=True).start()
     # a forkserver's child inherits "forkserver" as its default start method: the job's DataLoader workers
     # start as in any other process (forked from this one)
     multiprocessing.set_start_method(None, force=True)
+    # its parent is the forkserver: PR_SET_PDEATHSIG covers the forkserver's death (the worker's: the pipe)
     rank_main.exit_now(rank_main.serve({**raw, "parent_pid": os.getppid()}, secret))
-
-
-def _die_with_worker(worker: Connection) -> None:
-    """Block until the worker's end of the pipe closes (nothing is ever sent), then kill this rank."""
-    try:
-        worker.recv_bytes()
-    except (EOFError, OSError):
-        pass
-    os.kill(os.getpid(), signal.SIGKILL)

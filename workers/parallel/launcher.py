@@ -7,7 +7,9 @@ the secret in ``BATON_RANK_SECRET``. Rank 0 opens the rendezvous (``rendezvous``
 a file store in the attempt's private directory, no port) before starting them. No rank outlives its attempt:
 - a rank asks the kernel for SIGKILL when rank 0 dies (``PR_SET_PDEATHSIG``, set by the rank
   itself at start, then it checks that its parent is still the one that started it): a SIGKILLed
-  worker leaves no rank behind;
+  training process leaves no rank behind (nor does its worker: the training process ends with it);
+  a follower's rank, whose parent is its worker's forkserver, is SIGKILLed by the kernel when its
+  worker's end of its pipe closes (``forked_ranks``);
 - rank 0 kills the ranks by PID whenever the attempt ends other than by finishing (fenced out,
   an exception, a stop), and waits for them;
 - a watchdog thread notices a rank that exits early; if rank 0 is then still not out of the
@@ -90,7 +92,8 @@ class Ranks:
                  start: Optional[Callable[[RankOrder, str], Any]] = None):
         """Start ``ranks`` with ``order`` (each gets its place: ``RankOrder``), meeting as ``meeting`` says,
         their reports in ``directory`` (the attempt's private one on this node; made if None). Each rank
-        is a spare where one is left, else ``start(place, secret)``'s process (a new interpreter if None)."""
+        is a spare where one is left, else ``start(place, secret)``'s process (a new interpreter if None, or where
+        ``start`` cannot start one)."""
         self.world_size, self.log = order.world_size, log
         self.ranks = ranks
         self.directory = directory or owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
@@ -102,16 +105,29 @@ class Ranks:
         self._on_hang = on_hang or _exit_hung
         self._remote = meeting.remote
         self.remote_wait_s = meeting.remote_wait_s
-        for rank in self.ranks:
-            place = RankOrder(group=order, rank=rank, parent_pid=os.getpid(), directory=str(self.directory),
-                              endpoint=meeting.endpoint)
-            self.procs.append(spare_ranks.start(place.model_dump(mode="json"), self.secret)
-                              or (start or self._new)(place, self.secret))
+        try:
+            for rank in self.ranks:
+                place = RankOrder(group=order, rank=rank, parent_pid=os.getpid(), directory=str(self.directory),
+                                  endpoint=meeting.endpoint)
+                self.procs.append(self._start(place, start))
+        except BaseException:  # none of them is left running, and their directory goes with them
+            self.kill()
+            raise
         if self.procs:
             self.log(f"data-parallel: {self.world_size} ranks; ranks {self.ranks[0]}..{self.ranks[-1]} are pids "
                      f"{', '.join(str(p.pid) for p in self.procs)}")
         self._watchdog = threading.Thread(target=self._watch, name="baton-rank-watchdog", daemon=True)
         self._watchdog.start()
+
+    def _start(self, place: RankOrder, start: Optional[Callable[[RankOrder, str], Any]]) -> Any:
+        proc = spare_ranks.start(place.model_dump(mode="json"), self.secret)
+        if proc is None and start is not None:
+            try:
+                proc = start(place, self.secret)
+            except (OSError, EOFError) as exc:  # (the forkserver is gone, no descriptor is left)
+                self.log(f"data-parallel: rank {place.rank} could not be started here ({type(exc).__name__}: "
+                         f"{exc}); it starts as a new interpreter")
+        return proc or self._new(place, self.secret)
 
     @staticmethod
     def _new(place: RankOrder, secret: str) -> subprocess.Popen:

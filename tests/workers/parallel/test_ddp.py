@@ -166,7 +166,8 @@ def test_two_ranks_on_two_gpus_train_with_nccl(run_job):
 def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_the_watchdog():
     """Rank 0 joins the group only once every rank has reached it: a rank whose spec (or the job's
     code) fails before then is RankFailed at once (the job fails), one that does not come in time
-    RankLost (a worker loss); neither waits for the watchdog, which would end the worker process."""
+    RankLost (a worker loss); neither waits for the watchdog, which would end the worker process. A rank
+    the given start cannot fork (a follower's forkserver) starts as a new interpreter."""
     from baton.schemas.messages import GroupOrder
     from baton.storage import owned_dirs
     from baton.workers.parallel import rendezvous
@@ -177,10 +178,13 @@ def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_
                                         world_size=2, cpu_threads=1, device_type="cpu", allowed_prefixes=(),
                                         resume_key=None, resume_sha256=None, resume_dir=None, resume_entry=None)
 
-    def ranks() -> Ranks:
+    def ranks(start=None) -> Ranks:
         directory, secret = owned_dirs.make(RANKS_PREFIX), rendezvous.new_secret()
         meeting = Meeting(secret, rendezvous.open_store(directory, 2, 60, secret))
-        return Ranks(broken, range(1, 2), meeting, lines.append, directory, on_hang=hung.append)
+        return Ranks(broken, range(1, 2), meeting, lines.append, directory, on_hang=hung.append, start=start)
+
+    def cannot_fork(place, secret):  # a follower's forkserver with no descriptor left (EMFILE)
+        raise OSError(24, "Too many open files")
 
     hung, lines = [], []
     failing = ranks()
@@ -196,7 +200,15 @@ def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_
             lagging.wait_until_ready(timeout_s=0.01)
     finally:
         lagging.kill()
-    assert hung == [] and [p.poll() for p in failing.procs + lagging.procs] == [65, -signal.SIGKILL]
+    unforked = ranks(start=cannot_fork)  # started as a new interpreter instead, and the log says why
+    try:
+        with pytest.raises(RankFailed, match="rank 1 of 2: SpecError: invalid job spec"):
+            unforked.wait_until_ready(timeout_s=120)
+    finally:
+        unforked.kill()
+    assert hung == [] and [p.poll() for p in failing.procs + lagging.procs + unforked.procs] == [65, -signal.SIGKILL, 65]
+    assert ("data-parallel: rank 1 could not be started here (OSError: [Errno 24] Too many open files); it starts as "
+            "a new interpreter") in lines
 
 
 @pytest.mark.slow

@@ -1,0 +1,61 @@
+"""A stand-in for a worker that forks a rank from its forkserver, as a multi-node follower does
+(``baton.workers.parallel.forked_ranks``), for tests/workers/parallel/test_forked_ranks.py:
+``python -m tests.workers.parallel.forked_rank_probe TARGET FOLDER``. It forks ``TARGET`` of this module,
+prints ``pid N`` and then obeys its stdin: ``stop`` (send the rank one SIGTERM, print ``sent``),
+``children`` (print how many of multiprocessing's children it has), ``wait`` (wait for the rank's end,
+print ``exit CODE``). Its forkserver imports this module first, so it
+ignores SIGTERM as a worker's does (``baton.workers.attempt.preload``), and so do the ranks it forks
+until they take it."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+from pathlib import Path
+
+from baton.workers.parallel import forked_ranks
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def hold_the_gil(folder: str, worker) -> None:
+    """Arm the death watch, say so, then stay in one C call that never lets another thread run."""
+    forked_ranks.die_with_worker(worker)
+    print("armed", flush=True)
+    sum(range(10 ** 14))
+
+
+def stop_late(folder: str, worker) -> None:
+    """Arm the death watch, say so, wait (ignoring SIGTERM, as a rank before its handlers) until the test
+    opens FOLDER/go, then take SIGTERM: print ``stopped`` and exit 0 when one comes."""
+    forked_ranks.die_with_worker(worker)
+    print("forked", flush=True)
+    with open(Path(folder) / "go", "rb") as go:  # (a FIFO: blocks until the test opens it)
+        go.read()
+    signal.signal(signal.SIGTERM, lambda signum, frame: (print("stopped", flush=True), os._exit(0)))
+    print("handler", flush=True)
+    while True:
+        signal.pause()
+
+
+def main() -> None:
+    target, folder = sys.argv[1:]
+    forkserver = multiprocessing.get_context("forkserver")
+    forkserver.set_forkserver_preload(["tests.workers.parallel.forked_rank_probe"])
+    from tests.workers.parallel import forked_rank_probe  # (by its own name: the forkserver unpickles it so)
+
+    rank = forked_ranks.fork(forkserver, getattr(forked_rank_probe, target), folder)
+    print(f"pid {rank.pid}", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            rank.send_signal(signal.SIGTERM)
+            print("sent", flush=True)
+        elif line.strip() == "children":  # (what multiprocessing polls at every start of a process)
+            print(f"children {len(multiprocessing.active_children())}", flush=True)
+        elif line.strip() == "wait":
+            print(f"exit {rank.wait(timeout=60)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
