@@ -14,10 +14,11 @@ with ``F_SETSIG``), as when the worker dies, even by SIGKILL, and whatever the r
 of its own has to run, so holding the GIL in an extension changes nothing).
 
 Such a rank ignores SIGTERM from its fork (the forkserver does, ``preload``) until its own handlers take
-it (``rank_main.RankControl``): a stop asked of it is asked again until it ends (``ForkserverRank``).
+it (``rank_main.RankControl``): a stop asked of it meanwhile is sent once they do (``ForkserverRank``).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import multiprocessing
 import multiprocessing.process
@@ -33,8 +34,9 @@ from baton.schemas.messages import RankOrder
 from baton.storage.forked import name_process
 from baton.workers.parallel.spare_ranks import RANK_NAME
 
-STOP_AGAIN_S = 0.1
-"""How often a stop (SIGTERM, SIGINT) is sent again to a rank that has not ended."""
+STOPS = (signal.SIGTERM, signal.SIGINT)
+LOOK_S = 0.05
+"""How often a stop waiting for the rank's handlers looks whether they are in."""
 
 
 class ForkserverRank:
@@ -42,7 +44,9 @@ class ForkserverRank:
 
     It is signalled through a pidfd, so a signal never reaches another process that took its pid once
     the forkserver reaped it. Its exit status comes from the forkserver; if the forkserver itself died
-    first, it reads as 255 (multiprocessing's) and the rank died with it (``PR_SET_PDEATHSIG``). The
+    first, it reads as 255 (multiprocessing's), and the rank died with it (its ``PR_SET_PDEATHSIG``) or
+    dies as that status closes the worker's end of its pipe (if the forkserver died before the rank
+    asked for its parent-death signal). The
     status is read under a lock (the follower and the ranks' watchdog both look), and by nothing else:
     the process is not among multiprocessing's children, whose ``active_children()`` at every start of
     another process would read it concurrently. The worker's end of the rank's pipe is closed once the
@@ -55,7 +59,7 @@ class ForkserverRank:
         self._pidfd: Optional[int] = os.pidfd_open(process.pid)
         self.returncode: Optional[int] = None
         self._lock = threading.Lock()
-        self._stopping: Optional[threading.Thread] = None
+        self._stopping: set[int] = set()
 
     def poll(self) -> Optional[int]:
         with self._lock:
@@ -75,13 +79,15 @@ class ForkserverRank:
         return code
 
     def send_signal(self, signum: int) -> None:
-        """Send ``signum`` unless the rank has ended; a stop (SIGTERM, SIGINT) again every ``STOP_AGAIN_S``
-        until it ends, as it ignores one until its handlers are in (they count the first)."""
-        self._signal(signum)
-        if signum in (signal.SIGTERM, signal.SIGINT) and self._stopping is None:
-            self._stopping = threading.Thread(target=self._stop_until_ended, args=(signum,),
-                                              name="baton-rank-stop", daemon=True)
-            self._stopping.start()
+        """Send ``signum`` unless the rank has ended; a stop (SIGTERM, SIGINT) that the rank ignores (its
+        handlers are not in yet) once it no longer does, exactly once (the job's code may read a second as
+        "quit now")."""
+        if signum not in STOPS or not self._ignores(signum):
+            self._signal(signum)
+        elif signum not in self._stopping:
+            self._stopping.add(signum)
+            threading.Thread(target=self._stop_when_taken, args=(signum,), name="baton-rank-stop",
+                             daemon=True).start()
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -94,16 +100,27 @@ class ForkserverRank:
                 except ProcessLookupError:  # (it has ended: the forkserver reaped it)
                     pass
 
-    def _stop_until_ended(self, signum: int) -> None:
-        while self.poll() is None:
-            wait([self.process.sentinel], STOP_AGAIN_S)
-            self._signal(signum)
+    def _ignores(self, signum: int) -> bool:
+        """Whether the rank ignores ``signum`` now (``/proc/PID/status``); False once it has ended."""
+        try:
+            with open(f"/proc/{self.pid}/status") as fh:
+                ignored = next(int(line.split()[1], 16) for line in fh if line.startswith("SigIgn:"))
+        except (OSError, StopIteration):
+            return False
+        return bool(ignored & (1 << (signum - 1))) and self.poll() is None  # (read before any reuse of its pid)
+
+    def _stop_when_taken(self, signum: int) -> None:
+        while self._ignores(signum):
+            wait([self.process.sentinel], LOOK_S)
+        self._signal(signum)
 
 
 def starter(forkserver: Any) -> Callable[[RankOrder, str], ForkserverRank]:
     """What starts a rank (given its place and the attempt's secret) as a child of ``forkserver``, a
     multiprocessing context whose forkserver has imported the training code (the worker's). Where the
-    forkserver cannot fork it (it died, no descriptor is left), ``start`` raises OSError or EOFError."""
+    forkserver cannot fork it (no descriptor or memory is left, it died during the request), ``start``
+    raises OSError or EOFError. (A forkserver that died before is started again by multiprocessing, its
+    imports paid then.)"""
     def start(place: RankOrder, secret: str) -> ForkserverRank:
         return fork(forkserver, _serve, place.model_dump(mode="json"), secret)
 
@@ -123,7 +140,13 @@ def fork(forkserver: Any, target: Callable[..., None], *args: Any) -> Forkserver
         raise
     finally:
         rank_end.close()
-    return ForkserverRank(process, worker_end)
+    try:
+        return ForkserverRank(process, worker_end)
+    except OSError as exc:  # (no descriptor left for its pidfd): not left running, unwatched
+        worker_end.close()  # (which kills it, once it has armed its pipe)
+        if exc.errno != errno.ESRCH and process.pid is not None:  # (ESRCH: it has ended and was reaped)
+            os.kill(process.pid, signal.SIGKILL)
+        raise
 
 
 def die_with_worker(worker: Connection) -> None:

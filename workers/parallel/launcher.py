@@ -124,9 +124,9 @@ class Ranks:
         if proc is None and start is not None:
             try:
                 proc = start(place, self.secret)
-            except (OSError, EOFError) as exc:  # (the forkserver is gone, no descriptor is left)
-                self.log(f"data-parallel: rank {place.rank} could not be started here ({type(exc).__name__}: "
-                         f"{exc}); it starts as a new interpreter")
+            except (OSError, EOFError) as exc:  # (no descriptor or memory left, the forkserver died meanwhile)
+                self.log(f"data-parallel: rank {place.rank} could not be forked here ({exc!r}); it starts as a "
+                         "new interpreter")
         return proc or self._new(place, self.secret)
 
     @staticmethod

@@ -11,8 +11,9 @@ it (``start``) once rank 0 knows them. A spare never has the secret in its envir
 A spare is rank 0's child, as a started rank is: it asks the kernel for SIGKILL when rank 0 dies
 (``PR_SET_PDEATHSIG``), and one no attempt takes exits when its pipe closes (rank 0 exited; a worker's
 training process also kills what it leaves as it ends). Where no spare is left (a process that ran a
-thread already, a fork the kernel refused, a multi-node follower, whose ranks start from its worker's
-multi-threaded main process), ``launcher`` starts a new interpreter as before.
+thread already, a fork the kernel refused), ``launcher`` starts a new interpreter as before. (A
+multi-node follower's ranks, started by its worker's multi-threaded main process, are forked from its
+worker's forkserver instead: ``forked_ranks``.)
 """
 from __future__ import annotations
 

@@ -3,13 +3,14 @@
 ``python -m tests.workers.parallel.forked_rank_probe TARGET FOLDER``. It forks ``TARGET`` of this module,
 prints ``pid N`` and then obeys its stdin: ``stop`` (send the rank one SIGTERM, print ``sent``),
 ``children`` (print how many of multiprocessing's children it has), ``wait`` (wait for the rank's end,
-print ``exit CODE``). Its forkserver imports this module first, so it
-ignores SIGTERM as a worker's does (``baton.workers.attempt.preload``), and so do the ranks it forks
-until they take it."""
+print ``exit CODE``). The rank writes its lines to the FIFO ``FOLDER/rank``. Its forkserver imports this
+module first, so it ignores SIGTERM as a worker's does (``baton.workers.attempt.preload``), and so do
+the ranks it forks until they take it."""
 from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -19,22 +20,27 @@ from baton.workers.parallel import forked_ranks
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _say(folder: str):
+    out = open(Path(folder) / "rank", "w", buffering=1)  # (blocks until the test reads it)
+    return lambda line: print(line, file=out, flush=True)
+
+
 def hold_the_gil(folder: str, worker) -> None:
     """Arm the death watch, say so, then stay in one C call that never lets another thread run."""
     forked_ranks.die_with_worker(worker)
-    print("armed", flush=True)
+    _say(folder)("armed")
     sum(range(10 ** 14))
 
 
 def stop_late(folder: str, worker) -> None:
     """Arm the death watch, say so, wait (ignoring SIGTERM, as a rank before its handlers) until the test
-    opens FOLDER/go, then take SIGTERM: print ``stopped`` and exit 0 when one comes."""
+    writes to the FIFO FOLDER/go, then take SIGTERM: say ``stopped`` and exit 0 when one comes."""
     forked_ranks.die_with_worker(worker)
-    print("forked", flush=True)
-    with open(Path(folder) / "go", "rb") as go:  # (a FIFO: blocks until the test opens it)
-        go.read()
-    signal.signal(signal.SIGTERM, lambda signum, frame: (print("stopped", flush=True), os._exit(0)))
-    print("handler", flush=True)
+    go = os.open(Path(folder) / "go", os.O_RDONLY | os.O_NONBLOCK)  # (a reader from here on)
+    say = _say(folder)
+    say("forked")
+    select.select([go], [], [])
+    signal.signal(signal.SIGTERM, lambda signum, frame: (say("stopped"), os._exit(0)))
     while True:
         signal.pause()
 
@@ -54,7 +60,7 @@ def main() -> None:
         elif line.strip() == "children":  # (what multiprocessing polls at every start of a process)
             print(f"children {len(multiprocessing.active_children())}", flush=True)
         elif line.strip() == "wait":
-            print(f"exit {rank.wait(timeout=60)}", flush=True)
+            print(f"exit {rank.wait(timeout=20)}", flush=True)
 
 
 if __name__ == "__main__":

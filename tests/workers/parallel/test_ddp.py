@@ -207,8 +207,8 @@ def test_a_rank_that_fails_or_lags_before_the_group_forms_is_told_apart_without_
     finally:
         unforked.kill()
     assert hung == [] and [p.poll() for p in failing.procs + lagging.procs + unforked.procs] == [65, -signal.SIGKILL, 65]
-    assert ("data-parallel: rank 1 could not be started here (OSError: [Errno 24] Too many open files); it starts as "
-            "a new interpreter") in lines
+    assert ("data-parallel: rank 1 could not be forked here (OSError(24, 'Too many open files')); it starts as a new "
+            "interpreter") in lines
 
 
 @pytest.mark.slow

@@ -2,8 +2,8 @@
 (``forked_rank_probe``) and a real forkserver: the rank dies within moments of its worker's SIGKILL even
 while it holds the GIL in one C call (the kernel kills it, no thread of its own has to run), and is not
 among multiprocessing's children there (whose polling at every start would race its owner's); a SIGTERM
-sent while the rank still ignores it (between its fork and its handlers) still reaches its handlers.
-The whole path, a multi-node follower's ranks dying with their SIGKILLed worker:
+sent while the rank still ignores it (between its fork and its handlers) reaches its handler once it is
+in. The whole path, a multi-node follower's ranks dying with their SIGKILLed worker:
 tests/workers/parallel/test_multinode.py."""
 from __future__ import annotations
 
@@ -12,70 +12,93 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.helpers import REPO, baton_env
 
-WAIT_S = 20.0  # a bound for a hang (either way it is a fraction of a second here)
+WAIT_S = 20.0  # a bound for a hang (each wait here is a fraction of a second)
+
+
+class Stand:
+    """The stand-in worker: its stdin and stdout, and the rank's lines (the FIFO ``rank``)."""
+
+    def __init__(self, folder, target: str):
+        os.mkfifo(folder / "rank")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.workers.parallel.forked_rank_probe", target,
+                                      str(folder)], cwd=REPO, env=baton_env(), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self._rank_out = os.open(folder / "rank", os.O_RDONLY | os.O_NONBLOCK)
+        self._buffer = b""
+        line = self.proc.stdout.readline()
+        assert line.startswith("pid "), line
+        self.rank = int(line.split()[1])
+        self.pidfd = os.pidfd_open(self.rank)  # (it waits on the test: not ended, its pid its own)
+
+    def ask(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline()
+
+    def rank_says(self) -> str:
+        deadline = time.monotonic() + WAIT_S
+        while b"\n" not in self._buffer:
+            assert select.select([self._rank_out], [], [], max(0.0, deadline - time.monotonic()))[0], "no line"
+            chunk = os.read(self._rank_out, 4096)
+            if chunk:
+                self._buffer += chunk
+            elif self.rank_ended(0):
+                raise AssertionError(f"the rank ended first; it said {self._buffer!r}")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def rank_ended(self, within_s: float) -> bool:
+        return bool(select.select([self.pidfd], [], [], within_s)[0])
+
+    def close(self) -> None:
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # a rank left would spin a core for ever
+        except ProcessLookupError:  # (it has ended)
+            pass
+        os.close(self.pidfd)
+        os.close(self._rank_out)
+        self.proc.kill()
+        self.proc.wait()
 
 
 @pytest.fixture
 def stand_in(tmp_path):
-    started: list[subprocess.Popen] = []
-    ranks: list[int] = []
+    stands: list[Stand] = []
 
-    def start(target: str) -> tuple[subprocess.Popen, int]:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.workers.parallel.forked_rank_probe", target,
-                                 str(tmp_path)], cwd=REPO, env=baton_env(), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        started.append(proc)
-        line = proc.stdout.readline()
-        assert line.startswith("pid "), line
-        ranks.append(int(line.split()[1]))
-        return proc, ranks[-1]
+    def start(target: str) -> Stand:
+        stands.append(Stand(tmp_path, target))
+        return stands[-1]
 
     yield start
-    for pid in ranks:  # a rank that outlived its stand-in would spin a core for ever
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for proc in started:
-        proc.kill()
-        proc.wait()
-
-
-def _ended_within(pidfd: int, seconds: float) -> bool:
-    return bool(select.select([pidfd], [], [], seconds)[0])
+    for stand in stands:
+        stand.close()
 
 
 def test_a_rank_holding_the_gil_dies_with_its_sigkilled_worker(stand_in):
-    worker, rank = stand_in("hold_the_gil")
-    assert worker.stdout.readline() == "armed\n"  # (printed by the rank: it shares the forkserver's stdout)
-    pidfd = os.pidfd_open(rank)
-    try:
-        worker.stdin.write("children\n")  # its status is read by the rank's owner alone, not by every start
-        worker.stdin.flush()  # of another process (multiprocessing's active_children, which would race it)
-        assert worker.stdout.readline() == "children 0\n"
-        assert not _ended_within(pidfd, 0.5)  # alive while its worker is
-        worker.kill()
-        assert _ended_within(pidfd, WAIT_S), "the rank outlived its SIGKILLed worker"
-    finally:
-        os.close(pidfd)
+    stand = stand_in("hold_the_gil")
+    assert stand.rank_says() == "armed"
+    # its status is read by its owner alone, not by every start of another process (multiprocessing's
+    # active_children, which would race that read)
+    assert stand.ask("children") == "children 0\n"
+    assert not stand.rank_ended(0.5)  # alive while its worker is
+    stand.proc.kill()
+    assert stand.rank_ended(WAIT_S), "the rank outlived its SIGKILLed worker"
 
 
-def test_a_sigterm_sent_before_the_rank_takes_it_still_stops_it(stand_in, tmp_path):
+def test_a_sigterm_sent_before_the_rank_takes_it_reaches_it_once_it_does(stand_in, tmp_path):
     os.mkfifo(tmp_path / "go")
-    worker, rank = stand_in("stop_late")
-    assert worker.stdout.readline() == "forked\n"  # the rank ignores SIGTERM from here on...
-    worker.stdin.write("stop\n")
-    worker.stdin.flush()
-    assert worker.stdout.readline() == "sent\n"
-    with open(tmp_path / "go", "wb"):  # ...until its handler is in
-        pass
-    assert worker.stdout.readline() == "handler\n"
-    worker.stdin.write("wait\n")
-    worker.stdin.flush()
-    assert worker.stdout.readline() == "stopped\n"
-    assert worker.stdout.readline() == "exit 0\n"
+    stand = stand_in("stop_late")
+    assert stand.rank_says() == "forked"  # the rank ignores SIGTERM from its fork...
+    assert stand.ask("stop") == "sent\n"
+    assert not stand.rank_ended(0.3)
+    go = os.open(tmp_path / "go", os.O_WRONLY | os.O_NONBLOCK)  # ...until its handler is in
+    os.write(go, b"go")
+    os.close(go)
+    assert stand.rank_says() == "stopped"
+    assert stand.ask("wait") == "exit 0\n"
