@@ -18,7 +18,6 @@ it (``rank_main.RankControl``): a stop asked of it meanwhile is sent once they d
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import multiprocessing
 import multiprocessing.process
@@ -82,12 +81,14 @@ class ForkserverRank:
         """Send ``signum`` unless the rank has ended; a stop (SIGTERM, SIGINT) that the rank ignores (its
         handlers are not in yet) once it no longer does, exactly once (the job's code may read a second as
         "quit now")."""
-        if signum not in STOPS or not self._ignores(signum):
+        if signum not in STOPS or self._ignores(signum) is False:
             self._signal(signum)
-        elif signum not in self._stopping:
+            return
+        with self._lock:
+            if signum in self._stopping:
+                return
             self._stopping.add(signum)
-            threading.Thread(target=self._stop_when_taken, args=(signum,), name="baton-rank-stop",
-                             daemon=True).start()
+        threading.Thread(target=self._stop_when_taken, args=(signum,), name="baton-rank-stop", daemon=True).start()
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -100,18 +101,33 @@ class ForkserverRank:
                 except ProcessLookupError:  # (it has ended: the forkserver reaped it)
                     pass
 
-    def _ignores(self, signum: int) -> bool:
-        """Whether the rank ignores ``signum`` now (``/proc/PID/status``); False once it has ended."""
+    def _ignores(self, signum: int) -> Optional[bool]:
+        """Whether the rank ignores ``signum`` now (``/proc/PID/status``): False once it has ended, None
+        where that cannot be read (no descriptor left, ``/proc`` hidden)."""
         try:
             with open(f"/proc/{self.pid}/status") as fh:
                 ignored = next(int(line.split()[1], 16) for line in fh if line.startswith("SigIgn:"))
-        except (OSError, StopIteration):
+        except (FileNotFoundError, ProcessLookupError):
             return False
-        return bool(ignored & (1 << (signum - 1))) and self.poll() is None  # (read before any reuse of its pid)
+        except (OSError, StopIteration, ValueError):
+            return None
+        if self._ended():  # (what was read may be another process's, which took the rank's pid once it was reaped)
+            return False
+        return bool(ignored & (1 << (signum - 1)))
+
+    def _ended(self) -> bool:
+        """Whether the rank has exited (its pidfd is readable from its exit, before it is reaped)."""
+        with self._lock:
+            return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
 
     def _stop_when_taken(self, signum: int) -> None:
-        while self._ignores(signum):
-            wait([self.process.sentinel], LOOK_S)
+        """Send ``signum`` once the rank no longer ignores it; where that cannot be read, every ``LOOK_S``
+        until it ends (then a handler may see more than one)."""
+        while (ignores := self._ignores(signum)) is not False:
+            if ignores is None:
+                self._signal(signum)
+            if wait([self.process.sentinel], LOOK_S):
+                return
         self._signal(signum)
 
 
@@ -142,10 +158,8 @@ def fork(forkserver: Any, target: Callable[..., None], *args: Any) -> Forkserver
         rank_end.close()
     try:
         return ForkserverRank(process, worker_end)
-    except OSError as exc:  # (no descriptor left for its pidfd): not left running, unwatched
-        worker_end.close()  # (which kills it, once it has armed its pipe)
-        if exc.errno != errno.ESRCH and process.pid is not None:  # (ESRCH: it has ended and was reaped)
-            os.kill(process.pid, signal.SIGKILL)
+    except OSError:  # (no descriptor left for its pidfd): not left running, unwatched
+        worker_end.close()  # the kernel kills it (or it kills itself as it arms its pipe: ``die_with_worker``)
         raise
 
 
@@ -162,7 +176,8 @@ def die_with_worker(worker: Connection) -> None:
 
 def _serve(raw: dict, secret: str, worker: Connection) -> None:
     """The rank's life in the forked process: its parent is the forkserver, not the worker that asked."""
-    die_with_worker(worker)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as ``rank_main.serve`` does; a KeyboardInterrupt here
+    die_with_worker(worker)  # would end the rank with no report)
     from baton.workers.parallel import rank_main
 
     name_process(RANK_NAME)

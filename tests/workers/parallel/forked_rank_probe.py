@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import sys
+import time
 from pathlib import Path
 
 from baton.workers.parallel import forked_ranks
@@ -21,28 +22,34 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _say(folder: str):
-    out = open(Path(folder) / "rank", "w", buffering=1)  # (blocks until the test reads it)
+    out = open(Path(folder) / "rank", "w", buffering=1)  # (blocks until the test has opened it)
     return lambda line: print(line, file=out, flush=True)
 
 
 def hold_the_gil(folder: str, worker) -> None:
     """Arm the death watch, say so, then stay in one C call that never lets another thread run."""
     forked_ranks.die_with_worker(worker)
-    _say(folder)("armed")
+    say = _say(folder)  # (kept open: its close would read as the rank's end)
+    say("armed")
     sum(range(10 ** 14))
 
 
 def stop_late(folder: str, worker) -> None:
     """Arm the death watch, say so, wait (ignoring SIGTERM, as a rank before its handlers) until the test
-    writes to the FIFO FOLDER/go, then take SIGTERM: say ``stopped`` and exit 0 when one comes."""
+    writes to the FIFO FOLDER/go, then take SIGTERM: once one comes, say ``stopped N`` (the SIGTERMs that
+    came within 0.5 s) and exit 0."""
     forked_ranks.die_with_worker(worker)
     go = os.open(Path(folder) / "go", os.O_RDONLY | os.O_NONBLOCK)  # (a reader from here on)
     say = _say(folder)
     say("forked")
     select.select([go], [], [])
-    signal.signal(signal.SIGTERM, lambda signum, frame: (say("stopped"), os._exit(0)))
-    while True:
-        signal.pause()
+    stops: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stops.append(signum))
+    while not stops:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    say(f"stopped {len(stops)}")
+    os._exit(0)
 
 
 def main() -> None:
