@@ -127,6 +127,7 @@ def shipping_pool(cluster):
     stop(server.proc)
 
 
+@pytest.mark.slow
 def test_code_sweeps_searches_and_the_queue_through_the_server(cluster, shipping_pool, tmp_path):
     from baton.storage.layout import JobPaths, code_key
 
@@ -200,6 +201,7 @@ def test_code_sweeps_searches_and_the_queue_through_the_server(cluster, shipping
     assert missing.returncode == 2 and "nobody@nowhere" in missing.stderr, missing.stderr
 
 
+@pytest.mark.slow
 def test_logs_followed_through_the_server_are_the_whole_log_and_one_attempts_is_its_own(cluster, pool, tmp_path):  # noqa: F811
     """A log chunk grows while its attempt runs: a follower through the server reads it again, not past it."""
     import subprocess

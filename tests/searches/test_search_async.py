@@ -28,6 +28,7 @@ def test_an_asynchronous_searchs_trials_are_known_from_its_seed_except_what_tpe_
 
 
 @pytest.mark.slow
+@pytest.mark.quick  # (the quick tier's asynchronous search)
 @pytest.mark.timeout(600)
 def test_an_asynchronous_search_promotes_by_its_rule_and_ends_with_the_best_that_finished(cluster, tmp_path):
     cluster.start_workers(2)

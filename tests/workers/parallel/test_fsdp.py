@@ -187,6 +187,7 @@ def test_sigkilled_twice_and_a_corrupt_shard_resume_bit_exact(tmp_path, fsdp_ref
 
 
 @pytest.mark.slow
+@pytest.mark.quick  # (the quick tier's sharded job: sharded checkpoints)
 def test_fsdp_and_ddp_agree_on_every_validation(tmp_path, fsdp_reference):
     """The same global batches under ddp (gradients all-reduced, whole optimizer on each rank) and fsdp
     (reduce-scattered, each rank stepping its shard): only the summation order differs."""
