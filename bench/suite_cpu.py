@@ -113,6 +113,13 @@ def in_pytest(directory: Path) -> Counter:
     return spent
 
 
+def schedule(directory: Path) -> list[dict]:
+    """Which pytest process ran each test, from when to when (wall clock), in the order they began."""
+    rows = [json.loads(line) | {"pytest_pid": int(path.stem)} for path in directory.glob("*.jsonl")
+            for line in path.read_text().splitlines()]
+    return sorted((row for row in rows if "began" in row), key=lambda row: row["began"])
+
+
 UNATTRIBUTED = ("pytest", "baton commands forked by the tests", "redis-server", "moto (S3)", "mlflow")
 """Kinds whose processes serve many tests (a pytest process, its servers): the test in their environment is
 only the first one that needed them."""
@@ -152,9 +159,17 @@ def parent_cmd(seen: Seen, mine: dict[int, Seen]) -> Optional[str]:
     return parent.cmd if parent is not None else None
 
 
-def sample(command: list[str], every: float, linger: float, env: dict[str, str]) -> tuple[dict[tuple[int, int], Seen], int, float,
-                                                                    tuple[int, int]]:
+class Sampled(NamedTuple):
+    procs: dict[tuple[int, int], Seen]
+    returncode: int
+    wall_s: float
+    machine: tuple[int, int]  # (busy, all) ticks of every CPU over the run
+    timeline: list[tuple[float, int, int]]  # (seconds since the start, busy, all ticks) at each read
+
+
+def sample(command: list[str], every: float, linger: float, env: dict[str, str]) -> Sampled:
     root = subprocess.Popen(command, env=env)
+    timeline: list[tuple[float, int, int]] = []
     ours: dict[tuple[int, int], Seen] = {}
     mine: dict[int, Seen] = {}  # live pid -> the process of ours it now names
     busy0, all0 = machine_ticks()
@@ -188,11 +203,24 @@ def sample(command: list[str], every: float, linger: float, env: dict[str, str])
                 seen.cmd = cmd  # first read between its fork and its exec: what it runs is known only now
                 classify(seen, mine.get(ppid), pid)
             seen.cpu_ticks, seen.comm = cpu, comm
+        timeline.append((time.monotonic() - started, *machine_ticks()))
         if done:
             break
         time.sleep(every)
     busy1, all1 = machine_ticks()
-    return ours, root.returncode, time.monotonic() - started, (busy1 - busy0, all1 - all0)
+    return Sampled(ours, root.returncode, time.monotonic() - started, (busy1 - busy0, all1 - all0), timeline)
+
+
+def busy_by_window(timeline: list[tuple[float, int, int]], window_s: float) -> list[float]:
+    """The share of the machine's CPU time that was busy in each ``window_s`` of the run: where the cores
+    idled (a tail of one long test file, tests that wait)."""
+    shares, start = [], 0
+    for i, (t, busy, total) in enumerate(timeline):
+        if t - timeline[start][0] >= window_s or i == len(timeline) - 1:
+            spent = total - timeline[start][2]
+            shares.append((busy - timeline[start][1]) / spent if spent else 0.0)
+            start = i
+    return shares
 
 
 def main() -> None:
@@ -200,6 +228,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=0.25, help="seconds between reads of /proc")
     parser.add_argument("--linger", type=float, default=30.0,
                         help="seconds to go on reading the processes the command left running when it ended")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per row of the cores' busy timeline")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "suite_cpu.json")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = parser.parse_args()
@@ -207,9 +236,9 @@ def main() -> None:
     if not command:
         parser.error("give the command to measure after --")
     with tempfile.TemporaryDirectory(prefix="baton-suite-cpu-") as tests_cpu:
-        procs, returncode, wall, (busy, total) = sample(command, args.every, args.linger,
-                                                        {**os.environ, "BATONTEST_CPU_DIR": tests_cpu})
-        inside = in_pytest(Path(tests_cpu))
+        run = sample(command, args.every, args.linger, {**os.environ, "BATONTEST_CPU_DIR": tests_cpu})
+        procs, returncode, wall, (busy, total) = run.procs, run.returncode, run.wall_s, run.machine
+        inside, ran = in_pytest(Path(tests_cpu)), schedule(Path(tests_cpu))
     cpu, count = Counter(), Counter()
     for proc in procs.values():
         cpu[proc.kind] += proc.cpu_ticks / TICKS
@@ -232,14 +261,18 @@ def main() -> None:
         for test, _ in combined.most_common(25):
             print(f"{by_test[test]:8.1f} {inside[test]:8.1f}  {test}")
     machine_s = busy / TICKS
+    timeline = busy_by_window(run.timeline, args.window)
+    print(f"\nthe cores busy, per {args.window:.0f} s: " + " ".join(f"{share:.0%}" for share in timeline))
     print(f"{'all of the command':32} {sum(count.values()):9d} {measured:8.1f}")
     print(f"wall {wall:.0f} s; the machine's {cores} cores were busy {machine_s:.0f} CPU s "
           f"({machine_s / (total / TICKS) if total else 0:.0%}), the command's processes {measured:.0f} of them")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": command, "returncode": returncode, "wall_s": wall, "cores": cores, "machine_busy_cpu_s": machine_s,
+        "busy_by_window": {"window_s": args.window, "shares": timeline},
         "by_kind": {kind: {"processes": count[kind], "cpu_s": cpu[kind]} for kind in cpu},
         "by_test": dict(by_test.most_common()), "in_pytest_by_test": dict(inside.most_common()),
+        "schedule": ran,
         "processes": [asdict(p) | {"cpu_s": p.cpu_ticks / TICKS} for p in procs.values()]}, indent=1))
     print(f"wrote {args.out}")
     sys.exit(returncode)

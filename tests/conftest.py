@@ -128,13 +128,15 @@ def cluster(redis_server, s3_server, s3_bucket, s3_env, tmp_path, monkeypatch):
 def pytest_runtest_protocol(item, nextitem):
     """Where ``BATONTEST_CPU_DIR`` names a directory (``bench/suite_cpu.py`` sets it), each test's CPU in
     this pytest process (its set-up, call and teardown, every thread) is appended to a file there: the
-    part of a test's cost that no process of its own shows."""
+    part of a test's cost that no process of its own shows, and when it began and ended (which pytest process
+    ran what, when)."""
     out = os.environ.get("BATONTEST_CPU_DIR")
-    started = time.process_time()
+    started, began = time.process_time(), time.time()
     yield
     if out:
         with open(os.path.join(out, f"{os.getpid()}.jsonl"), "a") as f:
-            f.write(json.dumps({"test": item.nodeid, "cpu_s": time.process_time() - started}) + "\n")
+            f.write(json.dumps({"test": item.nodeid, "cpu_s": time.process_time() - started, "began": began,
+                                "ended": time.time()}) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):
