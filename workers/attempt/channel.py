@@ -8,9 +8,10 @@ One duplex pipe carries messages, each a tuple ``(kind, id, body)``:
 - ``stacks``: the worker asks for every thread's stack (its stall watchdog), and a thread of the
   training process answers, whatever its loop is doing.
 Progress is sent at most every ``STEP_REPORT_EVERY_S`` (with the steps made since), so a fast loop
-does not spend its time in the pipe. What travels are the typed objects themselves (``StepReport``,
-``CheckpointManifest``, ``CheckpointStats``, ``AttemptEnd``), pickled by the pipe: both ends run the
-same code, forked from one forkserver.
+does not spend its time in the pipe. The training process's messages travel as JSON, each checked by
+the worker against the one shape it may have (``wire``: the job's code shares that process, and a
+pickle from it would run code in the worker); the worker's replies (a call's value, or its exception:
+``FencedOut``) are pickled: the training process trusts its worker.
 
 Why to stop (preempted, cancelled, fenced out) does not travel as a message: the loop asks after
 every optimizer step, so the worker keeps the answer in a shared byte (``StopFlag``) that the loop
@@ -35,6 +36,7 @@ from baton.schemas.messages import AttemptEnd
 from baton.storage.checkpointing.contract import CheckpointStats
 from baton.workers.training.control import LoopControl, StepReport, describe_row
 
+from baton.workers.attempt import wire
 from baton.workers.attempt.process_tree import kill_descendants
 
 _log = logging.getLogger("baton.worker")
@@ -95,8 +97,9 @@ class Remote:
         self._send(("end", 0, body))
 
     def _send(self, message: tuple) -> None:
+        data = wire.encode(message)
         with self._send_lock:
-            self.conn.send(message)
+            self.conn.send_bytes(data)
 
     def _receive(self) -> None:
         try:

@@ -22,6 +22,7 @@ child: the job's code failed, storage went away...), or the process's death with
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -32,11 +33,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
-from baton.schemas.messages import AttemptEnd, AttemptOrder
+from baton.schemas.messages import AttemptEnd, AttemptOrder, Ending, Failure
 from baton.storage.processes import own_cgroup
 
+from baton.workers.attempt import wire
 from baton.workers.attempt.channel import StopFlag, serve
 from baton.workers.attempt.process_tree import kill_descendants, parents
+
+_log = logging.getLogger("baton.worker")
 
 POLL_S = 0.02
 """How often the worker refreshes the stop flag while it waits for the child."""
@@ -157,9 +161,9 @@ class TrainingProcess:
                 self.kill("lingered")  # it said how its attempt ended, but does not exit
             if self._conn in ready:
                 try:
-                    message = self._conn.recv()
-                except (EOFError, OSError):
-                    message = None
+                    message = wire.receive(self._conn)
+                except wire.Refused as exc:  # the job's code wrote into the pipe: nothing it says is believed now
+                    return self._refused(exc)
                 if message is not None:
                     if message[0] == "end":
                         result, ended_at = message[2], time.monotonic()
@@ -177,6 +181,18 @@ class TrainingProcess:
                     return Ended(result=result)
                 oom = oom_kills() > self._oom_before
                 return Ended(result=result, death=Death(self.pid, self.process.exitcode, oom, seen))
+
+    def _refused(self, why: wire.Refused) -> Ended:
+        """The child sent what it may not (its job's code wrote into the channel): killed, and the attempt
+        ended as the job's failure (a wrong message is its code's, and would come again on a retry)."""
+        _log.error("training process %d sent its worker a message it may not send: %s; it is killed", self.pid, why)
+        self.kill("broke the channel's protocol")
+        self.process.join()
+        self.reported_end = True
+        return Ended(result=AttemptEnd(failure=Failure(
+            ending=Ending.FAILED, type="ChannelRefused",
+            message=f"the training process sent its worker a message it may not send ({why}): the job's code wrote into "
+                    "baton's channel, and the attempt was ended")))
 
     def _send(self, message: tuple) -> None:
         with self._send_lock:
