@@ -62,7 +62,7 @@ def decode(data: bytes) -> tuple:
     """The message ``encode`` made, its values typed again; ``Refused`` if it is anything else."""
     try:
         kind, call_id, method, payload = json.loads(data)
-    except (ValueError, TypeError) as exc:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+    except (ValueError, TypeError, RecursionError) as exc:  # (UnicodeDecodeError, JSONDecodeError: ValueErrors)
         raise Refused(f"not a message of the channel's ({_excerpt(data)})") from exc
     if not isinstance(call_id, int) or isinstance(call_id, bool) or not isinstance(kind, str):
         raise Refused(f"not a message of the channel's ({_excerpt(data)})")

@@ -87,7 +87,9 @@ def test_a_pickle_is_refused_without_being_loaded(tmp_path):
     (b'["tell",0,"on_resume"]', "not a message of the channel's"),
     (b'{"kind":"tell"}', "not a message of the channel's"),
     (b'\xff\xfe', "not a message of the channel's"),
-])
+    (b'["tell",0,"on_epoch",[{"a":' + b"[" * 100_000 + b"]" * 100_000 + b'}]]', "not a message of the channel's"),
+    (b'["tell",0,"on_resume",[' + b"9" * 5000 + b',0,0,0,"x"]]', "not a message of the channel's"),
+], ids=lambda value: repr(value[:32]) if isinstance(value, bytes) else "")
 def test_a_message_of_another_shape_is_refused_naming_what_is_wrong(data, why):
     with pytest.raises(wire.Refused) as refused:
         wire.decode(data)
