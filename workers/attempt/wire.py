@@ -68,15 +68,41 @@ def decode(data: bytes) -> tuple:
         raise Refused(f"not a message of the channel's ({_excerpt(data)})")
     try:
         if kind in BODIES and method is None:
-            return kind, call_id, BODIES[kind].validate_python(payload)
+            body = BODIES[kind].validate_python(payload)
+            if kind == "end" and (body.outcome is None) == (body.failure is None):
+                raise Refused("end: an attempt's end holds exactly one of outcome and failure")
+            return kind, call_id, body
         adapter = ARGUMENTS.get((kind, method)) if isinstance(method, str) else None
         if adapter is None:
             raise Refused(f"no such message: {kind} {method!r}")
-        return kind, call_id, (method, adapter.validate_python(payload))
+        args = adapter.validate_python(payload)
+        _check_bounds(kind, method, args)
+        return kind, call_id, (method, args)
     except ValidationError as exc:
         first = exc.errors()[0]
         named = f"{kind} {method}" if isinstance(method, str) else kind
         raise Refused(f"{named}: {first['msg']} at {first['loc']}") from exc
+
+
+COUNT_LIMIT = 1 << 53
+"""Steps, epochs, attempts and bytes are counts: 0 up to this (a float's exact integers), nothing else."""
+
+
+def _check_bounds(kind: str, method: str, args: tuple) -> None:
+    """What the types let through but the worker's records cannot take: a negative or vast count."""
+    counts: list[Any] = []
+    if method == "on_step":
+        report, steps = args
+        counts = [report.epoch, report.epochs, report.step, report.total_steps, steps]
+    elif method == "on_resume":
+        counts = list(args[:4])
+    elif method == "on_commit":
+        stats = args[1]
+        counts = [stats.bytes]
+        if not (stats.stall_s >= 0 and stats.write_s >= 0):  # (False for a NaN too)
+            raise Refused(f"{kind} {method}: a negative or NaN time")
+    if any(count is not None and not 0 <= count < COUNT_LIMIT for count in counts):
+        raise Refused(f"{kind} {method}: a count out of range ({counts})")
 
 
 def receive(conn: Connection) -> Optional[tuple]:

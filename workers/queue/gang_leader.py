@@ -19,6 +19,8 @@ from typing import Callable, Optional, Protocol
 
 import redis
 
+from baton.schemas.errors import BatonError
+from baton.schemas.messages import AttemptOrder, GroupOrder
 from baton.storage.records.gangs import Gang, Gangs, Led
 from baton.workers.parallel.errors import NodeReleased, RankFailed, RankLost
 from baton.workers.queue.gang_node import POLL_S, Renewer, node_address, node_host, quietly
@@ -32,6 +34,30 @@ REPORT_WAIT_S = 3.0
 """How long the leader's rank 0, its collective broken, waits for another node's report of why (a
 follower reports within WATCH_S + SETTLE_S of its rank's end) before it counts the attempt lost.
 Waiting for a dead follower's lease to lapse instead would add up to a lease TTL to every recovery."""
+
+
+class OrderRefused(BatonError):
+    """The ranks' order a leader's training process asked to publish is not its attempt's."""
+
+
+def matching_order(order: str, attempt: AttemptOrder) -> GroupOrder:
+    """``order`` as a GroupOrder, if it is ``attempt``'s: the same job, attempt, spec, store and allowed
+    modules, and a checkpoint to resume from among the job's own objects; ``OrderRefused`` otherwise."""
+    try:
+        group = GroupOrder.model_validate_json(order)
+    except ValueError as exc:
+        raise OrderRefused(f"the ranks' order is not one: {exc}") from None
+    own = f"jobs/{attempt.job_id}/"
+    wrong = [name for name, ok in (
+        ("job_id", group.job_id == attempt.job_id), ("attempt", group.attempt == attempt.attempt),
+        ("spec", group.spec == attempt.spec), ("storage_url", group.storage_url == attempt.storage_url),
+        ("allowed_prefixes", group.allowed_prefixes == attempt.allowed_prefixes),
+        ("resume_key", group.resume_key is None or group.resume_key.startswith(own)),
+        ("resume_entry", group.resume_entry is None or all(key.startswith(own) for key in group.resume_entry.object_keys())),
+    ) if not ok]
+    if wrong:
+        raise OrderRefused(f"the ranks' order is not this attempt's ({', '.join(wrong)} differ): it is not published")
+    return group
 
 
 class LedDelivery(Protocol):
@@ -57,8 +83,12 @@ class Leadership:
         self.gangs, self.led, self.nodes, self.address = gangs, led, led.nodes, address
         self.loss_wait_s = REPORT_WAIT_S
 
-    def announce(self, endpoint: str, secret: str, order: str) -> None:
-        """Publish the rendezvous and the ranks' ``order`` (a GroupOrder's JSON) for the other nodes."""
+    def announce(self, endpoint: str, secret: str, order: str, *, attempt: Optional[AttemptOrder] = None) -> None:
+        """Publish the rendezvous and the ranks' ``order`` (a GroupOrder's JSON) for the other nodes. The
+        order comes from the training process, where the job's code runs: where ``attempt`` is given, it
+        must be that attempt's (``matching_order``), or the other nodes would act on what the code wrote."""
+        if attempt is not None:
+            matching_order(order, attempt)
         if not self.gangs.start(self.led, endpoint, secret, order):
             raise RankLost(f"the gang of job {self.led.job_id} was dissolved before its ranks could start")
 

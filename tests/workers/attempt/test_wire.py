@@ -87,6 +87,17 @@ def test_a_pickle_is_refused_without_being_loaded(tmp_path):
     (b'["tell",0,"on_resume"]', "not a message of the channel's"),
     (b'{"kind":"tell"}', "not a message of the channel's"),
     (b'\xff\xfe', "not a message of the channel's"),
+    (b'["tell",0,"on_step",[{"epoch":1,"epochs":null,"step":2,"total_steps":null,"loss":0,"lr":0,"samples_per_s":0},-5]]',
+     "tell on_step: a count out of range"),
+    (b'["tell",0,"on_step",[{"epoch":1,"epochs":null,"step":' + b"9" * 400 + b',"total_steps":null,"loss":0,"lr":0,'
+     b'"samples_per_s":0},1]]', "tell on_step: a count out of range"),
+    (b'["tell",0,"on_resume",[-1,0,0,1,"checkpoint"]]', "tell on_resume: a count out of range"),
+    (b'["tell",0,"on_commit",[{"job_id":"j"},{"key":"k","kind":"step","stall_s":0.1,"bytes":-7}]]',
+     "tell on_commit: a count out of range"),
+    (b'["tell",0,"on_commit",[{"job_id":"j"},{"key":"k","kind":"step","stall_s":NaN}]]', "tell on_commit: a negative"),
+    (b'["end",0,null,{}]', "end: an attempt's end holds exactly one of outcome and failure"),
+    (b'["end",0,null,{"outcome":{"completed":true},"failure":{"ending":"failed","message":"m","type":"t"}}]',
+     "end: an attempt's end holds exactly one"),
     (b'["tell",0,"on_epoch",[{"a":' + b"[" * 100_000 + b"]" * 100_000 + b'}]]', "not a message of the channel's"),
     (b'["tell",0,"on_resume",[' + b"9" * 5000 + b',0,0,0,"x"]]', "not a message of the channel's"),
 ], ids=lambda value: repr(value[:32]) if isinstance(value, bytes) else "")
