@@ -93,6 +93,7 @@ def machine_ticks() -> tuple[int, int]:
 
 
 RULES = [  # (a piece of the command line or name, the kind), the first that matches
+    ("baton.jobs.local_s3", "moto (S3)"),
     ("baton.storage.checkpointing.writer_process", "checkpoint writer"), (WRITER_NAME, "checkpoint writer"),
     ("baton.workers.parallel.rank_main", "rank 1..N-1"), ("-m baton worker", "worker main"),
     ("-m baton run", "baton run"), ("-m baton", "baton CLI, other commands"), ("bin/baton ", "baton CLI, other commands"),

@@ -115,7 +115,8 @@ class RedisServer:
 
 @dataclass
 class S3Server:
-    """moto's S3-compatible HTTP server on a free loopback port (objects live in its memory)."""
+    """moto's S3-compatible HTTP server on a free loopback port (objects live in its memory), its conditional
+    writes atomic (``local_s3``)."""
 
     port: int = field(default_factory=free_port)
     proc: Optional[subprocess.Popen] = None
@@ -130,7 +131,7 @@ class S3Server:
                 "AWS_SECRET_ACCESS_KEY": "baton-local", "AWS_DEFAULT_REGION": "us-east-1"}
 
     def start(self) -> "S3Server":
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "baton.jobs.local_s3", "127.0.0.1", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         _wait(self._answers, f"S3 endpoint on port {self.port}", self.proc)
         return self
