@@ -126,7 +126,6 @@ class Held:
         self.control = WorkerControl(ctx, self.job_id, self.heartbeat, comeback=comeback,
                                      on_progress=self.stall.progress if self.stall is not None else None)
         self.process: Optional[TrainingProcess] = None
-        self.order: Optional[AttemptOrder] = None  # what its training process was given
 
     # --- its life -------------------------------------------------------------------------------
     def run(self) -> "str | Comeback":
@@ -191,11 +190,11 @@ class Held:
                 shown=f"error: {type(exc).__name__}: {exc}"))  # (no frame of the job's: baton's own words say it)
         for line in setup_log:
             _log.info("job %s: %s", self.job_id, line)
-        self.order = self._order(spec, storage_url).model_copy(
+        order = self._order(spec, storage_url).model_copy(
             update={"import_path": import_path, "setup_log": tuple(setup_log)})
-        self.process = TrainingProcess(self.order)
+        self.process = TrainingProcess(order)
         try:
-            return self._serve(self.process)
+            return self._serve(self.process, order)
         except BaseException:  # the worker's side failed (Redis past the lease...): no attempt may train unserved
             self.process.kill("the worker's side failed")
             raise
@@ -212,7 +211,7 @@ class Held:
             peers=None if leadership is None else PeersOrder(nodes=leadership.nodes, address=leadership.address,
                                                              loss_wait_s=leadership.loss_wait_s))
 
-    def _serve(self, process: TrainingProcess) -> "str | Comeback":
+    def _serve(self, process: TrainingProcess, order: AttemptOrder) -> "str | Comeback":
         control, leadership = self.control, self.leadership
         control.record({"pid": process.pid}, "the training process's pid")
         _log.info("job %s: attempt %d trains in process %d", self.job_id, self.attempt, process.pid)
@@ -221,8 +220,8 @@ class Held:
             "on_commit": control.on_commit, "fence": control.fence}
         if leadership is not None:  # a multi-node leader's peers (baton.workers.parallel.nodes.LeaderPeers)
             # through a Redis outage while the lease may be valid (LeaseUnconfirmed after: a loss, not the job's)
-            handlers[ANNOUNCE] = lambda *args: control.leased(lambda: leadership.announce(*args, attempt=self.order),
-                                                              "the gang's start")
+            handlers[ANNOUNCE] = lambda endpoint, secret, group: control.leased(
+                lambda: leadership.announce(endpoint, secret, group, order), "the gang's start")
             handlers[REMOTE_FAILURE] = leadership.remote_failure
         ended = process.serve(handlers, control.stop_flag)
         if ended.result is not None:

@@ -83,12 +83,11 @@ class Leadership:
         self.gangs, self.led, self.nodes, self.address = gangs, led, led.nodes, address
         self.loss_wait_s = REPORT_WAIT_S
 
-    def announce(self, endpoint: str, secret: str, order: str, *, attempt: Optional[AttemptOrder] = None) -> None:
+    def announce(self, endpoint: str, secret: str, order: str, attempt: AttemptOrder) -> None:
         """Publish the rendezvous and the ranks' ``order`` (a GroupOrder's JSON) for the other nodes. The
-        order comes from the training process, where the job's code runs: where ``attempt`` is given, it
-        must be that attempt's (``matching_order``), or the other nodes would act on what the code wrote."""
-        if attempt is not None:
-            matching_order(order, attempt)
+        order comes from the training process, where the job's code runs: it must be ``attempt``'s
+        (``matching_order``), or the other nodes would act on what the code wrote."""
+        matching_order(order, attempt)
         if not self.gangs.start(self.led, endpoint, secret, order):
             raise RankLost(f"the gang of job {self.led.job_id} was dissolved before its ranks could start")
 
