@@ -78,6 +78,10 @@ class AccessDenied(PermanentError):
     """The object store refused our credentials for this bucket or key."""
 
 
+class OutsideJob(AccessDenied):
+    """A training process asked its store gate for an object outside its own job's ``jobs/<id>/``."""
+
+
 class StoreUnusable(PermanentError):
     """The store cannot be used at all: its bucket does not exist, its directory cannot be created or
     opened, or no credentials for it were found."""

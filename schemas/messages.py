@@ -88,6 +88,7 @@ class AttemptOrder(Message):
     allowed_prefixes: tuple[str, ...]
     worker: str
     memory: Optional[tuple[str, ...]] = None  # the directories of this job's copies in memory (one process)
+    store_gate: Optional[str] = None  # what its processes open the store with: the worker's gate (workers/queue/store_gate.py)
     peers: Optional[PeersOrder] = None
     import_path: tuple[str, ...] = ()  # the job's shipped code and packages on this worker, imported first
     setup_log: tuple[str, ...] = ()  # what the worker did to have them (lines for the job's log)
@@ -117,3 +118,4 @@ class RankOrder(Message):
     parent_pid: int  # the process that started it (it dies with it)
     directory: str  # the attempt's private directory on this node (its rendezvous, failure reports)
     endpoint: Optional[str] = None  # a multi-node attempt's rendezvous (a TCP store), else a file store in ``directory``
+    store: Optional[str] = None  # what it opens the job's store with (its node's store gate), else group.storage_url

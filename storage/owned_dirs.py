@@ -52,6 +52,8 @@ SPOOL_PREFIX = "baton-spool-"
 """Checkpoint spools: ``storage/checkpointing/checkpointer.py``, sharded checkpoints, best weights."""
 RANKS_PREFIX = "baton-ranks-"
 """A multi-rank attempt's private directory (``workers/parallel/launcher.py``)."""
+GATE_PREFIX = "baton-gate-"
+"""A worker's store gate for one attempt (``baton.workers.queue.store_gate``): its socket."""
 _held: dict[Path, int] = {}  # this process's held directories -> the descriptor holding their lock
 
 

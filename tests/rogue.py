@@ -1,13 +1,18 @@
-"""A job's own code that turns on the worker running it: a model whose forward, at its Nth training call,
-writes into the channel its training process shares with the worker (baton's source says where it is).
+"""A job's own code that turns on the worker running it: models whose forward, at its Nth training call,
+reach for what baton's source says the training process holds.
 
-Specs name it ``tests.rogue:channel_writer``. ``what``: ``pickle`` (an object whose unpickling creates
-``marker``: if that directory appears, the worker ran the job's code) or ``forged`` (well-formed JSON
-whose progress report has fields of the wrong types).
+``tests.rogue:channel_writer`` writes into the channel its training process shares with the worker.
+``what``: ``pickle`` (an object whose unpickling creates ``marker``: if that directory appears, the worker
+ran the job's code) or ``forged`` (well-formed JSON whose progress report has fields of the wrong types).
+
+``tests.rogue:store_prober`` takes every store object of its process and tries each call on another
+job's objects (``victim``) and on the store's shared code; it writes what each try raised to ``report``
+(JSON: call -> exception type, or "succeeded").
 """
 from __future__ import annotations
 
 import gc
+import json
 import os
 
 from torch import nn
@@ -40,3 +45,43 @@ class _ChannelWriter(nn.Linear):
 
 def channel_writer(marker: str, at_forward: int = 3, what: str = "pickle") -> nn.Module:
     return _ChannelWriter(marker, at_forward, what)
+
+
+class _StoreProber(nn.Linear):
+    def __init__(self, report: str, victim: str, at_forward: int):
+        super().__init__(2, 3)
+        self.report, self.victim, self.at_forward, self.forwards = report, victim, at_forward, 0
+
+    def forward(self, x):
+        if self.training:
+            self.forwards += 1
+            if self.forwards == self.at_forward:
+                self._probe()
+        return super().forward(x)
+
+    def _probe(self) -> None:
+        from baton.storage.stores.base import ObjectStore
+
+        stores = [o for o in gc.get_objects() if isinstance(o, ObjectStore)]
+        theirs = f"jobs/{self.victim}/"
+        tries = {"read their manifest": lambda s: s.get_bytes(theirs + "manifest.json"),
+                 "list every job": lambda s: s.list("jobs/"), "list theirs": lambda s: s.list(theirs),
+                 "overwrite their manifest": lambda s: s.put_bytes(theirs + "manifest.json", b"{}"),
+                 "delete their spec": lambda s: s.delete(theirs + "spec.json"),
+                 "copy theirs out": lambda s: s.copy(theirs + "spec.json", f"jobs/{self.victim}-stolen/spec.json"),
+                 "climb out with ..": lambda s: s.get_bytes(f"jobs/x/../{self.victim}/spec.json"),
+                 "read shared code": lambda s: s.list("code/")}
+        found = {"stores": sorted({type(s).__name__ for s in stores})}
+        for store in stores:
+            for name, call in tries.items():
+                try:
+                    call(store)
+                    found[f"{type(store).__name__}: {name}"] = "succeeded"
+                except Exception as exc:  # noqa: BLE001 - what each try raised is the report
+                    found[f"{type(store).__name__}: {name}"] = type(exc).__name__
+        with open(self.report, "w") as out:
+            json.dump(found, out)
+
+
+def store_prober(report: str, victim: str, at_forward: int = 3) -> nn.Module:
+    return _StoreProber(report, victim, at_forward)

@@ -34,4 +34,8 @@ def open_store(url: str, patience_s: Optional[float] = None) -> ObjectStore:
         if patience_s is None:
             return S3Store.from_url(url)
         return S3Store.from_url(url, retry_s=patience_s, retry_log=logging.getLogger("baton.storage").debug)
+    if parsed.scheme == "gate":  # a job's own processes: its worker's store gate (workers/queue/store_gate.py)
+        from baton.storage.stores.gated import GatedStore
+
+        return GatedStore.from_url(url)
     raise ValueError(f"storage URL must start with file:// or s3:// (got {url!r})")

@@ -56,7 +56,8 @@ def main(conn: Connection, stop: StopFlag, order: AttemptOrder) -> None:
     remote = Remote(conn)
     control = RemoteControl(remote, stop, order.job_id)
     sys.path[:0] = order.import_path  # the job's shipped code: before anything installed (this process is its alone)
-    attempt = Attempt(order.spec, order.job_id, order.attempt, open_store(order.storage_url), order.allowed_prefixes,
+    store = open_store(order.store_gate or order.storage_url)  # a worker's: its gate, this job's objects only
+    attempt = Attempt(order.spec, order.job_id, order.attempt, store, order.allowed_prefixes,
                       order.claim, order.import_path, order.pause_at)
     options = AttemptOptions(control, fence=control.fence, on_commit=control.on_commit, worker=order.worker,
                              job_log=True, memory=order.memory, peers=peers_for(order.peers, remote.call),

@@ -34,7 +34,7 @@ from baton.workers.tracking import tensorboard  # noqa: E402
 from baton.workers.attempt import child  # noqa: E402,F401  (the session, the loop, the trackers)
 
 tensorboard.preload()
-warm_up(os.environ.get("BATON_STORAGE_URL", ""))
+warm_up()
 
 _FORKSERVER = os.getpid()
 

@@ -51,7 +51,7 @@ def train_attempt(attempt: "Attempt", options: "AttemptOptions", manifest: Check
     order = group_order(spec, attempt.job_id, attempt.number, attempt.store.url, threads, attempt.allowed_prefixes,
                         (resume.state, resume.entry)).model_copy(update={"import_path": attempt.import_path,
                                                                          "pause_at": attempt.pause_at})
-    ranks, group = start_group(order, options.peers or ThisNode(spec.resources.nodes), log)
+    ranks, group = start_group(order, options.peers or ThisNode(spec.resources.nodes), log, attempt.store.reopen_url())
     try:
         trained = _train(plan, layout_for(group, spec.resources.strategy, spec.loop.precision), resume, options)
     except BaseException as exc:

@@ -1,9 +1,10 @@
 """Paying a worker's one-time costs at start rather than in a job's recovery time.
 
 The first training step in a process imports about 800 modules (the first optimizer.step()
-brings in torch._dynamo and sympy) and the first S3 client loads botocore's service models:
-about 1.3 s in all on a 2-core machine. A worker that takes over a preempted job would add that
-to the job's downtime, so every worker does one tiny step of each kind before it reports ready.
+brings in torch._dynamo and sympy): about 1 s on a 2-core machine. A worker that takes over a
+preempted job would add that to the job's downtime, so every worker does one tiny step of each kind
+before it reports ready. (A training process reaches the store through its worker's gate,
+``baton.storage.stores.gated``: it has no S3 client of its own to warm.)
 Each job seeds every RNG itself, so this leaves no trace in any result.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def warm_up(storage_url: str = "") -> None:
+def warm_up() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1), torch.nn.Linear(4, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long)), batch_size=4,
@@ -29,10 +30,6 @@ def warm_up(storage_url: str = "") -> None:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
     buffer.seek(0)
     torch.load(buffer, weights_only=True)
-    if storage_url.startswith("s3://"):
-        import boto3
-
-        boto3.client("s3")  # loads botocore's models; no request is made
     if os.environ.get("MLFLOW_TRACKING_URI"):
         try:
             import mlflow  # noqa: F401  ~2.5 s of imports, paid here rather than by a job's tracker

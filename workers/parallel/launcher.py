@@ -89,11 +89,12 @@ class Ranks:
 
     def __init__(self, order: GroupOrder, ranks: range, meeting: Meeting, log: Callable[[str], None],
                  directory: Optional[Path] = None, on_hang: Optional[Callable[[str], None]] = None,
-                 start: Optional[Callable[[RankOrder, str], Any]] = None):
+                 start: Optional[Callable[[RankOrder, str], Any]] = None, store_url: Optional[str] = None):
         """Start ``ranks`` with ``order`` (each gets its place: ``RankOrder``), meeting as ``meeting`` says,
         their reports in ``directory`` (the attempt's private one on this node; made if None). Each rank
         is a spare where one is left, else ``start(place, secret)``'s process (a new interpreter if None, or where
-        ``start`` cannot start one)."""
+        ``start`` cannot start one). ``store_url``: what the ranks open the job's store with (this node's
+        store gate; None: the store's own URL)."""
         self.world_size, self.log = order.world_size, log
         self.ranks = ranks
         self.directory = directory or owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
@@ -108,7 +109,7 @@ class Ranks:
         try:
             for rank in self.ranks:
                 place = RankOrder(group=order, rank=rank, parent_pid=os.getpid(), directory=str(self.directory),
-                                  endpoint=meeting.endpoint)
+                                  endpoint=meeting.endpoint, store=store_url)
                 self.procs.append(self._start(place, start))
         except BaseException:  # none of them is left running, and their directory goes with them
             self.kill()

@@ -102,16 +102,17 @@ def group_order(spec: JobSpec, job_id: str, attempt: int, storage_url: str, thre
         resume_entry=entry if entry is not None and shards is not None else None)
 
 
-def start_group(order: GroupOrder, peers: Peers, log: Callable[[str], None]) -> tuple[Ranks, RankGroup]:
+def start_group(order: GroupOrder, peers: Peers, log: Callable[[str], None],
+                store_url: Optional[str] = None) -> tuple[Ranks, RankGroup]:
     """Start this node's other ranks, tell the other nodes (if any), and join the group as rank 0 once
-    every rank has reached the rendezvous."""
+    every rank has reached the rendezvous; ``store_url``: what the ranks open the store with (``Ranks``)."""
     spec = order.spec
     check_devices(order.device_type, spec.resources.processes)
     secret = rendezvous.new_secret()
     directory = owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
     store, endpoint = peers.meet(directory, order.world_size, secret)
     meeting = Meeting(secret, store, endpoint, peers.remote_failure, peers.loss_wait_s)
-    ranks = Ranks(order, range(1, spec.resources.processes), meeting, log, directory)
+    ranks = Ranks(order, range(1, spec.resources.processes), meeting, log, directory, store_url=store_url)
     try:
         if endpoint is not None:
             log(f"multi-node: {spec.resources.nodes} nodes of {spec.resources.processes} rank(s); rendezvous at "
@@ -129,11 +130,11 @@ def start_group(order: GroupOrder, peers: Peers, log: Callable[[str], None]) -> 
 
 
 def start_node(order: GroupOrder, node: int, endpoint: str, secret: str, log: Callable[[str], None],
-               forkserver: Any) -> Ranks:
+               forkserver: Any, store_url: Optional[str] = None) -> Ranks:
     """A multi-node attempt's node ``node`` (1..N-1): its ranks, with their global numbers, meeting at the
     leader's ``endpoint``, forked from the worker's ``forkserver`` (a multiprocessing context:
     ``forked_ranks``). The worker watches them (``baton.workers.queue.gang_follower``)."""
     per_node = order.spec.resources.processes
     first = node * per_node
     return Ranks(order, range(first, first + per_node), Meeting(secret, endpoint=endpoint), log,
-                 on_hang=lambda why: None, start=forked_ranks.starter(forkserver))
+                 on_hang=lambda why: None, start=forked_ranks.starter(forkserver), store_url=store_url)

@@ -90,7 +90,7 @@ def run_rank(order: RankOrder, secret: str, report: Callable[[BaseException], bo
     sys.path[:0] = group_order.import_path  # the job's shipped code on this node: before anything installed
     spec = group_order.spec
     control = RankControl(rank)
-    store = open_object_store(group_order.storage_url)
+    store = open_object_store(order.store or group_order.storage_url)
     state = _resume_state(group_order, store)
     configure(spec.loop.deterministic, group_order.cpu_threads)
     if order.endpoint:  # a multi-node attempt: its leader's TCP store

@@ -41,6 +41,7 @@ from baton.schemas.targets import disallowed_targets
 from baton.storage.memory.memory_dirs import JobMemory
 from baton.storage.records import leases, pausing
 from baton.storage.records.job_records import CANCELLED_AS_IT_STOPPED
+from baton.workers.queue.store_gate import StoreGate
 from baton.storage.stores.open import open_store
 from baton.workers.attempt.process import Death, TrainingProcess
 from baton.workers.parallel.peer_calls import ANNOUNCE, REMOTE_FAILURE
@@ -190,16 +191,17 @@ class Held:
                 shown=f"error: {type(exc).__name__}: {exc}"))  # (no frame of the job's: baton's own words say it)
         for line in setup_log:
             _log.info("job %s: %s", self.job_id, line)
-        order = self._order(spec, storage_url).model_copy(
-            update={"import_path": import_path, "setup_log": tuple(setup_log)})
-        self.process = TrainingProcess(order)
-        try:
-            return self._serve(self.process, order)
-        except BaseException:  # the worker's side failed (Redis past the lease...): no attempt may train unserved
-            self.process.kill("the worker's side failed")
-            raise
-        finally:
-            self.process.close()
+        with StoreGate(store, self.job_id) as gate:  # the training process's store: this job's objects only
+            order = self._order(spec, storage_url).model_copy(
+                update={"import_path": import_path, "setup_log": tuple(setup_log), "store_gate": gate.url})
+            self.process = TrainingProcess(order)
+            try:
+                return self._serve(self.process, order)
+            except BaseException:  # the worker's side failed (Redis past the lease...): no attempt may train unserved
+                self.process.kill("the worker's side failed")
+                raise
+            finally:
+                self.process.close()
 
     def _order(self, spec: JobSpec, storage_url: str) -> AttemptOrder:
         ctx, leadership = self.ctx, self.leadership

@@ -28,6 +28,7 @@ from baton.schemas.messages import GroupOrder
 from baton.storage import owned_dirs
 from baton.storage.artifacts import download_checkpoint
 from baton.storage.records.gangs import Gang, Gangs, Membership
+from baton.workers.queue.store_gate import StoreGate
 from baton.storage.stores.open import open_store
 from baton.workers.parallel import failure_report
 from baton.workers.queue.gang_node import POLL_S, Renewer, node_host, quietly
@@ -136,12 +137,13 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
         from baton.workers.attempt.process import context
         from baton.workers.parallel.nodes import start_node
 
-        ranks = start_node(order, membership.node, gang.endpoint, gang.secret,
-                           lambda message: _log.info("job %s: %s", job_id, message), context())
-        try:
-            return _watch(ctx, gangs, job_id, gang, membership, keeper, ranks)
-        finally:
-            ranks.kill()
+        with StoreGate(store, job_id) as gate:  # the ranks' store: this job's objects only
+            ranks = start_node(order, membership.node, gang.endpoint, gang.secret,
+                               lambda message: _log.info("job %s: %s", job_id, message), context(), gate.url)
+            try:
+                return _watch(ctx, gangs, job_id, gang, membership, keeper, ranks)
+            finally:
+                ranks.kill()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -1,7 +1,10 @@
-"""A job's code that writes into the channel between its training process and the worker (tests.rogue) is
-heard as data, not run as code: a pickle is refused unread, a message of the wrong shape too; the attempt
-ends as the job's failure, saying why, and the worker goes on to run the next job."""
+"""A job's code that turns on its worker (tests.rogue). What it writes into the channel between its training
+process and the worker is heard as data, not run as code: a pickle is refused unread, a message of the
+wrong shape too; the attempt ends as the job's failure, saying why, and the worker goes on to run the next
+job. The store its training process holds reaches that job's objects alone."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -35,3 +38,23 @@ def test_a_pickle_or_a_forged_message_from_the_jobs_code_is_refused_and_the_work
     assert final.state.value == "succeeded", final.error
     assert final.worker == worker.name and worker.proc.poll() is None  # the same worker process, unharmed
     assert worker.log().count("a message it may not send: ") == 2  # its own line for each, then it went on
+
+
+@pytest.mark.slow
+def test_the_store_a_jobs_code_finds_in_its_process_reaches_no_other_jobs_objects(cluster, tmp_path):
+    cluster.start_workers(1)
+    victim = cluster.client.submit(make_spec(loop={"epochs": 1}), "victim")
+    assert victim.wait(timeout=120, progress=False).state.value == "succeeded"
+    store = cluster.store()
+    before = {key: store.get_bytes(key) for key in store.list("jobs/victim/")}
+    report = tmp_path / "report.json"
+    spec = make_spec(model={"target": "tests.rogue:store_prober", "kwargs": {"report": str(report), "victim": "victim"}},
+                     loop={"epochs": 1})
+    final = cluster.client.submit(spec, "prober").wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error  # it trained, checkpointed and finished through its gate
+
+    found = json.loads(report.read_text())
+    assert found.pop("stores") == ["GatedStore"]  # the only store in its process: its worker's gate
+    assert len(found) == 8 and set(found.values()) == {"OutsideJob"}, found
+    assert {key: store.get_bytes(key) for key in store.list("jobs/victim/")} == before
+    assert not store.list("jobs/victim-stolen/")
