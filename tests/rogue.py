@@ -8,12 +8,18 @@ ran the job's code) or ``forged`` (well-formed JSON whose progress report has fi
 ``tests.rogue:store_prober`` takes every store object of its process and tries each call on another
 job's objects (``victim``) and on the store's shared code; it writes what each try raised to ``report``
 (JSON: call -> exception type, or "succeeded").
+
+``tests.rogue:environment_reader`` looks for the pool's credentials (``secrets``: their values) in its
+environment, in its own and its parent's ``/proc/<pid>/environ``, and in a process it starts; it writes
+what it found to ``report``.
 """
 from __future__ import annotations
 
 import gc
 import json
 import os
+import subprocess
+import sys
 
 from torch import nn
 
@@ -85,3 +91,37 @@ class _StoreProber(nn.Linear):
 
 def store_prober(report: str, victim: str, at_forward: int = 3) -> nn.Module:
     return _StoreProber(report, victim, at_forward)
+
+
+class _EnvironmentReader(nn.Linear):
+    def __init__(self, report: str, secrets: list[str]):
+        super().__init__(2, 3)
+        self.report, self.secrets, self.forwards = report, secrets, 0
+
+    def forward(self, x):
+        if self.training:
+            self.forwards += 1
+            if self.forwards == 3:
+                self._look()
+        return super().forward(x)
+
+    def _look(self) -> None:
+        def holding(text: str) -> list[str]:
+            return [secret for secret in self.secrets if secret in text]
+
+        def proc_environ(pid) -> str:
+            with open(f"/proc/{pid}/environ", "rb") as raw:
+                return raw.read().decode("latin-1")
+        started = subprocess.run([sys.executable, "-c", "import sys; sys.stdout.write(open('/proc/self/environ', "
+                                  "'rb').read().decode('latin-1'))"], capture_output=True, text=True, check=True).stdout
+        found = {"names": sorted(n for n in os.environ if n.startswith(("AWS_", "BATON_REDIS", "BATON_STORAGE"))),
+                 "os.environ": holding("\n".join(f"{k}={v}" for k, v in os.environ.items())),
+                 "own /proc environ": holding(proc_environ("self")),
+                 "parent's /proc environ": holding(proc_environ(os.getppid())),
+                 "a process it started": holding(started)}
+        with open(self.report, "w") as out:
+            json.dump(found, out)
+
+
+def environment_reader(report: str, secrets: list[str]) -> nn.Module:
+    return _EnvironmentReader(report, secrets)

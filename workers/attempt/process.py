@@ -14,7 +14,8 @@ from it is safe; each child sets its own thread count. A child whose pipe to the
 at once (``channel``): that is how a training process never outlives its worker. (It also asks the
 kernel for SIGKILL when the forkserver ends, ``PR_SET_PDEATHSIG``; the forkserver ignores SIGTERM,
 which is the worker's to act on, and ends when the worker does, once its children are gone.)
-The worker is the subreaper of what its training processes leave (``reap_orphans``).
+The worker is the subreaper of what its training processes leave (``reap_orphans``). The forkserver
+starts with the job's environment, not the worker's: without the pool's credentials (``job_env``).
 
 ``Ended`` says how: the attempt's own end (``result``: an outcome, or an error reported by the
 child: the job's code failed, storage went away...), or the process's death without one
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -38,6 +40,7 @@ from baton.storage.processes import own_cgroup
 
 from baton.workers.attempt import wire
 from baton.workers.attempt.channel import StopFlag, serve
+from baton.workers.attempt.job_env import spawn_with_job_environment
 from baton.workers.attempt.process_tree import kill_descendants, parents
 
 _log = logging.getLogger("baton.worker")
@@ -51,6 +54,8 @@ def context():
     """This process's forkserver context, its preloads set (the server starts with the first child)."""
     global _context
     if _context is None:
+        # the forkserver, and so every training process, starts without the pool's credentials (``job_env``)
+        multiprocessing.util.spawnv_passfds = spawn_with_job_environment  # type: ignore[attr-defined]
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(["baton.workers.attempt.preload"])
     return _context

@@ -1,7 +1,8 @@
 """A job's code that turns on its worker (tests.rogue). What it writes into the channel between its training
 process and the worker is heard as data, not run as code: a pickle is refused unread, a message of the
 wrong shape too; the attempt ends as the job's failure, saying why, and the worker goes on to run the next
-job. The store its training process holds reaches that job's objects alone."""
+job. The store its training process holds reaches that job's objects alone, and its environment holds
+none of the pool's credentials."""
 from __future__ import annotations
 
 import json
@@ -58,3 +59,19 @@ def test_the_store_a_jobs_code_finds_in_its_process_reaches_no_other_jobs_object
     assert len(found) == 8 and set(found.values()) == {"OutsideJob"}, found
     assert {key: store.get_bytes(key) for key in store.list("jobs/victim/")} == before
     assert not store.list("jobs/victim-stolen/")
+
+
+@pytest.mark.slow
+def test_a_jobs_code_finds_none_of_the_pools_credentials_in_its_environment(cluster, tmp_path):
+    key_id, secret = f"pool-key-{tmp_path.name}", f"pool-secret-{tmp_path.name}-0123456789"
+    cluster.start_workers(1, AWS_ACCESS_KEY_ID=key_id, AWS_SECRET_ACCESS_KEY=secret, BATON_JOB_ENV_DROP="TEAM_TOKEN_*",
+                          TEAM_TOKEN_A="team-token-abcdefgh")
+    report = tmp_path / "report.json"
+    looked_for = [key_id, secret, cluster.redis_url, cluster.storage_url, "team-token-abcdefgh"]
+    spec = make_spec(model={"target": "tests.rogue:environment_reader",
+                            "kwargs": {"report": str(report), "secrets": looked_for}}, loop={"epochs": 1})
+    final = cluster.client.submit(spec, "reader").wait(timeout=120, progress=False)
+    assert final.state.value == "succeeded", final.error  # it trained and checkpointed without any of them
+
+    assert json.loads(report.read_text()) == {"names": [], "os.environ": [], "own /proc environ": [],
+                                              "parent's /proc environ": [], "a process it started": []}
