@@ -19,6 +19,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
+
 from baton.storage.redaction import Redactor
 from baton.schemas.errors import CheckpointCorrupt, CheckpointWriteFailed, TransientError, exception_chain
 
@@ -49,6 +51,11 @@ def is_job_failure(exc: BaseException) -> bool:
                    for e in exception_chain(exc, follow_suppressed=True))
 
 
+_REPORT = TypeAdapter(FailureReport)
+MAX_BYTES = 4 << 20
+"""The largest report read (a traceback of a deep recursion is a few hundred KiB)."""
+
+
 def write(directory: Path, rank: int, exc: BaseException) -> None:
     """Report ``exc`` as rank ``rank``'s failure (atomically: rank 0 never reads half a report)."""
     redact = Redactor()
@@ -61,13 +68,18 @@ def write(directory: Path, rank: int, exc: BaseException) -> None:
 
 
 def read_earliest(directory: Path) -> "FailureReport | None":
-    """The first failure any rank reported in ``directory``, or None."""
+    """The first failure any rank reported in ``directory``, or None. A rank runs the job's code, which
+    can write anything there: what is not a report of this module's shape, within ``MAX_BYTES``, is
+    skipped (the rank's exit status still says it failed)."""
     reports = []
     for path in directory.glob("failure-rank-*.json"):
         try:
-            reports.append(FailureReport(**json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError):
-            continue  # not a report this module wrote: the rank's exit status still says it failed
+            with open(path, "rb") as raw:
+                data = raw.read(MAX_BYTES + 1)
+            if len(data) <= MAX_BYTES:
+                reports.append(_REPORT.validate_json(data, strict=True))
+        except (OSError, ValidationError):
+            continue
     return min(reports, key=lambda r: r.at_ns, default=None)
 
 

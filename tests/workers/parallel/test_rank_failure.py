@@ -67,3 +67,24 @@ def test_a_collective_broken_under_a_rank_is_not_the_jobs_failure():
         assert not is_job_failure(wrapped)
     assert is_job_failure(RuntimeError("CUDA error: an illegal memory access"))  # the job's own
     assert is_job_failure(ValueError("sample 3 is unreadable"))
+
+
+def test_what_is_not_a_report_in_the_ranks_directory_is_skipped_not_raised(tmp_path):
+    """A rank runs the job's code, which can write anything where reports go; the worker of a follower
+    node reads them too. A forged file (a string where the time goes, JSON nested past the recursion
+    limit, an oversized file) is skipped; the real report is found."""
+    import json
+
+    from baton.workers.parallel import failure_report
+
+    try:
+        raise ValueError("the job's own error")
+    except ValueError as exc:
+        failure_report.write(tmp_path, 1, exc)
+    forged = {2: json.dumps({"rank": 2, "at_ns": "0", "exception": "forged", "traceback": ""}),
+              3: "[" * 100_000 + "]" * 100_000, 4: '{"rank": 4, "at_ns": 0.5, "exception": "forged", "traceback": ""}',
+              5: json.dumps({"rank": 5, "at_ns": 0, "exception": "x" * failure_report.MAX_BYTES, "traceback": ""})}
+    for rank, text in forged.items():
+        failure_report.report_path(tmp_path, rank).write_text(text)
+    report = failure_report.read_earliest(tmp_path)
+    assert report is not None and (report.rank, report.exception) == (1, "ValueError: the job's own error")
