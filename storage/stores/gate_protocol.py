@@ -26,20 +26,36 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from baton.schemas import errors
+
 INLINE_MAX = 1 << 20
 """Bodies up to this many bytes travel in a frame; larger ones as a file descriptor."""
 FRAME_MAX = INLINE_MAX + (64 << 10)
 """The largest frame either side reads."""
 HANDSHAKE_S = 5.0
 """How long the gate waits for a connection's answer to its challenge."""
+CLIENT_HANDSHAKE_S = 30.0
+"""How long a client waits for the gate's challenge and its verdict (a gate that accepts and never speaks)."""
 _CONTEXT = b"baton store gate v1 "
 
 Op = Literal["put_bytes", "put_file", "get_bytes", "get_file", "size", "list", "delete", "copy",
              "read_versioned", "put_if"]
 Body = Literal["none", "inline", "fd"]
-ERRORS = ("FileNotFoundError", "PreconditionFailed", "StorageUnavailable", "AccessDenied", "StoreUnusable",
-          "OutsideJob")
-"""The errors a reply may name; anything else the store raised is StorageUnavailable to the client."""
+ERRORS: dict[str, type[Exception]] = {
+    "OutsideJob": errors.OutsideJob, "AccessDenied": errors.AccessDenied, "StoreUnusable": errors.StoreUnusable,
+    "PermanentError": errors.PermanentError, "PreconditionFailed": errors.PreconditionFailed,
+    "StorageUnavailable": errors.StorageUnavailable, "FileNotFoundError": FileNotFoundError,
+    "IsADirectoryError": IsADirectoryError, "NotADirectoryError": NotADirectoryError,
+    "FileExistsError": FileExistsError, "ValueError": ValueError}
+"""The errors a reply may name, the most particular first: the client raises what the store raised, so that
+the callers' retries (``TransientError``) and failures are the same through a gate."""
+
+
+def error_name(exc: BaseException) -> Optional[str]:
+    """The name a reply gives ``exc`` (any other TransientError is StorageUnavailable); None if it has none."""
+    if isinstance(exc, errors.TransientError):
+        return "StorageUnavailable"
+    return next((name for name, kind in ERRORS.items() if isinstance(exc, kind)), None)
 
 
 class Request(BaseModel):
@@ -58,6 +74,7 @@ class Reply(BaseModel):
     ok: bool
     value: Optional[int | str | list[str]] = None  # ``size``, ``read_versioned``'s version, ``list``
     body: Body = "none"
+    value_in_body: bool = False  # a value too long for a frame (a long listing): the body holds its JSON
     error: Optional[str] = None
     message: str = ""
 

@@ -10,9 +10,11 @@ for a key outside the job).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import struct
 import threading
 import uuid
 from multiprocessing.connection import Connection
@@ -22,8 +24,8 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlparse
 
 from baton.schemas import errors
 from baton.storage.stores.base import ObjectStore
-from baton.storage.stores.gate_protocol import (ERRORS, FRAME_MAX, INLINE_MAX, Op, Reply, Request, proof,
-                                                receive_fd, send_fd)
+from baton.storage.stores.gate_protocol import (CLIENT_HANDSHAKE_S, ERRORS, FRAME_MAX, INLINE_MAX, Op, Reply,
+                                                Request, proof, receive_fd, send_fd)
 
 
 class GatedStore(ObjectStore):
@@ -124,16 +126,19 @@ class GatedStore(ObjectStore):
                 out = conn.recv_bytes(FRAME_MAX)
             elif reply.body == "fd":
                 out = receive_fd(conn)
-        except (OSError, EOFError, ValueError) as exc:
+        except BaseException as exc:  # a half-done exchange (a signal's exception too): the connection is unusable
             self._local.conn = None
             conn.close()
-            raise errors.StorageUnavailable(f"the worker's store gate did not answer ({type(exc).__name__}: {exc})") from None
+            if isinstance(exc, (OSError, EOFError, ValueError)):
+                raise errors.StorageUnavailable(f"the worker's store gate did not answer ({type(exc).__name__}: {exc})") from None
+            raise
+        if reply.value_in_body:
+            reply = reply.model_copy(update={"value": json.loads(_as_bytes(out)), "body": "none"})
+            out = None
         if not reply.ok:
             if isinstance(out, int):
                 os.close(out)
-            name = reply.error if reply.error in ERRORS else "StorageUnavailable"
-            kind = FileNotFoundError if name == "FileNotFoundError" else getattr(errors, str(name))
-            raise kind(reply.message)
+            raise ERRORS.get(str(reply.error), errors.StorageUnavailable)(reply.message)
         return reply, out
 
     def _connection(self) -> Connection:
@@ -144,12 +149,17 @@ class GatedStore(ObjectStore):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn: Optional[Connection] = None
         try:
+            sock.settimeout(CLIENT_HANDSHAKE_S)
             sock.connect(self.address)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(CLIENT_HANDSHAKE_S), 0))
+            sock.settimeout(None)  # (blocking again: the kernel's timeout above bounds the handshake's reads)
             conn = Connection(sock.detach())
             challenge = conn.recv_bytes(64)
             conn.send_bytes(proof(self._key, challenge))
             if conn.recv_bytes(16) != b"ok":
                 raise EOFError("the gate refused the key")
+            with socket.socket(fileno=os.dup(conn.fileno())) as raw:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))  # a call may be long
         except (OSError, EOFError) as exc:
             (conn or sock).close()
             raise errors.StorageUnavailable(f"cannot reach the worker's store gate ({type(exc).__name__}: {exc})") from None

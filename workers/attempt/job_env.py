@@ -4,10 +4,10 @@ A training process is forked from its worker's forkserver, so it, its checkpoint
 data loader workers and whatever the job's code starts inherit the environment the forkserver was
 started with (and hold it in memory: ``/proc/self/environ`` reads it back, whatever ``os.environ``
 says). The forkserver is therefore started with ``job_environment``: without the worker's Redis URL
-(its password), its store's credentials and endpoint (``AWS_*``), Celery's settings, and any ``BATON_``
+(its password), its store's credentials and endpoint (``AWS_*``, ``MINIO_*``), Celery's settings, and any ``BATON_``
 variable named like a secret. A training process reaches Redis only through its worker (``channel``)
 and the store only through its worker's gate (``baton.storage.stores.gated``), so it needs none of them.
-``BATON_JOB_ENV_DROP`` names more variables to keep from jobs (comma-separated, ``*`` patterns: a cloud's
+``BATON_JOB_ENV_DROP`` names more variables to withhold (comma-separated, ``*`` patterns: a cloud's
 credentials, ``GOOGLE_APPLICATION_CREDENTIALS,AZURE_*``).
 
 What this does not do: the worker's own process still holds them, readable through ``/proc`` by any
@@ -22,8 +22,9 @@ from typing import Mapping, Sequence
 
 from baton.storage.redaction import SECRET_NAME
 
-POOL_VARIABLES = ("AWS_*", "REDIS_*", "CELERY_*", "BATON_REDIS_*", "BATON_STORAGE_URL", "BOTO_*")
-"""The pool's own: its Redis, its store, the broker's settings."""
+POOL_VARIABLES = ("AWS_*", "REDIS_*", "CELERY_*", "BATON_REDIS_*", "BATON_STORAGE_URL", "BOTO_*", "MINIO_*")
+"""The pool's own: its Redis, its store (MinIO's root user where the deployment's files start one), the
+broker's settings."""
 DROP_ENV = "BATON_JOB_ENV_DROP"
 
 

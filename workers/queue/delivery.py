@@ -191,12 +191,12 @@ class Held:
                 shown=f"error: {type(exc).__name__}: {exc}"))  # (no frame of the job's: baton's own words say it)
         for line in setup_log:
             _log.info("job %s: %s", self.job_id, line)
-        with StoreGate(store, self.job_id) as gate:  # the training process's store: this job's objects only
+        with StoreGate(store, self.job_id, ctx.redact) as gate:  # the training process's store: its job's objects
             order = self._order(spec, storage_url).model_copy(
                 update={"import_path": import_path, "setup_log": tuple(setup_log), "store_gate": gate.url})
             self.process = TrainingProcess(order)
             try:
-                return self._serve(self.process, order)
+                return self._serve(self.process, order, gate)
             except BaseException:  # the worker's side failed (Redis past the lease...): no attempt may train unserved
                 self.process.kill("the worker's side failed")
                 raise
@@ -213,7 +213,7 @@ class Held:
             peers=None if leadership is None else PeersOrder(nodes=leadership.nodes, address=leadership.address,
                                                              loss_wait_s=leadership.loss_wait_s))
 
-    def _serve(self, process: TrainingProcess, order: AttemptOrder) -> "str | Comeback":
+    def _serve(self, process: TrainingProcess, order: AttemptOrder, gate: StoreGate) -> "str | Comeback":
         control, leadership = self.control, self.leadership
         control.record({"pid": process.pid}, "the training process's pid")
         _log.info("job %s: attempt %d trains in process %d", self.job_id, self.attempt, process.pid)
@@ -226,6 +226,7 @@ class Held:
                 lambda: leadership.announce(endpoint, secret, group, order), "the gang's start")
             handlers[REMOTE_FAILURE] = leadership.remote_failure
         ended = process.serve(handlers, control.stop_flag)
+        gate.close()  # what the attempt asked of the store has landed before its end is acted on
         if ended.result is not None:
             return self._said(ended.result)
         if process.killed_for == "stalled":

@@ -137,7 +137,7 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
         from baton.workers.attempt.process import context
         from baton.workers.parallel.nodes import start_node
 
-        with StoreGate(store, job_id) as gate:  # the ranks' store: this job's objects only
+        with StoreGate(store, job_id, ctx.redact) as gate:  # the ranks' store: this job's objects only
             ranks = start_node(order, membership.node, gang.endpoint, gang.secret,
                                lambda message: _log.info("job %s: %s", job_id, message), context(), gate.url)
             try:

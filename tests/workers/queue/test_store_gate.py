@@ -150,3 +150,76 @@ def test_nothing_is_served_once_the_gate_closed(backend):
     with pytest.raises(StorageUnavailable):
         open_store(g.url).put_bytes("jobs/mine/late", b"x")
     assert not backend.exists("jobs/mine/late") and not g.directory.exists()
+
+
+class HeldStore(FileStore):
+    """A file store whose put_bytes waits until the test lets it go (a call held in flight)."""
+
+    def __init__(self, root, held, entered):
+        super().__init__(root)
+        self.held, self.entered = held, entered
+
+    def put_bytes(self, key, data):
+        self.entered.set()
+        self.held.wait()
+        super().put_bytes(key, data)
+
+
+def test_close_waits_for_the_calls_in_flight_and_refuses_later_ones(tmp_path):
+    import threading
+
+    held, entered = threading.Event(), threading.Event()
+    backend = HeldStore(tmp_path / "store", held, entered)
+    g = StoreGate(backend, "mine")
+    store, results = open_store(g.url), []
+    writer = threading.Thread(target=lambda: results.append(store.put_bytes("jobs/mine/in-flight", b"x")))
+    writer.start()
+    assert entered.wait(10)
+    closing = threading.Thread(target=g.close)
+    closing.start()
+    assert g._closed.wait(10)
+    with pytest.raises(StorageUnavailable):
+        open_store(g.url).get_bytes("jobs/mine/in-flight")  # arrives after the close began: refused
+    assert closing.is_alive()  # still waiting for the put in flight
+    held.set()
+    closing.join(10)
+    writer.join(10)
+    assert results == [None] and backend.get_bytes("jobs/mine/in-flight") == b"x"  # landed, and said so
+
+
+def test_a_listing_longer_than_a_frame_comes_whole(gate, backend):
+    segment = "s" * 200
+    keys = [f"jobs/mine/{segment}/{segment}/{segment}/{segment}/{i:05d}" for i in range(1400)]  # ~1.2 MB of names
+    for key in keys:
+        backend.put_bytes(key, b"")
+    assert open_store(gate.url).list(f"jobs/mine/{segment}/") == keys
+
+
+def test_the_stores_errors_come_through_as_the_store_raised_them(gate, backend):
+    backend.put_bytes("jobs/mine/dir/file", b"x")
+    store = open_store(gate.url)
+    for call in (lambda s: s.put_bytes("jobs/mine/dir", b"x"), lambda s: s.put_bytes("jobs/mine/dir/file/under", b"x"),
+                 lambda s: s.get_bytes("jobs/mine/missing"), lambda s: s.put_if("jobs/mine/dir/file", b"y", None)):
+        with pytest.raises(Exception) as direct:
+            call(backend)
+        with pytest.raises(Exception) as gated:
+            call(store)
+        assert type(gated.value) is type(direct.value), (direct.value, gated.value)
+
+
+def test_a_connection_that_keeps_reaching_outside_is_closed(gate):
+    store = open_store(gate.url)
+    for _ in range(gate_module.MAX_REFUSALS):
+        with pytest.raises(OutsideJob):
+            store.size("jobs/other/manifest.json")
+    with pytest.raises(StorageUnavailable, match="did not answer"):
+        store.size("jobs/mine/manifest.json")  # its connection was closed after the last refusal
+    assert store.size("jobs/mine/manifest.json") == 4  # a new one is heard
+
+
+def test_the_jobs_log_is_redacted_with_the_workers_secrets(backend):
+    from baton.storage.redaction import Redactor
+
+    with StoreGate(backend, "mine", Redactor({"POOL_TOKEN": "the-pools-token-0123"})) as g:
+        open_store(g.url).put_bytes("jobs/mine/attempt-1/logs/0.log", b"boto3 said: the-pools-token-0123\n")
+    assert backend.get_bytes("jobs/mine/attempt-1/logs/0.log") == b"boto3 said: ***\n"
