@@ -14,6 +14,7 @@ challenge and the client answers with its HMAC.
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import hashlib
 import hmac
@@ -22,7 +23,7 @@ import re
 import socket
 import stat
 from multiprocessing.connection import Connection
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -94,6 +95,25 @@ def within(key: str, root: str) -> bool:
     if parts[-1] == "":  # a prefix ending in '/'
         parts = parts[:-1]
     return all(_SEGMENT.fullmatch(p) and p not in (".", "..") for p in parts)
+
+
+SUN_PATH_MAX = 107
+"""The longest path a Unix socket may be bound or connected to (``sockaddr_un``)."""
+
+
+@contextlib.contextmanager
+def reachable(address: str) -> Iterator[str]:
+    """A path to the socket ``address`` that fits ``sockaddr_un``: itself, or, under a long TMPDIR, the same
+    file through a descriptor of its directory (``/proc/self/fd/N/name``), held open while it is used."""
+    if len(os.fsencode(address)) <= SUN_PATH_MAX:
+        yield address
+        return
+    directory, name = os.path.split(address)
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
 
 
 def proof(key: bytes, challenge: bytes) -> bytes:

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlparse
 from baton.schemas import errors
 from baton.storage.stores.base import ObjectStore
 from baton.storage.stores.gate_protocol import (CLIENT_HANDSHAKE_S, ERRORS, FRAME_MAX, INLINE_MAX, Op, Reply,
-                                                Request, proof, receive_fd, send_fd)
+                                                Request, proof, reachable, receive_fd, send_fd)
 
 
 class GatedStore(ObjectStore):
@@ -150,7 +150,8 @@ class GatedStore(ObjectStore):
         conn: Optional[Connection] = None
         try:
             sock.settimeout(CLIENT_HANDSHAKE_S)
-            sock.connect(self.address)
+            with reachable(self.address) as path:
+                sock.connect(path)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(CLIENT_HANDSHAKE_S), 0))
             sock.settimeout(None)  # (blocking again: the kernel's timeout above bounds the handshake's reads)
             conn = Connection(sock.detach())

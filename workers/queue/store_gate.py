@@ -35,7 +35,7 @@ from baton.storage.layout import JOBS_PREFIX, check_job_id
 from baton.storage.stores.base import ObjectStore
 from baton.storage.redaction import Redactor
 from baton.storage.stores.gate_protocol import (FRAME_MAX, HANDSHAKE_S, INLINE_MAX, Reply, Request, proof,
-                                                readable_file, receive_fd, send_fd, within)
+                                                reachable, readable_file, receive_fd, send_fd, within)
 from baton.workers.queue.gate_calls import memory_file, perform
 
 _log = logging.getLogger("baton.worker")
@@ -69,11 +69,12 @@ class StoreGate:
         self.address = str(self.directory / "store.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._sock.bind(self.address)
-        except OSError as exc:  # (a socket's path is at most 107 bytes: a long TMPDIR)
+            with reachable(self.address) as path:  # (a long TMPDIR: through the directory's descriptor)
+                self._sock.bind(path)
+        except OSError as exc:
             self._sock.close()
             owned_dirs.remove(self.directory)
-            raise OSError(f"the store gate's socket {self.address}: {exc} (set a shorter TMPDIR)") from exc
+            raise OSError(f"the store gate's socket {self.address}: {exc}") from exc
         self._sock.listen(64)
         self._closed = threading.Event()
         self._conns: set[Connection] = set()

@@ -223,3 +223,16 @@ def test_the_jobs_log_is_redacted_with_the_workers_secrets(backend):
     with StoreGate(backend, "mine", Redactor({"POOL_TOKEN": "the-pools-token-0123"})) as g:
         open_store(g.url).put_bytes("jobs/mine/attempt-1/logs/0.log", b"boto3 said: the-pools-token-0123\n")
     assert backend.get_bytes("jobs/mine/attempt-1/logs/0.log") == b"boto3 said: ***\n"
+
+
+def test_a_gate_under_a_long_tmpdir_is_reached_all_the_same(backend, tmp_path, monkeypatch):
+    """A socket's path is at most 107 bytes; a worker whose TMPDIR is long binds and is reached through a
+    descriptor of the socket's directory."""
+    import tempfile
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with StoreGate(backend, "mine") as g:
+        assert len(g.address) > 107
+        assert open_store(g.url).get_bytes("jobs/mine/manifest.json") == b"mine"
