@@ -32,40 +32,47 @@ class _MakesMarker:
         return os.mkdir, (self.marker,)
 
 
-class _ChannelWriter(nn.Linear):
-    def __init__(self, marker: str, at_forward: int, what: str):
+class _AtForward(nn.Linear):
+    """A linear model that ``act``s once, at its ``at_forward``-th training forward."""
+
+    def __init__(self, at_forward: int):
         super().__init__(2, 3)
-        self.marker, self.at_forward, self.what, self.forwards = marker, at_forward, what, 0
+        self.at_forward, self.forwards = at_forward, 0
 
     def forward(self, x):
         if self.training:
             self.forwards += 1
             if self.forwards == self.at_forward:
-                conn = next(o.conn for o in gc.get_objects() if type(o).__name__ == "Remote")
-                if self.what == "pickle":
-                    conn.send(("tell", 0, ("on_epoch", (_MakesMarker(self.marker),))))
-                else:
-                    conn.send_bytes(b'["tell",0,"on_step",[{"epoch":"x","step":[]},1]]')
+                self.act()
         return super().forward(x)
+
+    def act(self) -> None:
+        raise NotImplementedError
+
+
+class _ChannelWriter(_AtForward):
+    def __init__(self, marker: str, at_forward: int, what: str):
+        super().__init__(at_forward)
+        self.marker, self.what = marker, what
+
+    def act(self) -> None:
+        conn = next(o.conn for o in gc.get_objects() if type(o).__name__ == "Remote")
+        if self.what == "pickle":
+            conn.send(("tell", 0, ("on_epoch", (_MakesMarker(self.marker),))))
+        else:
+            conn.send_bytes(b'["tell",0,"on_step",[{"epoch":"x","step":[]},1]]')
 
 
 def channel_writer(marker: str, at_forward: int = 3, what: str = "pickle") -> nn.Module:
     return _ChannelWriter(marker, at_forward, what)
 
 
-class _StoreProber(nn.Linear):
+class _StoreProber(_AtForward):
     def __init__(self, report: str, victim: str, at_forward: int):
-        super().__init__(2, 3)
-        self.report, self.victim, self.at_forward, self.forwards = report, victim, at_forward, 0
+        super().__init__(at_forward)
+        self.report, self.victim = report, victim
 
-    def forward(self, x):
-        if self.training:
-            self.forwards += 1
-            if self.forwards == self.at_forward:
-                self._probe()
-        return super().forward(x)
-
-    def _probe(self) -> None:
+    def act(self) -> None:
         from baton.storage.stores.base import ObjectStore
 
         stores = [o for o in gc.get_objects() if isinstance(o, ObjectStore)]
@@ -93,19 +100,12 @@ def store_prober(report: str, victim: str, at_forward: int = 3) -> nn.Module:
     return _StoreProber(report, victim, at_forward)
 
 
-class _EnvironmentReader(nn.Linear):
+class _EnvironmentReader(_AtForward):
     def __init__(self, report: str, secrets: list[str]):
-        super().__init__(2, 3)
-        self.report, self.secrets, self.forwards = report, secrets, 0
+        super().__init__(3)
+        self.report, self.secrets = report, secrets
 
-    def forward(self, x):
-        if self.training:
-            self.forwards += 1
-            if self.forwards == 3:
-                self._look()
-        return super().forward(x)
-
-    def _look(self) -> None:
+    def act(self) -> None:
         def holding(text: str) -> list[str]:
             return [secret for secret in self.secrets if secret in text]
 

@@ -22,8 +22,10 @@ import os
 import re
 import socket
 import stat
+import struct
 from multiprocessing.connection import Connection
 from typing import Iterator, Literal, Optional
+from urllib.parse import quote, urlencode
 
 from pydantic import BaseModel, ConfigDict
 
@@ -114,6 +116,46 @@ def reachable(address: str) -> Iterator[str]:
         yield f"/proc/self/fd/{fd}/{name}"
     finally:
         os.close(fd)
+
+
+def gate_url(address: str, key: bytes, store_url: str) -> str:
+    """``gate://<socket>?key=...&url=<the store's own URL>``: what a job's processes open (``GatedStore``)."""
+    return f"gate://{quote(address)}?" + urlencode({"key": key.hex(), "url": store_url})
+
+
+def receive_timeout(fd: int, seconds: float) -> None:
+    """SO_RCVTIMEO on the socket ``fd`` (0: none): a read that waits longer fails."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        whole = int(seconds)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+
+
+def memory_file(data: bytes) -> int:
+    """``data`` in an anonymous file (memfd), for a body too large for a frame."""
+    fd = os.memfd_create("baton-gate", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_file(fd: int, limit: Optional[int] = None) -> bytes:
+    """The whole file ``fd`` holds (ValueError past ``limit`` bytes)."""
+    size = os.fstat(fd).st_size
+    if limit is not None and size > limit:
+        raise ValueError(f"a body of {size} bytes is over this call's limit of {limit}")
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 30), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def proof(key: bytes, challenge: bytes) -> bytes:

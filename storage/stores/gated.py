@@ -14,18 +14,18 @@ import json
 import os
 import shutil
 import socket
-import struct
 import threading
 import uuid
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
-from urllib.parse import parse_qs, quote, unquote, urlencode, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from baton.schemas import errors
 from baton.storage.stores.base import ObjectStore
 from baton.storage.stores.gate_protocol import (CLIENT_HANDSHAKE_S, ERRORS, FRAME_MAX, INLINE_MAX, Op, Reply,
-                                                Request, proof, reachable, receive_fd, send_fd)
+                                                Request, gate_url, memory_file, proof, reachable, read_file,
+                                                receive_fd, receive_timeout, send_fd)
 
 
 class GatedStore(ObjectStore):
@@ -43,7 +43,7 @@ class GatedStore(ObjectStore):
             raise ValueError("a gate:// URL names its socket, key= and url=") from None
 
     def reopen_url(self) -> Optional[str]:
-        return f"gate://{quote(self.address)}?" + urlencode({"key": self._key.hex(), "url": self.url})
+        return gate_url(self.address, self._key, self.url)
 
     # --- the interface ---------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -103,11 +103,8 @@ class GatedStore(ObjectStore):
         if len(data) <= INLINE_MAX:
             self._call(Request(op=op, key=key, version=version, body="inline"), bytes(data))
             return
-        fd = os.memfd_create("baton-put", os.MFD_CLOEXEC)
+        fd = memory_file(data)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
             self._call(Request(op=op, key=key, version=version, body="fd"), fd)
         finally:
             os.close(fd)
@@ -152,15 +149,14 @@ class GatedStore(ObjectStore):
             sock.settimeout(CLIENT_HANDSHAKE_S)
             with reachable(self.address) as path:
                 sock.connect(path)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(CLIENT_HANDSHAKE_S), 0))
+            receive_timeout(sock.fileno(), CLIENT_HANDSHAKE_S)
             sock.settimeout(None)  # (blocking again: the kernel's timeout above bounds the handshake's reads)
             conn = Connection(sock.detach())
             challenge = conn.recv_bytes(64)
             conn.send_bytes(proof(self._key, challenge))
             if conn.recv_bytes(16) != b"ok":
                 raise EOFError("the gate refused the key")
-            with socket.socket(fileno=os.dup(conn.fileno())) as raw:
-                raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))  # a call may be long
+            receive_timeout(conn.fileno(), 0)  # a call may be long
         except (OSError, EOFError) as exc:
             (conn or sock).close()
             raise errors.StorageUnavailable(f"cannot reach the worker's store gate ({type(exc).__name__}: {exc})") from None
@@ -173,14 +169,6 @@ def _as_bytes(body: "bytes | int | None") -> bytes:
         return body
     assert isinstance(body, int)
     try:
-        size = os.fstat(body).st_size
-        chunks, offset = [], 0
-        while offset < size:
-            chunk = os.pread(body, min(size - offset, 1 << 30), offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            offset += len(chunk)
-        return b"".join(chunks)
+        return read_file(body)
     finally:
         os.close(body)

@@ -17,7 +17,7 @@ from typing import Callable
 
 from baton.storage.layout import log_chunk_of
 from baton.storage.stores.base import ObjectStore
-from baton.storage.stores.gate_protocol import INLINE_MAX, Reply, Request, error_name
+from baton.storage.stores.gate_protocol import INLINE_MAX, Reply, Request, error_name, memory_file, read_file
 
 _log = logging.getLogger("baton.worker")
 
@@ -97,32 +97,9 @@ def small_inline(fd: int) -> tuple[Reply, "bytes | int"]:
         os.close(fd)
 
 
-def memory_file(data: bytes) -> int:
-    """``data`` in an anonymous file (memfd), for a body too large for a frame."""
-    fd = os.memfd_create("baton-gate", os.MFD_CLOEXEC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def read_all(body: "bytes | int | None", limit: int) -> bytes:
     """A request's body as bytes (a descriptor's file read whole, up to ``limit``)."""
     if isinstance(body, bytes):
         return body
     assert isinstance(body, int)
-    size = os.fstat(body).st_size
-    if size > limit:
-        raise ValueError(f"a body of {size} bytes is over this call's limit of {limit}")
-    chunks, offset = [], 0
-    while offset < size:
-        chunk = os.pread(body, size - offset, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
+    return read_file(body, limit)

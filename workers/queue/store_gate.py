@@ -21,11 +21,9 @@ import logging
 import os
 import secrets
 import socket
-import struct
 import threading
 from multiprocessing.connection import Connection
 from typing import Callable, Optional
-from urllib.parse import quote, urlencode
 
 from pydantic import ValidationError
 
@@ -34,9 +32,10 @@ from baton.storage import owned_dirs
 from baton.storage.layout import JOBS_PREFIX, check_job_id
 from baton.storage.stores.base import ObjectStore
 from baton.storage.redaction import Redactor
-from baton.storage.stores.gate_protocol import (FRAME_MAX, HANDSHAKE_S, INLINE_MAX, Reply, Request, proof,
-                                                reachable, readable_file, receive_fd, send_fd, within)
-from baton.workers.queue.gate_calls import memory_file, perform
+from baton.storage.stores.gate_protocol import (FRAME_MAX, HANDSHAKE_S, INLINE_MAX, Reply, Request, gate_url,
+                                                memory_file, proof, reachable, readable_file, receive_fd,
+                                                receive_timeout, send_fd, within)
+from baton.workers.queue.gate_calls import perform
 
 _log = logging.getLogger("baton.worker")
 
@@ -86,7 +85,7 @@ class StoreGate:
     @property
     def url(self) -> str:
         """What the job's processes open (``open_store``): the socket, the key and the store's own URL."""
-        return f"gate://{quote(self.address)}?" + urlencode({"key": self.key.hex(), "url": self.store.url})
+        return gate_url(self.address, self.key, self.store.url)
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Serve nothing more: refuse what arrives, wait up to ``wait_s`` for the calls in flight to land,
@@ -157,10 +156,10 @@ class StoreGate:
 
     def _handshake(self, conn: Connection) -> bool:
         challenge = secrets.token_bytes(32)
-        receive_timeout(conn, HANDSHAKE_S)  # a connection that never answers holds no thread for long
+        receive_timeout(conn.fileno(), HANDSHAKE_S)  # a connection that never answers holds no thread for long
         conn.send_bytes(challenge)
         answer = conn.recv_bytes(64)
-        receive_timeout(conn, 0)
+        receive_timeout(conn.fileno(), 0)
         if not secrets.compare_digest(answer, proof(self.key, challenge)):
             return False
         conn.send_bytes(b"ok")
@@ -239,13 +238,6 @@ class StoreGate:
         finally:
             if isinstance(out, int):
                 os.close(out)
-
-
-def receive_timeout(conn: Connection, seconds: float) -> None:
-    """SO_RCVTIMEO on the connection's socket (0: none): a read that waits longer fails."""
-    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-        whole = int(seconds)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
 
 
 def _shut(sock: socket.socket) -> None:

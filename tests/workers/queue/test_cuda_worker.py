@@ -18,7 +18,7 @@ from baton.storage.records.keys import WORKER_OFFERS
 from tests.helpers import assert_same_training, kill_when, make_spec, run_reference, wait_for
 from tests.probes import forwards_counted
 from tests.workers.queue.test_crash_recovery import HELD_AT, counting_spec, held_between_checkpoints
-from tests.workers.queue.test_worker_loss import running_at_step
+from tests.workers.queue.test_worker_loss import mid_epoch_checkpoint, running_at_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -38,11 +38,7 @@ def test_each_worker_offers_its_gpu_and_a_cuda_job_killed_with_its_worker_resume
 
     job = cluster.client.submit(spec, "cudakilled")
     holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
-
-    def mid_epoch(manifest: dict) -> bool:
-        latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None
-        return latest is not None and latest["kind"] == "step" and latest["batch_in_epoch"] > 0
-    committed = kill_when(holder.proc, cluster.store(), "cudakilled", mid_epoch)  # the whole process group
+    committed = kill_when(holder.proc, cluster.store(), "cudakilled", mid_epoch_checkpoint)  # the whole process group
 
     final = job.wait(timeout=180, progress=False)
     assert final.state.value == "succeeded", final.error

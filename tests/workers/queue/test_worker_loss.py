@@ -28,15 +28,17 @@ def running_at_step(job, step: int):
     return check
 
 
+def mid_epoch_checkpoint(manifest: dict) -> bool:
+    """``kill_when``'s moment: the job's latest committed checkpoint was taken mid-epoch."""
+    latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None
+    return latest is not None and latest["kind"] == "step" and latest["batch_in_epoch"] > 0
+
+
 @pytest.mark.slow
 def test_sigkill_mid_epoch_resumes_on_the_other_worker_bit_exact(cluster, reference):
     cluster.start_workers(2)
     job = cluster.client.submit(SPEC, "killed")
     holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
-
-    def mid_epoch_checkpoint(manifest: dict) -> bool:
-        latest = manifest["checkpoints"][-1] if manifest["checkpoints"] else None
-        return latest is not None and latest["kind"] == "step" and latest["batch_in_epoch"] > 0
     committed = kill_when(holder.proc, cluster.store(), "killed", mid_epoch_checkpoint)  # the whole process group
 
     final = job.wait(timeout=120, progress=False)
