@@ -16,6 +16,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 READY_TIMEOUT_S = 120.0
@@ -75,10 +76,12 @@ class RedisServer:
     proc: Optional[subprocess.Popen] = None
     workdir: Optional[str] = None
     persistent: bool = False
+    password: Optional[str] = None  # asked of every client (in a config file: a command line is world-readable)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> "RedisServer":
         binary = shutil.which("redis-server")
@@ -87,8 +90,11 @@ class RedisServer:
         if self.workdir is None:
             self.workdir = tempfile.mkdtemp(prefix="baton-redis-")
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+        config = Path(self.workdir) / "redis.conf"
+        config.write_text(f"requirepass {self.password}\n" if self.password else "")
+        config.chmod(0o600)
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
+            [binary, str(config), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
              "--dir", self.workdir, "--daemonize", "no", "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )
@@ -98,7 +104,7 @@ class RedisServer:
     def _pong(self) -> bool:
         with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
 
     def kill(self) -> None:
         """SIGKILL by PID, keeping the data directory (``start()`` again restarts from it)."""

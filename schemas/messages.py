@@ -79,6 +79,15 @@ class PeersOrder(Message):
     loss_wait_s: float
 
 
+class JobIdentity(Message):
+    """The user a job's processes run as on this node (``baton.workers.parallel.job_identity``)."""
+
+    uid: int
+    gid: int
+    name: str  # USER and LOGNAME (a slot's uid has no account: ``baton-job-<uid>``)
+    home: str  # its HOME and temporary directory, its own, removed after the attempt
+
+
 class AttemptOrder(Message):
     spec: JobSpec
     job_id: str
@@ -93,6 +102,7 @@ class AttemptOrder(Message):
     import_path: tuple[str, ...] = ()  # the job's shipped code and packages on this worker, imported first
     setup_log: tuple[str, ...] = ()  # what the worker did to have them (lines for the job's log)
     pause_at: Optional[int] = None  # the loop pauses at the validation that reaches it (epochs, or steps)
+    identity: Optional[JobIdentity] = None  # the user its processes run as (None: the worker's own)
 
 
 class GroupOrder(Message):
@@ -110,6 +120,7 @@ class GroupOrder(Message):
     resume_dir: Optional[str] = None  # sharded: the directory this node downloaded and verified it to
     resume_entry: Optional[CheckpointEntry] = None  # sharded, for the other nodes: each downloads it
     pause_at: Optional[int] = None  # every rank's loop pauses at the same validation
+    identity: Optional[JobIdentity] = None  # the user this node's ranks run as (each node sets its own)
 
 
 class RankOrder(Message):

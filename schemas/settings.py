@@ -96,6 +96,11 @@ class BatonSettings(BaseSettings):
     gang_distinct: Literal["host", "worker"] = Field(
         "host", description="What makes workers distinct nodes of a gang: their hosts, or (one machine standing for "
         "several, in tests) their names.")
+    job_user: str = Field("", description="The user a job's code runs as: unset, a uid of its own per worker process "
+                          "where the worker runs as root (from BATON_JOB_UIDS); FIRST-LAST, a uid from that range; a user's "
+                          "name, UID or UID:GID; `worker`, the worker's own user (no isolation).")
+    job_uids: str = Field("2000000000-2000000999", description="The uids a root worker gives its jobs (one per worker "
+                          "process; no account of the machine may use them).")
     redis_ca_certs: str = Field("", description="CA bundle for rediss:// (default: the system's).")
     metrics_port: int = Field(9100, ge=0, le=65535, description="Worker's Prometheus /metrics port; 0 turns it off. "
                               "`baton worker --gpus`/`--concurrency` gives child i the port + i.")

@@ -52,6 +52,10 @@ SPOOL_PREFIX = "baton-spool-"
 """Checkpoint spools: ``storage/checkpointing/checkpointer.py``, sharded checkpoints, best weights."""
 RANKS_PREFIX = "baton-ranks-"
 """A multi-rank attempt's private directory (``workers/parallel/launcher.py``)."""
+SNAPSHOT_PREFIX = "baton-snapshot-"
+"""A checkpoint writer's shared buffers on ``/dev/shm`` (``storage/checkpointing/shared_buffers.py``)."""
+HOME_PREFIX = "baton-home-"
+"""A job's HOME for one attempt, where it runs as a user of its own (``baton.workers.attempt.job_users``)."""
 GATE_PREFIX = "baton-gate-"
 """A worker's store gate for one attempt (``baton.workers.queue.store_gate``): its socket."""
 _held: dict[Path, int] = {}  # this process's held directories -> the descriptor holding their lock
@@ -182,9 +186,10 @@ def orphaned(name: str, prefix: str) -> bool:
     return start_time(pid) != start
 
 
-def remove_orphans(directory: Optional[Path], prefixes: Iterable[str]) -> list[Path]:
-    """Remove this user's directories in ``directory`` (the temporary directory if None) whose
-    owner is gone; those removed."""
+def remove_orphans(directory: Optional[Path], prefixes: Iterable[str], owner: Optional[int] = None) -> list[Path]:
+    """Remove this user's directories (``owner``'s: a uid this process's jobs run as) in ``directory``
+    (the temporary directory if None) whose maker is gone; those removed."""
+    owner = os.getuid() if owner is None else owner
     base = Path(directory or tempfile.gettempdir())
     if not base.is_dir():
         return []
@@ -192,7 +197,7 @@ def remove_orphans(directory: Optional[Path], prefixes: Iterable[str]) -> list[P
     for prefix in prefixes:
         for path in base.glob(f"{prefix}*"):
             try:
-                mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+                mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == owner
                 held = (path / OWNER_LOCK).exists()
             except OSError:  # removed meanwhile (by another process sweeping)
                 continue

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,19 @@ def cluster(redis_server, s3_server, s3_bucket, s3_env, tmp_path, monkeypatch):
     c = Cluster(env, tmp_path, redis_server.url, storage_url)
     yield c
     c.stop()
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user may write in (sticky, as /tmp): a job that runs as a user of its own
+    (``BATON_JOB_USER``'s default) cannot reach the tests' private ``tmp_path``."""
+    import shutil
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="baton-test-open-"))
+    directory.chmod(0o1777)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -68,6 +68,9 @@ def baton_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["BATON_ALLOWED_MODULES"] = "tests"
+    # the tests' jobs read and write the tests' private directories: they run as the worker's user, except
+    # where a test asks for jobs of their own user (``BATON_JOB_USER=""``: the default, a uid per worker)
+    env["BATON_JOB_USER"] = os.environ.get("BATONTEST_JOB_USER", "worker")
     env.pop("BATON_STORAGE_URL", None)
     env.update(extra)
     return env
@@ -139,6 +142,7 @@ def _commit_gate() -> Path:
     """This test process's hold on every job's manifest commits (storage/failpoints.py's ``commit`` pause):
     open (``off`` present) except inside ``kill_when``. Every process the tests start inherits it."""
     folder = Path(tempfile.mkdtemp(prefix="baton-test-commits-"))
+    folder.chmod(0o1777)  # (a job running as a user of its own pauses here too)
     (folder / "off").touch()
     os.environ[failpoints.PAUSE_ENV] = str(folder)
     atexit.register(shutil.rmtree, folder, True)

@@ -26,6 +26,7 @@ def worker(
     _say_which_redis()
     settings = _settings()  # one line for a setting that does not validate
     _check_own_store(settings)
+    _check_job_user(settings)
     level = logging.getLevelName(loglevel.upper())  # a number for a known level's name
     logging.getLogger("baton").setLevel(level if isinstance(level, int) else logging.INFO)  # (Celery refuses others)
     try:
@@ -34,6 +35,24 @@ def worker(
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
     raise typer.Exit(code)
+
+
+def _job_users(settings, command: str):
+    """What the worker's jobs will run as (``job_users``), checked without taking a uid; one line and exit 2
+    for a setting this machine cannot honour."""
+    from baton.workers.attempt.job_users import JobUserError, JobUsers
+
+    try:
+        return JobUsers(settings.job_user, settings.job_uids, claim=False)
+    except JobUserError as exc:
+        typer.echo(f"baton {command}: {exc}", err=True)
+        raise typer.Exit(2)
+
+
+def _check_job_user(settings) -> None:
+    users = _job_users(settings, "worker")
+    if users.user is None:
+        typer.echo(f"warning: {users.describe()}", err=True)
 
 
 def _check_own_store(settings) -> None:
@@ -66,7 +85,7 @@ def _check_own_store(settings) -> None:
 @app.command()
 def health() -> None:
     """Exit 0 if this machine can reach baton's Redis (BATON_REDIS_URL), 1 otherwise: for HEALTHCHECK
-    and readiness probes."""
+    and readiness probes. Also says when jobs here would run as the worker's own user (no isolation)."""
     import redis
 
     from baton.storage.records.connection import connect
@@ -77,7 +96,10 @@ def health() -> None:
     except redis.RedisError as exc:
         typer.echo(f"unhealthy: cannot reach Redis: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1)
+    users = _job_users(settings, "health")
     typer.echo("ok")
+    if users.user is None:  # healthy, but the operator should know
+        typer.echo(f"warning: {users.describe()}", err=True)
 
 
 @app.command()

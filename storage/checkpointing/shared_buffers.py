@@ -35,7 +35,7 @@ from baton.storage import owned_dirs
 from baton.storage.checkpointing.plain import Plain, only_scalars
 
 SHM = owned_dirs.SHM
-PREFIX = "baton-snapshot-"
+PREFIX = owned_dirs.SNAPSHOT_PREFIX
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 """Errors that say the machine has no room for a buffer (anything else, such as too many open files,
 is not the machine's fault and is raised as it is)."""

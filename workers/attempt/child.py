@@ -28,6 +28,7 @@ from baton.schemas.messages import AttemptEnd, AttemptOrder, Ending, Failure
 from baton.storage.stores.open import open_store
 from baton.workers.parallel.errors import NodeReleased, RankLost
 from baton.workers.parallel import spare_ranks
+from baton.workers.parallel.job_identity import become
 from baton.workers.parallel.launcher import die_with_parent
 
 from baton.workers.attempt.channel import Remote, RemoteControl, StopFlag
@@ -42,6 +43,7 @@ from the attempt is the job's own failure)."""
 
 
 def main(conn: Connection, stop: StopFlag, order: AttemptOrder) -> None:
+    become(order.identity)  # first: the job's user, for this process and all it starts (job_identity)
     die_with_parent(os.getppid())
     # a forkserver's child inherits "forkserver" as its default start method: the job's DataLoader workers
     # must start as in any other process (forked from this one, its logging and data set included)

@@ -16,7 +16,8 @@ from baton.storage import owned_dirs
 from baton.storage.stores.base import ObjectStore
 from baton.workers.tracking.tensorboard import LOCAL_DIR_PREFIX
 
-PREFIXES = (owned_dirs.SPOOL_PREFIX, LOCAL_DIR_PREFIX, owned_dirs.RANKS_PREFIX, owned_dirs.GATE_PREFIX)
+PREFIXES = (owned_dirs.SPOOL_PREFIX, LOCAL_DIR_PREFIX, owned_dirs.RANKS_PREFIX, owned_dirs.GATE_PREFIX,
+            owned_dirs.HOME_PREFIX)
 
 
 def remove_orphaned_scratch(store: Optional[ObjectStore], log: Callable[[str], None]) -> list[Path]:

@@ -6,11 +6,13 @@
 - **Packages** (``code.pip``): installed once per set into an overlay beside the worker's environment,
   never over it (``packages``).
 
-Both live in one directory this worker process owns (``owned_dirs``: 0700, removed when the worker
+Both live in one directory this worker process owns (``owned_dirs``: removed when the worker
 stops, swept by the next worker when it was killed). A training process is forked from a forkserver
 that never imports a job's code, so one job's modules are never in the next one's process.
 
-A job's processes run as the worker's user, so a job could change a directory kept for the next: the
+The cache's directory lets others pass but not list, and each entry is its owner's alone until it is
+lent, for one attempt, to the job's user (``job_identity``): no job reads another's code. A job whose
+processes run as the worker's user (``BATON_JOB_USER=worker``) could change a directory kept for the next: the
 worker keeps each one's fingerprint (every file's path and sha256) in its own memory, and checks it
 before handing the directory to another job; one that changed is removed and made again.
 """
@@ -59,6 +61,7 @@ class ShippedCode:
     def root(self) -> Path:
         if self._root is None:
             self._root = owned_dirs.make(PREFIX, self._base)
+            os.chmod(self._root, 0o711)  # each entry is lent to the job using it alone (``job_identity.grant``)
         return self._root
 
     def close(self) -> None:
@@ -152,6 +155,7 @@ class ShippedCode:
         try:
             fill(staging)
             _read_only(staging)
+            os.chmod(staging, 0o500)  # this user's alone until lent to a job (``job_identity.grant``)
             prints = fingerprint(staging)
             os.rename(staging, target)
         except code_archive.ArchiveRefused as exc:  # the job's own archive, as submitted: the job fails

@@ -29,8 +29,9 @@ import threading
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
-from baton.schemas.messages import RankOrder
+from baton.schemas.messages import JobIdentity, RankOrder
 from baton.storage.forked import name_process
+from baton.workers.parallel.job_identity import become
 from baton.workers.parallel.spare_ranks import RANK_NAME
 
 STOPS = (signal.SIGTERM, signal.SIGINT)
@@ -176,6 +177,8 @@ def die_with_worker(worker: Connection) -> None:
 
 def _serve(raw: dict, secret: str, worker: Connection) -> None:
     """The rank's life in the forked process: its parent is the forkserver, not the worker that asked."""
+    identity = raw["group"].get("identity")
+    become(JobIdentity.model_validate(identity) if identity else None)  # first: the job's user (job_identity)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as ``rank_main.serve`` does; a KeyboardInterrupt here
     die_with_worker(worker)  # would end the rank with no report)
     from baton.workers.parallel import rank_main

@@ -41,6 +41,7 @@ from baton.schemas.errors import FencedOut, PermanentError, exception_chain
 from baton.schemas.hosting import devices_missing
 from baton.schemas.messages import GroupOrder, RankOrder
 from baton.storage import owned_dirs
+from baton.workers.parallel.job_identity import grant
 
 from baton.storage.forked import ForkedChild
 from baton.workers.parallel import failure_report, gpu_probe, rendezvous, spare_ranks
@@ -98,6 +99,8 @@ class Ranks:
         self.world_size, self.log = order.world_size, log
         self.ranks = ranks
         self.directory = directory or owned_dirs.make(RANKS_PREFIX)  # 0700: this user's processes only
+        if directory is None:  # (a follower's worker made it: lent to the ranks' user, if they have their own)
+            grant(self.directory, order.identity)
         self.secret = meeting.secret
         self.store = meeting.store
         self.procs: list["subprocess.Popen | ForkedChild"] = []

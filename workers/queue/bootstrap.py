@@ -29,6 +29,7 @@ from baton.storage.records import presence
 from baton.storage.records.messages import publish_join, publish_run
 from baton.workers.queue.celery_app import app
 from baton.workers.queue.worker_control import WorkerContext
+from baton.workers.attempt.job_users import JobUserError, JobUsers
 from baton.workers.queue.preemption import PREEMPTION
 from baton.workers.queue.spot_notice import NoticePoller
 from baton.workers.queue.redis_retry import TRANSIENT_REDIS_ERRORS
@@ -131,6 +132,13 @@ def _on_ready(sender, **_) -> None:
         ctx.redis.set(keys.worker_stopping(ctx.worker), "1", ex=int(ctx.settings.preempt_grace_s) + 60)
 
     _log.info("baton worker %s: connected to the broker; starting up", ctx.worker)
+    try:
+        ctx.users = JobUsers(ctx.settings.job_user, ctx.settings.job_uids)  # a slot's uid held from now on
+    except JobUserError as exc:
+        _log.critical("baton worker %s: refusing to start: %s", ctx.worker, exc)
+        logging.shutdown()
+        os._exit(EXIT_REFUSED)
+    (_log.info if ctx.users.user is not None else _log.warning)("baton worker %s: %s", ctx.worker, ctx.users.describe())
     try:
         took = start_forkserver()  # the training processes' parent: its imports and warm-up, paid before any job
     except ForkserverBroken as exc:  # (this process imports no torch: a broken install shows here)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
@@ -191,9 +192,13 @@ class Held:
                 shown=f"error: {type(exc).__name__}: {exc}"))  # (no frame of the job's: baton's own words say it)
         for line in setup_log:
             _log.info("job %s: %s", self.job_id, line)
-        with StoreGate(store, self.job_id, ctx.redact) as gate:  # the training process's store: its job's objects
-            order = self._order(spec, storage_url).model_copy(
-                update={"import_path": import_path, "setup_log": tuple(setup_log), "store_gate": gate.url})
+        # the training process's store: its job's objects; its user: the job's own (``job_users``)
+        with StoreGate(store, self.job_id, ctx.redact) as gate, \
+                ctx.users.lent((gate.directory, Path(gate.address)), import_path) as tenancy:
+            order = self._order(spec, storage_url).model_copy(update={
+                "import_path": import_path, "setup_log": tuple(setup_log), "store_gate": gate.url,
+                "identity": tenancy.identity})
+            tenancy.write(order.memory or ())
             self.process = TrainingProcess(order)
             try:
                 return self._serve(self.process, order, gate)

@@ -20,6 +20,7 @@ import logging
 import shutil
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import redis
@@ -31,6 +32,7 @@ from baton.storage.records.gangs import Gang, Gangs, Membership
 from baton.workers.queue.store_gate import StoreGate
 from baton.storage.stores.open import open_store
 from baton.workers.parallel import failure_report
+from baton.workers.parallel.job_identity import readable_inside
 from baton.workers.queue.gang_node import POLL_S, Renewer, node_host, quietly
 
 if TYPE_CHECKING:
@@ -115,11 +117,13 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
     order = GroupOrder.model_validate_json(gang.args).model_copy(
         update={"allowed_prefixes": ctx.settings.allowed_prefixes})
     store = open_store(order.storage_url)
-    scratch = owned_dirs.make(owned_dirs.SPOOL_PREFIX, store.scratch_dir())
+    # (a file store's scratch directory is inside the store, which a job of its own user may not enter)
+    scratch = owned_dirs.make(owned_dirs.SPOOL_PREFIX, None if ctx.users.user else store.scratch_dir())
     try:
         if order.resume_entry is not None:  # sharded: this node's copy of the checkpoint the leader chose, verified
             try:
                 resume_dir = download_checkpoint(store, order.resume_entry, scratch / "resume")
+                readable_inside(scratch)  # (its ranks may run as the job's own user: ``scratch`` is lent to them)
             except Exception as exc:  # noqa: BLE001 - unreachable, corrupt, a full disk: this node's loss
                 return _report(gangs, job_id, gang, "lost", f"node {membership.node} ({ctx.worker}) could not read "
                                f"the checkpoint: {type(exc).__name__}: {exc}")
@@ -137,9 +141,11 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
         from baton.workers.attempt.process import context
         from baton.workers.parallel.nodes import start_node
 
-        with StoreGate(store, job_id, ctx.redact) as gate:  # the ranks' store: this job's objects only
-            ranks = start_node(order, membership.node, gang.endpoint, gang.secret,
-                               lambda message: _log.info("job %s: %s", job_id, message), context(), gate.url)
+        # the ranks' store: this job's objects only; their user: the job's own on this node (``job_users``)
+        with StoreGate(store, job_id, ctx.redact) as gate, \
+                ctx.users.lent((gate.directory, Path(gate.address)), (*import_path, str(scratch))) as tenancy:
+            ranks = start_node(order.model_copy(update={"identity": tenancy.identity}), membership.node, gang.endpoint,
+                               gang.secret, lambda message: _log.info("job %s: %s", job_id, message), context(), gate.url)
             try:
                 return _watch(ctx, gangs, job_id, gang, membership, keeper, ranks)
             finally:

@@ -31,6 +31,7 @@ from baton.workers.queue.heartbeat import Heartbeat
 from baton.workers.queue.job_store import StoreChecks
 from baton.workers.queue.preemption import Preemption
 from baton.workers.code.cache import ShippedCode
+from baton.workers.attempt.job_users import WORKER, JobUsers
 from baton.workers.queue.redis_retry import while_leased
 
 _log = logging.getLogger("baton.worker")
@@ -54,6 +55,7 @@ class WorkerContext:
     publish_join: Callable[[str, int, int, str], None] = lambda job_id, attempt, nodes, queue: None  # a gang's join
     offered_gpus: Callable[[], int] = offered_gpus  # GPUs this worker process can give a job's ranks
     redact: Redactor = field(default_factory=Redactor)  # every text recorded about a job passes through it
+    users: JobUsers = field(default_factory=lambda: JobUsers(WORKER))  # who its jobs run as (set as it starts)
     queues: tuple[str, ...] = ("default",)  # the queues it serves (set as it starts consuming)
     stores: StoreChecks = field(init=False)  # the stores this worker probed (its own: BATON_STORAGE_URL)
     code: ShippedCode = field(init=False)  # the jobs' shipped code, unpacked here

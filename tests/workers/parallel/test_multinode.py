@@ -55,28 +55,43 @@ def test_a_gang_that_cannot_fill_is_released_without_using_an_attempt_then_two_n
 
 
 @pytest.mark.slow
-def test_sigterm_on_a_node_stops_every_rank_at_one_step_and_loses_nothing(cluster, fsdp_reference, tmp_path):
+@pytest.mark.parametrize("job_user", ["worker", ""], ids=["as-the-worker", "as-its-own-user"])
+def test_sigterm_on_a_node_stops_every_rank_at_one_step_and_loses_nothing(cluster, fsdp_reference, tmp_path, job_user):
     """SIGTERM to the follower's worker: it passes it to its rank, the whole group agrees to stop at
     the next step, one stop checkpoint is committed by the leader and the job goes back to the queue
-    uncounted; a spare joins the leader and the run ends bit-exact."""
+    uncounted; a spare joins the leader and the run ends bit-exact. Also where every node runs the job as
+    a user of its own (a root worker's default): the spare's ranks, forked from its forkserver as that
+    user, read the sharded checkpoint its worker fetched for them."""
     import signal
 
     from tests.helpers import read_manifest
+    from tests.workers.parallel.test_ddp_workers import rank_pids
 
-    cluster.start_workers(2, **NODES_ENV)
+    cluster.start_workers(2, BATON_JOB_USER=job_user, **NODES_ENV)
     job = cluster.client.submit(TWO_NODES, "term")
     store = cluster.store()
     wait_for(lambda: (m := read_manifest(store, "term")) and any(e["kind"] == "step" for e in m["checkpoints"]))
     follower = cluster.worker(gang_of(cluster, "term").workers[1])
+    if job_user == "":  # the leader's training process and the follower's rank: each node's worker's own uid
+        users = {uid_of(job.status().pid), *map(uid_of, wait_for(lambda: rank_pids(follower), timeout=30))}
+        assert 0 not in users and len(users) == 2, users
     follower.signal(signal.SIGTERM, group=False)
     stopped = wait_for(lambda: (m := read_manifest(store, "term")) and m["checkpoints"][-1]["kind"] == "stop" and m,
                        timeout=60)
     assert follower.proc.wait(timeout=60) is not None
-    cluster.start_workers(1, **NODES_ENV)
+    cluster.start_workers(1, BATON_JOB_USER=job_user, **NODES_ENV)
     final = job.wait(timeout=240, progress=False)
     assert final.state.value == "succeeded", final.error
     assert final.lost == 0 and final.resumed_from == stopped["checkpoints"][-1]["step"]  # 0 steps lost
     assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
+
+
+def uid_of(pid: int) -> int:
+    """The real uid ``pid`` runs as."""
+    from pathlib import Path
+
+    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("Uid:")).split()[1])
 
 
 @pytest.mark.slow

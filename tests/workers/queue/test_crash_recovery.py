@@ -51,9 +51,16 @@ def held_between_checkpoints(job, hold) -> object:
 
 
 @pytest.mark.slow
-def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluster, counted, tmp_path):
+@pytest.mark.parametrize("job_user", ["worker", ""], ids=["as-the-worker", "as-its-own-user"])
+def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluster, counted, tmp_path, open_dir, job_user):
+    """Also where the job runs as a user of its own (a root worker's default): its copies' directories are
+    lent to it, and its worker, which cannot read its memory, resumes it from them."""
     directory, reference, reference_forwards = counted
-    cluster.start_workers(2)
+    if job_user == "":  # (its files where that user may write them)
+        directory, tmp_path = open_dir / "forwards", open_dir
+        directory.mkdir(mode=0o777)
+        directory.chmod(0o1777)
+    cluster.start_workers(2, BATON_JOB_USER=job_user)
     hold = tmp_path / "hold"
     hold.touch()
     job = cluster.client.submit(counting_spec(directory, hold, hold_after=HELD_AT * 32), "crashed")  # (32 a batch)

@@ -1,0 +1,262 @@
+"""Which user a worker's jobs run as (``BATON_JOB_USER``), and what each attempt is lent as that user.
+
+- unset (the default): where the worker may change user (root), a uid of its own per worker process (a
+  *slot*) from ``BATON_JOB_UIDS``: the first that no account of the machine has, that no process runs as,
+  and that no other worker holds (it flocks ``baton-job-uid-<uid>.lock`` in the temporary directory for
+  as long as it lives). Its group is the same number. Where it may not, the worker's own user (below).
+- ``A-B``: slots from that range of uids.
+- a user's name, ``UID`` or ``UID:GID``: that user for every job; a worker that cannot change user refuses
+  to start. The operator gives each worker its own (processes of a shared one are not ended by uid).
+- ``worker``: the worker's own user: a job's code can then read the worker's credentials (its ``/proc``
+  environ and memory), signal it, and write whatever it can write. Said once at start and by ``baton health``.
+
+Each attempt gets a HOME of its own (also its temporary directory), made empty and removed after it. After
+a slot's attempt, every process still running as the slot's uid is killed (none can be another's: the uid
+is this worker's alone), and what it left on ``/dev/shm`` is removed.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+import signal
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from baton.schemas.messages import JobIdentity
+from baton.storage import owned_dirs
+from baton.workers.parallel.job_identity import READ, SOCKET, WRITE, grant, take_back
+
+HOME_PREFIX = owned_dirs.HOME_PREFIX
+"""An attempt's HOME (``owned_dirs``): the worker's directory, holding the job's own ``home``."""
+WORKER = "worker"
+DEFAULT_UIDS = "2000000000-2000000999"
+LOCK_NAME = "baton-job-uid-{}.lock"
+PROC = Path("/proc")
+
+
+class JobUserError(ValueError):
+    """BATON_JOB_USER or BATON_JOB_UIDS cannot be honoured on this machine (one line: what and why)."""
+
+
+def may_change_user() -> bool:
+    """Whether this process can run a child as another user (root, or CAP_SETUID and CAP_SETGID)."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        for line in (PROC / "self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+                return bool(caps & (1 << 7)) and bool(caps & (1 << 6))  # CAP_SETUID, CAP_SETGID
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _uid_range(text: str, setting: str) -> range:
+    low, sep, high = text.partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit() or not 0 < int(low) <= int(high) < 2**32 - 1:
+        raise JobUserError(f"{setting}={text!r}: expected a range of uids, FIRST-LAST (e.g. {DEFAULT_UIDS})")
+    return range(int(low), int(high) + 1)
+
+
+def _named(text: str) -> tuple[int, int, str]:
+    uid_text, _, gid_text = text.partition(":")
+    try:
+        account = pwd.getpwuid(int(uid_text)) if uid_text.isdigit() else pwd.getpwnam(uid_text)
+    except KeyError:
+        if not uid_text.isdigit():
+            raise JobUserError(f"BATON_JOB_USER={text!r}: no such user on this machine") from None
+        account = None
+    uid = account.pw_uid if account else int(uid_text)
+    if gid_text and not gid_text.isdigit():
+        raise JobUserError(f"BATON_JOB_USER={text!r}: expected USER, UID or UID:GID")
+    gid = int(gid_text) if gid_text else (account.pw_gid if account else uid)
+    if uid == 0 or gid == 0:
+        raise JobUserError(f"BATON_JOB_USER={text!r}: jobs may not run as root")
+    return uid, gid, account.pw_name if account else f"baton-job-{uid}"
+
+
+def unreadable_by(uid: int, gid: int) -> Optional[str]:
+    """The first of the paths a job's processes must read (this Python, its standard library, its packages,
+    baton's) that ``uid``:``gid`` could not, or None (a Python installed under a private home, /root)."""
+    import sysconfig
+
+    paths = {os.path.realpath(sys.executable), *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
+             str(Path(__file__).resolve().parents[2])}  # (baton's package)
+    for path in sorted(paths):
+        target = Path(path)
+        for place in [*reversed(target.parents), target]:
+            try:
+                info = place.stat()
+            except OSError:
+                break
+            need = stat.S_IXOTH if place != target or place.is_dir() else stat.S_IROTH
+            if info.st_uid == uid:
+                need <<= 6
+            elif info.st_gid == gid:
+                need <<= 3
+            if not info.st_mode & need:
+                return f"{path} ({place} is mode {stat.filemode(info.st_mode)})"
+    return None
+
+
+def running_as(uid: int) -> list[int]:
+    """The pids of the processes whose real or effective user is ``uid``."""
+    found = []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                line = next(x for x in (entry / "status").read_text().splitlines() if x.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            if str(uid) in line.split()[1:3]:
+                found.append(int(entry.name))
+    return found
+
+
+class JobUsers:
+    """This worker process's choice (module doc), made once at start (``JobUserError`` if it cannot be)."""
+
+    def __init__(self, job_user: str = "", job_uids: str = DEFAULT_UIDS, claim: bool = True):
+        """``claim``: take a slot's uid now (a worker process); without, only check the settings (``baton
+        health``, ``baton worker`` before it starts its processes)."""
+        self._lock_fd: Optional[int] = None
+        self.slot = False  # the uid is this worker's alone (its leftovers are ended by uid)
+        self.user: Optional[tuple[int, int, str]] = None  # None: the worker's own user
+        self.why_not = "" if may_change_user() else f"this worker (uid {os.geteuid()}) cannot change user"
+        setting = job_user.strip()
+        if setting == WORKER or (not setting and not may_change_user()):
+            return
+        if not may_change_user():
+            raise JobUserError(f"BATON_JOB_USER={setting!r}: this worker cannot change user (it runs as uid "
+                               f"{os.geteuid()} without CAP_SETUID); run it as root, or unset BATON_JOB_USER")
+        if not setting or (setting[0].isdigit() and "-" in setting):
+            uids = _uid_range(setting or job_uids, "BATON_JOB_USER" if setting else "BATON_JOB_UIDS")
+            uid = self._claim(uids) if claim else uids.start
+            self.user, self.slot = (uid, uid, f"baton-job-{uid}"), True
+            self._uids = uids
+        else:
+            self.user = _named(setting)
+        blocked = unreadable_by(*self.user[:2])
+        if blocked is not None and setting:
+            raise JobUserError(f"BATON_JOB_USER={setting!r}: that user cannot read {blocked}: install baton where "
+                               "its jobs' users can read it")
+        if blocked is not None:  # the default: said at start, and by ``baton health``
+            self.release()
+            self.user, self.slot, self.why_not = None, False, f"a user of their own cannot read {blocked}"
+
+    def describe(self) -> str:
+        if self.user is None:
+            why = f" ({self.why_not})" if self.why_not else " (BATON_JOB_USER=worker)"
+            return (f"jobs run as this worker's own user, uid {os.geteuid()}{why}: a job's code can read this worker's "
+                    "credentials and signal it")
+        uid, gid, name = self.user
+        if self.slot and self._lock_fd is None:
+            return f"jobs run as a user of their own, one uid per worker process from {self._uids.start}-{self._uids.stop - 1}"
+        return f"jobs run as {name} (uid {uid}, gid {gid}{': this worker process' + chr(39) + 's alone' if self.slot else ''})"
+
+    def _claim(self, uids: range) -> int:
+        for uid in uids:
+            try:
+                pwd.getpwuid(uid)
+                continue  # an account of this machine's
+            except KeyError:
+                pass
+            fd = self._lock(uid)
+            if fd is None:
+                continue
+            if running_as(uid):  # another's (a container sharing this machine's /tmp, a stale slot)
+                os.close(fd)
+                continue
+            self._lock_fd = fd
+            owned_dirs.remove_orphans(owned_dirs.SHM, (owned_dirs.SNAPSHOT_PREFIX,), owner=uid)  # a killed worker's
+            return uid
+        raise JobUserError(f"no free uid for this worker's jobs in {uids.start}-{uids.stop - 1} (BATON_JOB_UIDS): "
+                           "each worker process holds one")
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @staticmethod
+    def _lock(uid: int) -> Optional[int]:
+        path = Path(tempfile.gettempdir()) / LOCK_NAME.format(uid)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():  # made by another user: not proof of anything
+                raise OSError
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    def lend(self) -> Optional[JobIdentity]:
+        """The identity for one attempt, with its new, empty HOME; None: the worker's own user."""
+        if self.user is None:
+            return None
+        uid, gid, name = self.user
+        outer = owned_dirs.make(HOME_PREFIX)
+        os.chmod(outer, 0o711)
+        home = outer / "home"
+        home.mkdir(mode=0o700)
+        os.chown(home, uid, gid)
+        return JobIdentity(uid=uid, gid=gid, name=name, home=str(home))
+
+    def clear(self, identity: Optional[JobIdentity]) -> list[int]:
+        """After the attempt (its processes ended): a slot's leftover processes killed, its HOME and its
+        ``/dev/shm`` buffers removed; the pids killed."""
+        if identity is None:
+            return []
+        killed = []
+        if self.slot:
+            for pid in running_as(identity.uid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+            owned_dirs.remove_orphans(owned_dirs.SHM, (owned_dirs.SNAPSHOT_PREFIX,), owner=identity.uid)
+        owned_dirs.remove(Path(identity.home).parent)
+        return killed
+
+    @contextlib.contextmanager
+    def lent(self, gate: Optional[tuple[Path, Path]] = None, read: Iterable[str] = ()) -> Iterator["Tenancy"]:
+        """One attempt's identity (``lend``) for the ``with`` block, its store gate (its directory and
+        socket) and the directories in ``read`` (its shipped code) lent to it; after the block (its
+        processes ended), those taken back and the rest cleared (``clear``)."""
+        tenancy = Tenancy(self.lend(), tuple(read))
+        try:
+            if gate is not None:
+                grant(gate[0], tenancy.identity, READ)
+                grant(gate[1], tenancy.identity, SOCKET)
+            for path in tenancy.read:
+                grant(path, tenancy.identity, READ)
+            yield tenancy
+        finally:
+            if tenancy.identity is not None:
+                for path in tenancy.read:
+                    with contextlib.suppress(OSError):
+                        take_back(path)
+            self.clear(tenancy.identity)
+
+
+class Tenancy:
+    """An attempt's identity while it holds it, and what it was lent."""
+
+    def __init__(self, identity: Optional[JobIdentity], read: tuple[str, ...]):
+        self.identity, self.read = identity, read
+
+    def write(self, paths: Iterable[str]) -> None:
+        """Lend the directories ``paths`` (its copies in memory) to write in."""
+        for path in paths:
+            grant(path, self.identity, WRITE)
