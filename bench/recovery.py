@@ -80,6 +80,7 @@ def counting(spec: dict, directory: Path) -> dict:
 def trial(client: JobClient, workers: list[WorkerProcess], kind: str, index: int, root: Path) -> dict:
     directory = root / f"{kind}-{index}"
     directory.mkdir()
+    directory.chmod(0o1777)  # (the job's model writes there: it may run as a user of its own)
     spec = counting(SPEC, directory)
     if kind == "crash-1":
         spec["checkpoint"] = {**spec["checkpoint"], "memory_every_steps": 1}
@@ -167,6 +168,7 @@ def main() -> None:
 
     settings = BatonSettings()
     root = Path(tempfile.mkdtemp(prefix="baton-recovery-"))
+    root.chmod(0o755)
     redis, s3 = RedisServer().start(), S3Server().start()
     s3.create_bucket("recovery")
     env = {**os.environ, **s3.env(), "BATON_REDIS_URL": redis.url, "BATON_STORAGE_URL": "s3://recovery/bench",

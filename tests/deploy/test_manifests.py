@@ -92,6 +92,10 @@ def test_kubernetes_worker_grace_gpus_probes_and_secrets():
         assert {"secretRef": {"name": "baton-secrets"}} in container["envFrom"]
         assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"]) and "value" in e]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        # root in its container, to run each job as a uid of its own, with only what that needs
+        assert pod["securityContext"]["runAsUser"] == 0 and container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]}}
     assert not any(SECRET_NAME.search(key) for key in config["data"])
     secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
     assert all("REPLACE_ME" in value for data in secrets.values() for value in data.values())  # examples only
