@@ -34,6 +34,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from functools import lru_cache
@@ -124,10 +125,17 @@ def make(prefix: str, directory: Optional[Path] = None, held: bool = False) -> P
 
 def remove_tree(path: Path) -> None:
     """``shutil.rmtree``, through directories made read-only (a cache of shipped code): each is made
-    writable by its owner when an entry in it cannot be removed. FileNotFoundError if ``path`` is gone."""
-    def writable_then_retry(func, name, *_):
+    writable by its owner when an entry in it cannot be removed. FileNotFoundError if ``path`` is gone.
+    Only directories inside ``path`` are ever made writable: what holds it (``/tmp``) never is, and what
+    another process removed meanwhile (a sweep of the same orphan) is passed over."""
+    top = os.path.abspath(path)
+
+    def writable_then_retry(func, name, error):
+        if isinstance(error[1] if isinstance(error, tuple) else error, FileNotFoundError):
+            return  # (removed meanwhile)
         try:
-            os.chmod(os.path.dirname(name), 0o700)
+            if os.path.abspath(name) != top:
+                os.chmod(os.path.dirname(name), 0o700)
             if os.path.isdir(name) and not os.path.islink(name):
                 os.chmod(name, 0o700)
             func(name)
@@ -160,11 +168,13 @@ def remove(path: Path) -> None:
 def _take_lock(path: Path) -> Optional[int]:
     """The descriptor holding ``path``'s owner lock, if its owner is gone (the lock was free); None
     if the lock is held, or there is no lock file (not a held directory)."""
-    try:
-        fd = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # (never follow a link nor wait on a FIFO: a directory lent to a job's user could hold one)
+        fd = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a lock file")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
@@ -186,10 +196,9 @@ def orphaned(name: str, prefix: str) -> bool:
     return start_time(pid) != start
 
 
-def remove_orphans(directory: Optional[Path], prefixes: Iterable[str], owner: Optional[int] = None) -> list[Path]:
-    """Remove this user's directories (``owner``'s: a uid this process's jobs run as) in ``directory``
-    (the temporary directory if None) whose maker is gone; those removed."""
-    owner = os.getuid() if owner is None else owner
+def remove_orphans(directory: Optional[Path], prefixes: Iterable[str]) -> list[Path]:
+    """Remove this user's directories in ``directory`` (the temporary directory if None) whose
+    owner is gone; those removed."""
     base = Path(directory or tempfile.gettempdir())
     if not base.is_dir():
         return []
@@ -197,7 +206,7 @@ def remove_orphans(directory: Optional[Path], prefixes: Iterable[str], owner: Op
     for prefix in prefixes:
         for path in base.glob(f"{prefix}*"):
             try:
-                mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == owner
+                mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
                 held = (path / OWNER_LOCK).exists()
             except OSError:  # removed meanwhile (by another process sweeping)
                 continue

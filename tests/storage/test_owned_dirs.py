@@ -59,3 +59,33 @@ def test_a_forked_child_does_not_keep_a_dead_owners_held_directory(tmp_path):
         assert owned_dirs.remove_orphans(tmp_path, [PREFIX]) == [tmp_path / os.path.basename(made)]
     finally:
         os.kill(int(child), 9)
+
+
+def test_two_processes_removing_one_tree_at_once_leave_the_directory_holding_it_as_it_was(tmp_path):
+    """As two workers sweeping the same orphan in /tmp do: what one removed first is passed over by the other,
+    and the directory holding the tree (``/tmp`` itself) keeps its mode."""
+    import threading
+
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    holder.chmod(0o1777)
+    for round in range(5):
+        tree = holder / f"tree-{round}"
+        for branch in range(20):
+            (tree / str(branch)).mkdir(parents=True)
+            for leaf in range(25):
+                (tree / str(branch) / str(leaf)).touch()
+        removers = [threading.Thread(target=_remove_quietly, args=(tree,)) for _ in range(2)]
+        for remover in removers:
+            remover.start()
+        for remover in removers:
+            remover.join()
+        assert not tree.exists()
+        assert holder.stat().st_mode & 0o7777 == 0o1777, oct(holder.stat().st_mode)
+
+
+def _remove_quietly(tree) -> None:
+    try:
+        owned_dirs.remove_tree(tree)
+    except FileNotFoundError:  # (the other was done before this one began)
+        pass
