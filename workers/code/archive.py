@@ -16,7 +16,6 @@ parse more than that.
 """
 from __future__ import annotations
 
-import os
 import tarfile
 import tempfile
 import zlib
@@ -24,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from baton.schemas.code import PROTECTED
+from baton.storage import plain_tar
 
 MAX_MEMBERS = 100_000
 HEADER_ROOM_BYTES = 32_000_000
@@ -53,13 +53,7 @@ def unpack(data: bytes, into: Path, limit_bytes: int) -> int:
                 members = tar.getmembers()
                 size = check(members, limit_bytes)
                 into.mkdir()
-                if hasattr(tarfile, "data_filter"):  # (Python 3.11.4+, 3.12+: the same rules again, by the library)
-                    tar.extractall(into, members=members, filter="data")
-                else:  # (Debian 12's 3.11.2: ``check`` above refused what the filter would; owners and modes
-                    for member in members:  # are reset as it would: a root worker would give files the archive's)
-                        member.uid, member.gid, member.uname, member.gname = os.geteuid(), os.getegid(), "", ""
-                        member.mode &= 0o755
-                    tar.extractall(into, members=members)
+                plain_tar.extract(tar, into, members)  # (tarfile's data filter: the same rules again)
         except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
             raise ArchiveRefused(f"{type(exc).__name__}: {exc}") from None
     return size
@@ -122,10 +116,9 @@ def check(members: list[tarfile.TarInfo], limit_bytes: int) -> int:
     size = 0
     for member in members:
         path = PurePosixPath(member.name)
-        if not (member.isfile() or member.isdir()):
-            raise ArchiveRefused(f"{member.name!r} is not a regular file or directory")
-        if path.is_absolute() or ".." in path.parts or not member.name or "\\" in member.name:
-            raise ArchiveRefused(f"{member.name!r} is not a plain path inside the archive")
+        why = plain_tar.unsafe(member)
+        if why is not None:
+            raise ArchiveRefused(why)
         top = path.parts[0] if path.parts else ""
         if top.removesuffix(".py") in PROTECTED and (member.isdir() or len(path.parts) > 1 or top.endswith(".py")):
             raise ArchiveRefused(f"{member.name!r} would shadow the worker's own {top.removesuffix('.py')}")
