@@ -138,6 +138,12 @@ def read_manifest(store: ObjectStore, job_id: str) -> Optional[dict]:
     return json.loads(found[0]) if found else None
 
 
+def uid_of(pid: int) -> int:
+    """The real uid ``pid`` runs as."""
+    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("Uid:")).split()[1])
+
+
 def _commit_gate() -> Path:
     """This test process's hold on every job's manifest commits (storage/failpoints.py's ``commit`` pause):
     open (``off`` present) except inside ``kill_when``. Every process the tests start inherits it."""

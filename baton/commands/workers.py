@@ -43,7 +43,9 @@ def _job_users(settings, command: str):
     from baton.workers.attempt.job_users import JobUserError, JobUsers
 
     try:
-        return JobUsers(settings.job_user, settings.job_uids, claim=False)
+        users = JobUsers(settings.job_user, settings.job_uids, claim=False)
+        users.check_store(settings.storage_url)
+        return users
     except JobUserError as exc:
         typer.echo(f"baton {command}: {exc}", err=True)
         raise typer.Exit(2)

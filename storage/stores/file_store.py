@@ -29,7 +29,8 @@ class FileStore(ObjectStore):
         self.root = Path(root).resolve()
         self.url = f"file://{self.root}"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o700, exist_ok=True)  # (its user's alone: a job's code, as a user of its own, is kept out)
         except OSError as exc:
             raise StoreUnusable(f"{self.url}: the store's directory cannot be created ({exc.strerror or exc})") from exc
 

@@ -1,9 +1,10 @@
 """Which user a worker's jobs run as (``BATON_JOB_USER``), and what each attempt is lent as that user.
 
 - unset (the default): where the worker may change user (root), a uid of its own per worker process (a
-  *slot*) from ``BATON_JOB_UIDS``: the first that no account of the machine has, that no process runs as,
-  and that no other worker holds (it flocks ``baton-job-uid-<uid>.lock`` in the temporary directory for
-  as long as it lives). Its group is the same number. Where it may not, the worker's own user (below).
+  *slot*) from ``BATON_JOB_UIDS``: the first that no account or group of the machine has, that no process
+  runs as, and that no other worker holds (it flocks ``<uid>.lock`` in ``/run/baton-job-uids``, a directory
+  only its user may write in, for as long as it lives). Its group is the same number. Where it may not, the
+  worker's own user (below).
 - ``A-B``: slots from that range of uids.
 - a user's name, ``UID`` or ``UID:GID``: that user for every job; a worker that cannot change user refuses
   to start. The operator gives each worker its own (processes of a shared one are not ended by uid).
@@ -11,31 +12,40 @@
   environ and memory), signal it, and write whatever it can write. Said once at start and by ``baton health``.
 
 Each attempt gets a HOME of its own (also its temporary directory), made empty and removed after it. After
-a slot's attempt, every process still running as the slot's uid is killed (none can be another's: the uid
-is this worker's alone), and what it left on ``/dev/shm`` is removed.
+a slot's attempt, every process still running as the slot's uid is killed and every file it made where all
+users may write (``/tmp``, ``/var/tmp``, ``/dev/shm``) is removed (``uid_leftovers``: none can be another's,
+the uid is this worker's alone), so the next job, of another team, finds nothing of it.
+
+With the file store, the store's directory must be closed to other users (``check_store``): a job's user
+reaches its objects only through its store gate.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import os
 import pwd
-import signal
 import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
+from urllib.parse import urlparse
 
 from baton.schemas.messages import JobIdentity
 from baton.storage import owned_dirs
+from baton.workers.attempt.uid_leftovers import end_processes, remove_files, running_as
 from baton.workers.parallel.job_identity import READ, SOCKET, WRITE, grant, take_back
 
 HOME_PREFIX = owned_dirs.HOME_PREFIX
 """An attempt's HOME (``owned_dirs``): the worker's directory, holding the job's own ``home``."""
 WORKER = "worker"
 DEFAULT_UIDS = "2000000000-2000000999"
-LOCK_NAME = "baton-job-uid-{}.lock"
+LOCK_DIRS = (Path("/run/baton-job-uids"), Path(tempfile.gettempdir()) / f"baton-job-uids-{os.geteuid()}")
+"""Where the slots' locks are kept: the first that is, or can be made, a directory of this user's alone
+(the second where /run is not writable)."""
+LOCK_NAME = "{}.lock"
 PROC = Path("/proc")
 
 
@@ -82,41 +92,37 @@ def _named(text: str) -> tuple[int, int, str]:
 
 
 def unreadable_by(uid: int, gid: int) -> Optional[str]:
-    """The first of the paths a job's processes must read (this Python, its standard library, its packages,
-    baton's) that ``uid``:``gid`` could not, or None (a Python installed under a private home, /root)."""
+    """The first of the places a job's processes read (this Python, its standard library, its packages,
+    baton's, the directory the worker runs in and its ``PYTHONPATH``: where a job's code is imported from)
+    that ``uid``:``gid`` could not, or None (a Python installed under a private home, /root)."""
     import sysconfig
 
     paths = {os.path.realpath(sys.executable), *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
-             str(Path(__file__).resolve().parents[2])}  # (baton's package)
+             str(Path(__file__).resolve().parents[2]), os.getcwd(),  # (baton's package)
+             *(entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and os.path.exists(entry))}
     for path in sorted(paths):
-        target = Path(path)
-        for place in [*reversed(target.parents), target]:
-            try:
-                info = place.stat()
-            except OSError:
-                break
-            need = stat.S_IXOTH if place != target or place.is_dir() else stat.S_IROTH
-            if info.st_uid == uid:
-                need <<= 6
-            elif info.st_gid == gid:
-                need <<= 3
-            if not info.st_mode & need:
-                return f"{path} ({place} is mode {stat.filemode(info.st_mode)})"
+        blocked = _blocked_at(Path(path).resolve(), uid, gid)
+        if blocked is not None:
+            return f"{path} ({blocked})"
     return None
 
 
-def running_as(uid: int) -> list[int]:
-    """The pids of the processes whose real or effective user is ``uid``."""
-    found = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            try:
-                line = next(x for x in (entry / "status").read_text().splitlines() if x.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if str(uid) in line.split()[1:3]:
-                found.append(int(entry.name))
-    return found
+def _blocked_at(target: Path, uid: int, gid: int) -> Optional[str]:
+    """Where ``uid``:``gid`` is stopped on its way to ``target`` (a directory it may not pass, a file it may not
+    read: what and its mode), or None where it gets there."""
+    for place in [*reversed(target.parents), target]:
+        try:
+            info = place.stat()
+        except OSError:
+            return f"{place} cannot be read"
+        need = stat.S_IXOTH if place != target else stat.S_IROTH | (stat.S_IXOTH if place.is_dir() else 0)
+        if info.st_uid == uid:
+            need <<= 6
+        elif info.st_gid == gid:
+            need <<= 3
+        if not info.st_mode & need:
+            return f"{place} is mode {stat.filemode(info.st_mode)}"
+    return None
 
 
 class JobUsers:
@@ -144,11 +150,24 @@ class JobUsers:
             self.user = _named(setting)
         blocked = unreadable_by(*self.user[:2])
         if blocked is not None and setting:
-            raise JobUserError(f"BATON_JOB_USER={setting!r}: that user cannot read {blocked}: install baton where "
-                               "its jobs' users can read it")
+            raise JobUserError(f"BATON_JOB_USER={setting!r}: that user cannot read {blocked}: keep baton and the "
+                               "jobs' code where their users can read them")
         if blocked is not None:  # the default: said at start, and by ``baton health``
             self.release()
             self.user, self.slot, self.why_not = None, False, f"a user of their own cannot read {blocked}"
+
+    def check_store(self, url: str) -> None:
+        """``JobUserError`` where the store is a directory that a job's user could enter (``file://``): it would
+        read every job's objects there, past its store gate. Stores of other kinds are reached with keys the
+        job does not hold."""
+        parsed = urlparse(url)
+        if self.user is None or parsed.scheme != "file":
+            return
+        root = Path(parsed.netloc + parsed.path).resolve()  # (as ``open_store`` reads it)
+        if root.exists() and _blocked_at(root, *self.user[:2]) is None:
+            mode = stat.filemode(root.stat().st_mode)
+            raise JobUserError(f"BATON_STORAGE_URL={url!r}: other users may enter that directory ({mode}), and this "
+                               f"worker's jobs run as users of their own: chmod 700 {root}")
 
     def describe(self) -> str:
         if self.user is None:
@@ -162,19 +181,16 @@ class JobUsers:
 
     def _claim(self, uids: range) -> int:
         for uid in uids:
-            try:
-                pwd.getpwuid(uid)
-                continue  # an account of this machine's
-            except KeyError:
-                pass
+            if _known(uid):
+                continue  # an account or a group of this machine's
             fd = self._lock(uid)
             if fd is None:
                 continue
-            if running_as(uid):  # another's (a container sharing this machine's /tmp, a stale slot)
+            if running_as(uid):  # another's (a stale slot, a container sharing this pid space)
                 os.close(fd)
                 continue
             self._lock_fd = fd
-            owned_dirs.remove_orphans(owned_dirs.SHM, (owned_dirs.SNAPSHOT_PREFIX,), owner=uid)  # a killed worker's
+            remove_files(uid)  # a killed worker's slot
             return uid
         raise JobUserError(f"no free uid for this worker's jobs in {uids.start}-{uids.stop - 1} (BATON_JOB_UIDS): "
                            "each worker process holds one")
@@ -186,7 +202,7 @@ class JobUsers:
 
     @staticmethod
     def _lock(uid: int) -> Optional[int]:
-        path = Path(tempfile.gettempdir()) / LOCK_NAME.format(uid)
+        path = _lock_dir() / LOCK_NAME.format(uid)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError:
@@ -205,6 +221,8 @@ class JobUsers:
         if self.user is None:
             return None
         uid, gid, name = self.user
+        if self.slot:
+            end_processes(uid)  # (none: the last attempt's were ended after it)
         outer = owned_dirs.make(HOME_PREFIX)
         os.chmod(outer, 0o711)
         home = outer / "home"
@@ -219,13 +237,8 @@ class JobUsers:
             return []
         killed = []
         if self.slot:
-            for pid in running_as(identity.uid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                except ProcessLookupError:
-                    pass
-            owned_dirs.remove_orphans(owned_dirs.SHM, (owned_dirs.SNAPSHOT_PREFIX,), owner=identity.uid)
+            killed = end_processes(identity.uid)
+            remove_files(identity.uid)
         owned_dirs.remove(Path(identity.home).parent)
         return killed
 
@@ -248,6 +261,32 @@ class JobUsers:
                     with contextlib.suppress(OSError):
                         take_back(path)
             self.clear(tenancy.identity)
+
+
+def _known(uid: int) -> bool:
+    """Whether an account or a group of this machine has the number ``uid``."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
+
+
+def _lock_dir() -> Path:
+    """The first of ``LOCK_DIRS`` that is this user's alone (made if it is not there); ``JobUserError`` if none is."""
+    for place in LOCK_DIRS:
+        with contextlib.suppress(OSError):
+            place.mkdir(mode=0o700)
+        try:
+            info = place.lstat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022:
+            return place
+    raise JobUserError(f"no directory for this worker's uid locks: {' and '.join(map(str, LOCK_DIRS))} are not "
+                       "directories of this user's alone")
 
 
 class Tenancy:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 import traceback
 from dataclasses import dataclass
@@ -74,7 +75,10 @@ def read_earliest(directory: Path) -> "FailureReport | None":
     reports = []
     for path in directory.glob("failure-rank-*.json"):
         try:
-            with open(path, "rb") as raw:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # (never a link, a FIFO's writer)
+            with open(fd, "rb") as raw:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
                 data = raw.read(MAX_BYTES + 1)
             if len(data) <= MAX_BYTES:
                 reports.append(_REPORT.validate_json(data, strict=True))

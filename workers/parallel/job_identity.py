@@ -18,7 +18,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from baton.schemas.messages import JobIdentity
 
@@ -39,6 +39,7 @@ def become(identity: Optional[JobIdentity]) -> None:
     own ``/proc/self`` from it: it is made dumpable again (only the job's own processes share its user)."""
     if identity is None or os.geteuid() == identity.uid:
         return
+    _leave_parents_helpers()
     os.setgroups([])
     os.setresgid(identity.gid, identity.gid, identity.gid)
     os.setresuid(identity.uid, identity.uid, identity.uid)
@@ -49,6 +50,23 @@ def become(identity: Optional[JobIdentity]) -> None:
     os.umask(0o077)
     os.environ.update(HOME=identity.home, TMPDIR=identity.home, USER=identity.name, LOGNAME=identity.name)
     tempfile.tempdir = None  # (computed again from TMPDIR)
+
+
+def _leave_parents_helpers() -> None:
+    """Let go of what multiprocessing handed down from the worker's forkserver: the write end of its
+    resource tracker (a root process that unlinks whatever ``/dev/shm`` name it is told to when it ends)
+    and its temporary directory (the worker's, which the job could not bind a socket in: a data loader
+    worker sharing a tensor's file descriptor does). The job's own are made again when it needs them."""
+    from multiprocessing import process, resource_tracker
+
+    tracker: Any = resource_tracker._resource_tracker  # (its fields are private: 3.10 to 3.13 name them so)
+    if getattr(tracker, "_fd", None) is not None:
+        try:
+            os.close(tracker._fd)
+        except OSError:
+            pass
+        tracker._fd, tracker._pid = None, None
+    getattr(process.current_process(), "_config", {}).pop("tempdir", None)
 
 
 def grant(path: Union[str, Path], identity: Optional[JobIdentity], mode: int = WRITE) -> None:

@@ -135,7 +135,13 @@ class Ranks:
 
     @staticmethod
     def _new(place: RankOrder, secret: str) -> subprocess.Popen:
-        """A rank as a new interpreter (no spare is left here: ``spare_ranks``)."""
+        """A rank as a new interpreter (no spare is left here: ``spare_ranks``). Never from a worker whose
+        jobs run as a user of their own (a follower node's, whose forkserver failed it): the interpreter
+        would be the worker's, with its credentials; the rank is lost instead (``OSError``)."""
+        identity = place.group.identity
+        if identity is not None and os.geteuid() != identity.uid:
+            raise OSError(f"rank {place.rank} could not be forked as the job's user, and a new interpreter here "
+                          "would run as this worker's")
         env = {**os.environ, ARGS_ENV: place.model_dump_json(), rendezvous.SECRET_ENV: secret}
         return subprocess.Popen([sys.executable, "-m", "baton.workers.parallel.rank_main"], env=env)
 

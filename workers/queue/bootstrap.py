@@ -134,6 +134,7 @@ def _on_ready(sender, **_) -> None:
     _log.info("baton worker %s: connected to the broker; starting up", ctx.worker)
     try:
         ctx.users = JobUsers(ctx.settings.job_user, ctx.settings.job_uids)  # a slot's uid held from now on
+        ctx.users.check_store(ctx.settings.storage_url)
     except JobUserError as exc:
         _log.critical("baton worker %s: refusing to start: %s", ctx.worker, exc)
         logging.shutdown()

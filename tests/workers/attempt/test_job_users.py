@@ -5,17 +5,24 @@ a machine cannot honour refused in one line; a process dropped to it for good; w
 changes user does (the suite runs as root)."""
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
+import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from baton.storage import owned_dirs
-from baton.workers.attempt.job_users import JobUserError, JobUsers, running_as
+from baton.workers.attempt.job_users import LOCK_DIRS, JobUserError, JobUsers
+from baton.workers.attempt.uid_leftovers import end_processes, running_as
+from baton.workers.parallel import failure_report
 
-from tests.helpers import REPO, baton_env, run_baton
+from tests.helpers import REPO, baton_env, run_baton, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="changing user needs root")
 
@@ -65,7 +72,9 @@ def test_each_worker_process_holds_a_uid_of_its_own_and_passes_over_one_in_use()
         squatter.kill()
         squatter.wait()
     first.release()
-    assert JobUsers(job_uids=UIDS).user[0] == 2000000500  # free again once its holder is gone
+    again = JobUsers(job_uids=UIDS)
+    assert again.user[0] == 2000000500  # free again once its holder is gone
+    again.release()
     second.release()
 
 
@@ -74,19 +83,25 @@ def test_a_process_that_becomes_the_job_user_cannot_go_back_and_holds_only_its_o
     identity = users.lend()
     try:
         code = ("import json, os, sys, tempfile\n"
+                "from multiprocessing import resource_tracker, util\n"
                 "from baton.schemas.messages import JobIdentity\n"
                 "from baton.workers.parallel.job_identity import become\n"
+                "resource_tracker.ensure_running(); tracker = resource_tracker.getfd()\n"  # (as a forkserver's child has)
+                "util.get_temp_dir()\n"
                 "become(JobIdentity.model_validate_json(sys.argv[1]))\n"
+                "try:\n    os.fstat(tracker); tracker = 'still open'\nexcept OSError: tracker = 'closed'\n"
                 "try:\n    os.setuid(0); back = 'went back to root'\nexcept PermissionError: back = 'PermissionError'\n"
                 "print(json.dumps({'ids': [os.getuid(), os.geteuid(), os.getgid(), os.getegid()], 'groups': os.getgroups(),"
                 " 'home': os.environ['HOME'], 'tmp': tempfile.gettempdir(), 'umask': os.umask(0),"
-                " 'own fds': len(os.listdir('/proc/self/fd')) > 0, 'back': back}))")
+                " 'own fds': len(os.listdir('/proc/self/fd')) > 0, 'back': back, 'tracker': tracker,"
+                " 'mp tmp': os.path.dirname(util.get_temp_dir())}))")
         done = subprocess.run([sys.executable, "-c", code, identity.model_dump_json()], capture_output=True, text=True,
                               cwd=REPO, env=baton_env(), timeout=60)
         assert done.returncode == 0, done.stderr
         uid = identity.uid
         assert json.loads(done.stdout) == {"ids": [uid] * 4, "groups": [], "home": identity.home, "tmp": identity.home,
-                                           "umask": 0o077, "own fds": True, "back": "PermissionError"}
+                                           "umask": 0o077, "own fds": True, "back": "PermissionError",
+                                           "tracker": "closed", "mp tmp": identity.home}
     finally:
         users.clear(identity)
         users.release()
@@ -110,3 +125,126 @@ def test_what_a_slots_attempt_leaves_is_cleared_after_it():
         escaped.kill()
         owned_dirs.remove(buffers)
         users.release()
+
+
+def test_a_slots_processes_that_fork_again_and_again_are_all_ended():
+    """Each forks a child and exits at once, so no pid lives long enough for a kill by pid: all are ended."""
+    users = JobUsers(job_uids=UIDS)
+    identity = users.lend()
+    # under a reaper of its own (as a worker is its training processes' subreaper): their zombies go to it
+    code = ("import ctypes, os, sys\n"
+            "ctypes.CDLL(None).prctl(36, 1)\n"  # PR_SET_CHILD_SUBREAPER
+            "if os.fork() == 0:\n"
+            "    os.setgroups([]); os.setresgid(*[int(sys.argv[2])] * 3); os.setresuid(*[int(sys.argv[1])] * 3)\n"
+            "    while True:\n        if os.fork():\n            os._exit(0)\n"
+            "while True:\n    try:\n        os.waitpid(-1, 0)\n    except ChildProcessError:\n        break\n")
+    reaper = subprocess.Popen([sys.executable, "-c", code, str(identity.uid), str(identity.gid)])
+    try:
+        assert wait_for(lambda: running_as(identity.uid), timeout=30)
+        users.clear(identity)
+        assert running_as(identity.uid) == []
+        assert reaper.wait(timeout=30) == 0  # nothing left for it to reap
+    finally:
+        end_processes(identity.uid)
+        reaper.kill()
+        reaper.wait()
+        users.release()
+
+
+def test_what_a_slots_user_made_where_every_user_may_write_is_removed_and_links_are_not_followed(open_dir):
+    users = JobUsers(job_uids=UIDS)
+    identity = users.lend()
+    kept = open_dir / "the worker's"
+    kept.write_text("root's")
+    tag = f"baton-test-left-{os.getpid()}"
+    made = [Path(tempfile.gettempdir()) / tag, owned_dirs.SHM / tag, Path(tempfile.gettempdir()) / f"{tag}-dir",
+            open_dir / f"{tag}-deeper", Path(tempfile.gettempdir()) / f"{tag}-link"]
+    code = ("import os, sys\n"
+            "a, b, c, d, link, kept = sys.argv[1:]\n"
+            "for path in (a, b, d): open(path, 'w').write('secret')\n"
+            "os.mkdir(c); open(os.path.join(c, 'inside'), 'w').write('secret'); os.symlink(kept, os.path.join(c, 'to-kept'))\n"
+            "os.symlink(kept, link)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *map(str, made), str(kept)], user=identity.uid,
+                              group=identity.gid, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert all(os.path.lexists(path) for path in made)
+        users.clear(identity)
+        assert [path for path in made if os.path.lexists(path)] == []
+        assert kept.read_text() == "root's"
+    finally:
+        for path in made:
+            subprocess.run(["rm", "-rf", str(path)], check=False)
+        users.release()
+
+
+def test_locks_a_jobs_user_plants_do_not_keep_a_worker_from_its_slot_and_zombies_hold_no_uid():
+    first = 2000000500
+    planted = [Path(tempfile.gettempdir()) / f"baton-job-uid-{uid}.lock" for uid in range(first, first + 3)]
+    for path in planted:  # where they were once kept: the temporary directory, which every user writes in
+        if not path.exists():
+            path.touch()
+            os.chown(path, first + 10, first + 10)
+    zombie = subprocess.Popen(["true"], user=first, group=first)
+    try:
+        assert zombie.pid not in running_as(first) and os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)
+        users = JobUsers(job_uids=UIDS)
+        assert users.user[0] == first
+        info = LOCK_DIRS[0].lstat()
+        assert stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and info.st_mode & 0o777 == 0o700
+        users.release()
+    finally:
+        zombie.wait()
+        for path in planted:
+            if path.stat().st_uid == first + 10:
+                path.unlink()
+
+
+def test_a_number_a_group_of_this_machine_has_is_never_a_slot():
+    gid = next(g.gr_gid for g in grp.getgrall() if g.gr_gid > 0 and not _has_account(g.gr_gid))
+    with pytest.raises(JobUserError, match="no free uid"):
+        JobUsers(job_uids=f"{gid}-{gid}")
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+def test_a_fifo_in_place_of_a_lock_or_a_failure_report_is_passed_over(tmp_path):
+    """A directory lent to a job's user may hold a FIFO where the worker, as root, opens a file: it never waits."""
+    swept = tmp_path / "baton-test-fifo-x"
+    swept.mkdir()
+    os.mkfifo(swept / owned_dirs.OWNER_LOCK)
+    assert owned_dirs.remove_orphans(tmp_path, ("baton-test-fifo-",)) == [] and swept.exists()
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    os.mkfifo(failure_report.report_path(ranks, 0))
+    os.symlink("/etc/hostname", failure_report.report_path(ranks, 2))
+    try:
+        raise RuntimeError("rank 1 failed")
+    except RuntimeError as exc:
+        failure_report.write(ranks, 1, exc)
+    assert failure_report.read_earliest(ranks).rank == 1
+
+
+def test_a_file_store_other_users_may_enter_is_refused_where_jobs_run_as_their_own(redis_server, open_dir):
+    store = open_dir / "store"
+    store.mkdir(mode=0o755)
+    store.chmod(0o755)
+    with pytest.raises(JobUserError, match=r"other users may enter that directory \(drwxr-xr-x\)"):
+        JobUsers(job_uids=UIDS, claim=False).check_store(store.as_uri())
+    JobUsers("worker").check_store(store.as_uri())  # (its jobs are its own user: nothing to keep them from)
+    done = run_baton("worker", env=baton_env(BATON_REDIS_URL=redis_server.url, BATON_JOB_USER="",
+                                             BATON_STORAGE_URL=store.as_uri()), timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done
+    assert done.stderr.strip().splitlines()[-1].startswith(f"baton worker: BATON_STORAGE_URL='{store.as_uri()}': other users")
+    made = open_dir / "new-store"
+    from baton.storage.stores.file_store import FileStore
+
+    FileStore(made)  # a store made by baton is its user's alone
+    assert made.stat().st_mode & 0o777 == 0o700
+    JobUsers(job_uids=UIDS, claim=False).check_store(made.as_uri())

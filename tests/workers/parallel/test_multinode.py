@@ -64,7 +64,7 @@ def test_sigterm_on_a_node_stops_every_rank_at_one_step_and_loses_nothing(cluste
     user, read the sharded checkpoint its worker fetched for them."""
     import signal
 
-    from tests.helpers import read_manifest
+    from tests.helpers import read_manifest, uid_of
     from tests.workers.parallel.test_ddp_workers import rank_pids
 
     cluster.start_workers(2, BATON_JOB_USER=job_user, **NODES_ENV)
@@ -84,14 +84,6 @@ def test_sigterm_on_a_node_stops_every_rank_at_one_step_and_loses_nothing(cluste
     assert final.state.value == "succeeded", final.error
     assert final.lost == 0 and final.resumed_from == stopped["checkpoints"][-1]["step"]  # 0 steps lost
     assert_same_sharded_training(fsdp_reference, "reference", store, "term", tmp_path)
-
-
-def uid_of(pid: int) -> int:
-    """The real uid ``pid`` runs as."""
-    from pathlib import Path
-
-    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                    if line.startswith("Uid:")).split()[1])
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.helpers import assert_same_training, make_spec, run_reference
+from tests.helpers import assert_same_training, make_spec, run_reference, uid_of
 from tests.probes import forwards_counted
 from tests.workers.queue.test_worker_loss import wait_for
 
@@ -65,6 +65,7 @@ def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluste
     hold.touch()
     job = cluster.client.submit(counting_spec(directory, hold, hold_after=HELD_AT * 32), "crashed")  # (32 a batch)
     status, durable = held_between_checkpoints(job, hold), 8
+    assert (uid_of(status.pid) == os.getuid()) == (job_user == "worker")
     os.kill(status.pid, signal.SIGKILL)  # the training process alone: its worker lives on
     hold.unlink()
     holder = cluster.worker(status.worker)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import json
+import os
 import re
 import subprocess
 
@@ -16,7 +17,7 @@ from baton.storage.job_log import read_log
 from baton.workers.tracking.job_logs import Redactor
 from baton.workers.tracking.mlflow_tracking import flatten, row_metrics
 
-from tests.helpers import BATON, REPO, committed_manifest, kill_when, make_spec, metrics_rows
+from tests.helpers import BATON, REPO, committed_manifest, kill_when, make_spec, metrics_rows, uid_of
 from tests.workers.queue.test_worker_loss import running_at_step, wait_for
 
 TOKEN = "tok-5ecr3t-value"
@@ -35,16 +36,21 @@ def _attempt_lines(log: str, attempt: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_logs_of_a_killed_and_resumed_job_in_order_followed_live_secrets_redacted(cluster, mlflow_server, tmp_path):
+@pytest.mark.parametrize("job_user", ["worker", ""], ids=["as-the-worker", "as-its-own-user"])
+def test_logs_of_a_killed_and_resumed_job_in_order_followed_live_secrets_redacted(cluster, mlflow_server, tmp_path, job_user):
+    """Also where the job runs as a user of its own (a root worker's default): its log lines reach the store
+    through its worker, and its resumed attempt continues its MLflow run."""
     import mlflow
 
     experiment = f"logs-{tmp_path.name}"
     cluster.start_workers(2, MY_API_TOKEN=TOKEN, MY_REDIS_PASSWORD=REDIS_PASSWORD, MLFLOW_TRACKING_URI=mlflow_server.url,
-                          MLFLOW_EXPERIMENT_NAME=experiment, MLFLOW_DISABLE_TELEMETRY="true")
+                          MLFLOW_EXPERIMENT_NAME=experiment, MLFLOW_DISABLE_TELEMETRY="true", BATON_JOB_USER=job_user)
     job = cluster.client.submit(SPEC, "chatty")
     follower = subprocess.Popen([*BATON, "logs", "chatty", "-f"], env=cluster.env, cwd=REPO, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    holder = cluster.worker(wait_for(running_at_step(job, 1)).worker)
+    running = wait_for(running_at_step(job, 1))
+    assert (uid_of(running.pid) == os.getuid()) == (job_user == "worker")
+    holder = cluster.worker(running.worker)
     store = cluster.store()
     client = mlflow.MlflowClient(mlflow_server.url)
 
