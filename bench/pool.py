@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess, stop_workers  # noqa: E402
-from bench.probes import forwards  # noqa: E402
+from bench.probes import counted_in, forwards  # noqa: E402
 from bench.loop_overhead import write_result  # noqa: E402
 from bench.recovery import poll  # noqa: E402
 
@@ -65,8 +65,7 @@ def reference_steps(root: Path, epochs: int) -> int:
     """Training forwards of the long job run uninterrupted (``baton run`` in a process of its own)."""
     import subprocess
 
-    directory = root / "reference"
-    directory.mkdir()
+    directory = counted_in(root / "reference")
     spec_path = root / "reference.json"
     spec_path.write_text(json.dumps(spec(directory, epochs)))
     subprocess.run([sys.executable, "-m", "baton", "run", str(spec_path), "--id", "reference", "--storage",
@@ -79,7 +78,7 @@ def priority_trial(client: JobClient, root: Path, index: int, reference: int, ep
     tag = f"{index}-{int(time.time())}"
     dirs = {name: root / f"{name}-{tag}" for name in ("low-a", "low-b", "urgent")}
     for directory in dirs.values():
-        directory.mkdir()
+        counted_in(directory)
     lows = [client.submit(spec(dirs[name], epochs), f"{name}-{tag}") for name in ("low-a", "low-b")]
     for job in lows:
         poll(lambda: (s := job.status()).state.value == "running" and (s.step or 0) >= 20)
@@ -105,8 +104,7 @@ def fair_share(client: JobClient, root: Path, jobs: int, epochs: int = SHORT_EPO
     for team in ("a", "b"):
         for n in range(jobs):
             name = f"{team}{n}-{tag}"
-            dirs[name] = root / name
-            dirs[name].mkdir()
+            dirs[name] = counted_in(root / name)
             if team == "b" and not n:
                 b_arrives = time.time()
             submitted.append(client.submit(spec(dirs[name], epochs, team=team), name))

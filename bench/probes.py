@@ -28,6 +28,15 @@ def counting_mlp(directory: str, **kwargs) -> nn.Module:
     return _Counting(directory, **kwargs)
 
 
+def counted_in(directory: Path) -> Path:
+    """``directory`` (in a benchmark's own directory, which it lets others pass) made for ``counting_mlp`` to
+    write in: the model runs as the job's user, a user of its own where the worker is root (``BATON_JOB_USER``)."""
+    directory.mkdir()
+    directory.chmod(0o1777)
+    directory.parent.chmod(directory.parent.stat().st_mode | 0o011)
+    return directory
+
+
 def forwards(directory: Path) -> dict[int, list[float]]:
     """Each process's training forwards, as wall-clock times."""
     found = {}

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from baton.jobs.client import JobClient  # noqa: E402
 from baton.jobs.services import RedisServer, S3Server, WorkerProcess, stop_workers  # noqa: E402
 from baton.schemas.settings import BatonSettings  # noqa: E402
-from bench.probes import forwards  # noqa: E402
+from bench.probes import counted_in, forwards  # noqa: E402
 
 SPEC = {
     "name": "recovery", "seed": 3,
@@ -79,8 +79,7 @@ def counting(spec: dict, directory: Path) -> dict:
 
 def trial(client: JobClient, workers: list[WorkerProcess], kind: str, index: int, root: Path) -> dict:
     directory = root / f"{kind}-{index}"
-    directory.mkdir()
-    directory.chmod(0o1777)  # (the job's model writes there: it may run as a user of its own)
+    counted_in(directory)
     spec = counting(SPEC, directory)
     if kind == "crash-1":
         spec["checkpoint"] = {**spec["checkpoint"], "memory_every_steps": 1}
@@ -168,7 +167,6 @@ def main() -> None:
 
     settings = BatonSettings()
     root = Path(tempfile.mkdtemp(prefix="baton-recovery-"))
-    root.chmod(0o755)
     redis, s3 = RedisServer().start(), S3Server().start()
     s3.create_bucket("recovery")
     env = {**os.environ, **s3.env(), "BATON_REDIS_URL": redis.url, "BATON_STORAGE_URL": "s3://recovery/bench",

@@ -48,6 +48,10 @@ def test_compose_worker_has_gpus_a_long_enough_grace_and_shared_memory():
     assert grace == BatonSettings().preempt_grace_s
     assert seconds(worker["stop_grace_period"]) >= grace + 15  # time to exit after the release
     assert worker["shm_size"] and "--gpus" in worker["command"]
+    # root, to run each job as a user of its own, with only what that needs, and no way back for the job's user
+    assert (worker["user"], worker["cap_drop"]) == ("0", ["ALL"])
+    assert worker["cap_add"] == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
+    assert worker["security_opt"] == ["no-new-privileges:true"]
 
 
 def test_compose_redis_persists_and_the_bucket_is_created():
