@@ -21,9 +21,12 @@ COPY searches ./searches
 # mlflow: the client (mlflow-skinny), so setting MLFLOW_TRACKING_URI on a worker is enough to track its jobs;
 # ui: the same image serves the dashboard (`baton ui --host 0.0.0.0`, port 8265); search: its workers decide searches
 RUN pip install ".[digits,mlflow,ui,search]" \
- && useradd --create-home --uid 10001 --shell /usr/sbin/nologin baton
+ && useradd --create-home --uid 10001 --shell /usr/sbin/nologin baton \
+ && chmod 0755 /home/baton
 
 USER baton
+# (readable by all: a root worker, as the deployment's files run it, runs each job as a user of its own, which
+# imports from the worker's directory)
 WORKDIR /home/baton
 # Prometheus /metrics (BATON_METRICS_PORT; with --gpus N, ports 9100..9100+N-1)
 EXPOSE 9100 8265

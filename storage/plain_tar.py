@@ -1,10 +1,10 @@
 """A tar archive's members unpacked as plain files and directories only, on every Python baton runs on.
 
-Where tarfile has its ``data`` filter (Python 3.11.4+, 3.12+), it decides. Where it has none (Debian 12's
-3.11.2), each member is checked as it would be: a regular file or a directory, with a plain relative path
-(no link, no device, no absolute path, no ``..``), or ``UnsafeMember``; owners become this process's and
-modes lose what the filter drops (set-id bits, others' write), so a root process gives no file the archive's
-owner.
+Each member must be a regular file or a directory, with a plain relative path (no link of any kind, no
+device, no absolute path, no ``..``), or the whole archive is refused (``UnsafeMember``) before anything is
+written. Then tarfile's ``data`` filter extracts it where Python has one (3.11.4+, 3.12+); where it has none
+(Debian 12's 3.11.2), owners become this process's and modes lose what the filter drops (set-id bits,
+others' write), as it would: a root process gives no file the archive's owner.
 """
 from __future__ import annotations
 
@@ -29,14 +29,17 @@ def unsafe(member: tarfile.TarInfo) -> Optional[str]:
 
 
 def extract(tar: tarfile.TarFile, into: Path, members: Optional[Sequence[tarfile.TarInfo]] = None) -> None:
+    """``members`` (all of the archive's if None) into the directory ``into``; ``UnsafeMember`` (nothing
+    written) for the first that is not a plain file or directory inside it, a link included."""
     members = list(tar.getmembers() if members is None else members)
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(into, members=members, filter="data")
-        return
     for member in members:
         why = unsafe(member)
         if why is not None:
             raise UnsafeMember(why)
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, members=members, filter="data")
+        return
+    for member in members:
         member.uid, member.gid, member.uname, member.gname = os.geteuid(), os.getegid(), "", ""
         member.mode &= 0o755
     tar.extractall(into, members=members)

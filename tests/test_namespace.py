@@ -79,7 +79,8 @@ def project(tmp_path: Path) -> Path:
 
 def user_env(root: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_") and k != "PYTHONPATH"}
-    return {**env, "PYTHONPATH": str(root), "BATON_ALLOWED_MODULES": "workers,jobs", **extra}
+    # (the user's project is in a private directory: its jobs run as the worker's user, as they would on its laptop)
+    return {**env, "PYTHONPATH": str(root), "BATON_ALLOWED_MODULES": "workers,jobs", "BATON_JOB_USER": "worker", **extra}
 
 
 def run_in(root: Path, *command: str, env: dict, timeout: float = 180) -> subprocess.CompletedProcess:

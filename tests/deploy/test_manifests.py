@@ -97,6 +97,7 @@ def test_kubernetes_worker_grace_gpus_probes_and_secrets():
         assert not [e for e in container.get("env", []) if SECRET_NAME.search(e["name"]) and "value" in e]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         # root in its container, to run each job as a uid of its own, with only what that needs
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}  # (the runtime's filter: no keyrings, no namespaces)
         assert pod["securityContext"]["runAsUser"] == 0 and container["securityContext"] == {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]}}

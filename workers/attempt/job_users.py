@@ -4,7 +4,9 @@
   *slot*) from ``BATON_JOB_UIDS``: the first that no account or group of the machine has, that no process
   runs as, and that no other worker holds (it flocks ``<uid>.lock`` in ``/run/baton-job-uids``, a directory
   only its user may write in, for as long as it lives). Its group is the same number. Where it may not, the
-  worker's own user (below).
+  worker's own user (below). A worker that may change user never falls back to its own quietly: where a job's
+  user could not read what jobs import (this Python, baton, the worker's directory, its ``PYTHONPATH``), it
+  refuses to start, naming the path.
 - ``A-B``: slots from that range of uids.
 - a user's name, ``UID`` or ``UID:GID``: that user for every job; a worker that cannot change user refuses
   to start. The operator gives each worker its own (processes of a shared one are not ended by uid).
@@ -12,9 +14,9 @@
   environ and memory), signal it, and write whatever it can write. Said once at start and by ``baton health``.
 
 Each attempt gets a HOME of its own (also its temporary directory), made empty and removed after it. After
-a slot's attempt, every process still running as the slot's uid is killed and every file it made where all
-users may write (``/tmp``, ``/var/tmp``, ``/dev/shm``) is removed (``uid_leftovers``: none can be another's,
-the uid is this worker's alone), so the next job, of another team, finds nothing of it.
+a slot's attempt, every process of the slot's uid is killed and what it made where all users may write
+(``/tmp``, ``/var/tmp``, ``/dev/shm``...) and in System V IPC is removed (``uid_leftovers``: none of it can be
+another's, the uid is this worker's alone), so the next job, of another team, finds nothing of it.
 
 With the file store, the store's directory must be closed to other users (``check_store``): a job's user
 reaches its objects only through its store gate.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import grp
+import logging
 import os
 import pwd
 import stat
@@ -35,9 +38,11 @@ from urllib.parse import urlparse
 
 from baton.schemas.messages import JobIdentity
 from baton.storage import owned_dirs
-from baton.workers.attempt.uid_leftovers import end_processes, remove_files, running_as
+from baton.workers.attempt import uid_leftovers
+from baton.workers.attempt.uid_leftovers import running_as
 from baton.workers.parallel.job_identity import READ, SOCKET, WRITE, grant, take_back
 
+_log = logging.getLogger("baton.worker")
 HOME_PREFIX = owned_dirs.HOME_PREFIX
 """An attempt's HOME (``owned_dirs``): the worker's directory, holding the job's own ``home``."""
 WORKER = "worker"
@@ -69,7 +74,7 @@ def may_change_user() -> bool:
 
 def _uid_range(text: str, setting: str) -> range:
     low, sep, high = text.partition("-")
-    if not sep or not low.strip().isdigit() or not high.strip().isdigit() or not 0 < int(low) <= int(high) < 2**32 - 1:
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit() or not 0 < int(low) <= int(high) < uid_leftovers.KILLER_UID:
         raise JobUserError(f"{setting}={text!r}: expected a range of uids, FIRST-LAST (e.g. {DEFAULT_UIDS})")
     return range(int(low), int(high) + 1)
 
@@ -132,6 +137,7 @@ class JobUsers:
         """``claim``: take a slot's uid now (a worker process); without, only check the settings (``baton
         health``, ``baton worker`` before it starts its processes)."""
         self._lock_fd: Optional[int] = None
+        self._dirty = False  # the slot's uid may hold what an attempt left (``lend`` clears it first)
         self.slot = False  # the uid is this worker's alone (its leftovers are ended by uid)
         self.user: Optional[tuple[int, int, str]] = None  # None: the worker's own user
         self.why_not = "" if may_change_user() else f"this worker (uid {os.geteuid()}) cannot change user"
@@ -143,18 +149,20 @@ class JobUsers:
                                f"{os.geteuid()} without CAP_SETUID); run it as root, or unset BATON_JOB_USER")
         if not setting or (setting[0].isdigit() and "-" in setting):
             uids = _uid_range(setting or job_uids, "BATON_JOB_USER" if setting else "BATON_JOB_UIDS")
+            if running_as(uid_leftovers.KILLER_UID):
+                raise JobUserError(f"processes run as uid {uid_leftovers.KILLER_UID}, which this worker keeps for "
+                                   "ending its jobs' processes: they would be ended with them")
             uid = self._claim(uids) if claim else uids.start
             self.user, self.slot = (uid, uid, f"baton-job-{uid}"), True
             self._uids = uids
         else:
             self.user = _named(setting)
         blocked = unreadable_by(*self.user[:2])
-        if blocked is not None and setting:
-            raise JobUserError(f"BATON_JOB_USER={setting!r}: that user cannot read {blocked}: keep baton and the "
-                               "jobs' code where their users can read them")
-        if blocked is not None:  # the default: said at start, and by ``baton health``
+        if blocked is not None:  # (never a quiet fall back to this worker's user: it may change user, it is root)
             self.release()
-            self.user, self.slot, self.why_not = None, False, f"a user of their own cannot read {blocked}"
+            who = f"BATON_JOB_USER={setting!r}: that user" if setting else "jobs run as users of their own, who"
+            raise JobUserError(f"{who} cannot read {blocked}: make it readable by all (jobs import from it), or set "
+                               f"BATON_JOB_USER=worker to run them as this worker's user (uid {os.geteuid()})")
 
     def check_store(self, url: str) -> None:
         """``JobUserError`` where the store is a directory that a job's user could enter (``file://``): it would
@@ -190,7 +198,7 @@ class JobUsers:
                 os.close(fd)
                 continue
             self._lock_fd = fd
-            remove_files(uid)  # a killed worker's slot
+            self._dirty = True  # (a killed worker's slot may have left files: cleared before its first attempt)
             return uid
         raise JobUserError(f"no free uid for this worker's jobs in {uids.start}-{uids.stop - 1} (BATON_JOB_UIDS): "
                            "each worker process holds one")
@@ -221,8 +229,8 @@ class JobUsers:
         if self.user is None:
             return None
         uid, gid, name = self.user
-        if self.slot:
-            end_processes(uid)  # (none: the last attempt's were ended after it)
+        if self.slot and (self._dirty or running_as(uid)):
+            self._clear_uid(uid)  # (OSError: this slot is not lent again until it is clear)
         outer = owned_dirs.make(HOME_PREFIX)
         os.chmod(outer, 0o711)
         home = outer / "home"
@@ -231,15 +239,25 @@ class JobUsers:
         return JobIdentity(uid=uid, gid=gid, name=name, home=str(home))
 
     def clear(self, identity: Optional[JobIdentity]) -> list[int]:
-        """After the attempt (its processes ended): a slot's leftover processes killed, its HOME and its
-        ``/dev/shm`` buffers removed; the pids killed."""
+        """After the attempt (its processes ended): a slot's leftover processes killed and what it made where
+        any user may write removed (``uid_leftovers``), its HOME removed; the pids killed. Where the slot
+        could not be cleared, that is logged and the next ``lend`` tries again before lending it."""
         if identity is None:
             return []
-        killed = []
-        if self.slot:
-            killed = end_processes(identity.uid)
-            remove_files(identity.uid)
-        owned_dirs.remove(Path(identity.home).parent)
+        killed: list[int] = []
+        try:
+            if self.slot:
+                killed = self._clear_uid(identity.uid)
+        except OSError as exc:
+            _log.error("the job's user %s was not cleared after its attempt: %s", identity.name, exc)
+        finally:
+            owned_dirs.remove(Path(identity.home).parent)
+        return killed
+
+    def _clear_uid(self, uid: int) -> list[int]:
+        self._dirty = True
+        killed = uid_leftovers.clear(uid, [tempfile.gettempdir()])
+        self._dirty = False
         return killed
 
     @contextlib.contextmanager

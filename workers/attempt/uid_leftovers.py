@@ -1,21 +1,41 @@
-"""What a slot's uid leaves on this machine after an attempt, found and ended: its processes (``running_as``,
-``end_processes``) and what it wrote where every user may write (``remove_files``). The uid is this worker
+"""What a slot's uid leaves on this machine after an attempt, found and ended: its processes, what it made
+where every user may write, its System V IPC objects and its kernel keyring. The uid is this worker
 process's alone (``job_users``), so all of it is the job's: the next job on the worker, of another team,
 runs as the same uid and must find none of it.
+
+``clear(uid)`` runs this file as a new interpreter (``python -I -S``: the standard library alone, no
+environment, nothing of the worker's threads), which, as root, drops to real and saved uid ``KILLER_UID``
+and effective uid ``uid``: it may signal the job's processes, and they, whose uid is neither of its
+real or saved ones, may not signal or trace it. It sends ``kill(-1, SIGKILL)`` until none is left (a
+kill reaches every process of the uid at once, a fork under way included: one that forks again and again
+cannot outrun it as it could a kill by pid). Then, with nothing of the uid left to act on it, it becomes
+the uid wholly and removes what the uid made, with the uid's own rights alone (a link the job planted
+leads nowhere a root process would follow it).
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
+from typing import Iterable
 
 PROC = Path("/proc")
-SHARED_PLACES = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/dev/mqueue"))
+KILLER_UID = 2**32 - 2
+"""``(uid_t) -2``: no account's, no process's, never a slot (``job_users``)."""
+SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
 """Where any user may make files (sticky, world-writable): searched, and their world-writable
 directories in turn, for what the uid made."""
 KILL_ROUNDS = 10_000
+TIMEOUT_S = 60.0
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+_KEYCTL_CLEAR, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = 7, -4, -5
+_IPC_RMID = 0
 
 
 def running_as(uid: int) -> list[int]:
@@ -33,44 +53,42 @@ def running_as(uid: int) -> list[int]:
     return found
 
 
-def end_processes(uid: int) -> list[int]:
-    """Every process of ``uid`` SIGKILLed; those seen before (their pids). The kill is sent by a child of this
-    process that has become ``uid`` (``kill(-1)`` reaches each process of its user at once, a fork under way
-    included), again until none is left: a job's processes cannot outrun it by forking, as they could a kill by
-    pid. ``OSError`` if some survive it (never seen)."""
-    seen = running_as(uid)  # (a process forking again and again may be missed here: not by the kill)
-    child = os.fork()
-    if child == 0:  # (system calls and /proc alone here: this process may have other threads)
-        code = 1
-        try:
-            os.setgroups([])
-            os.setresuid(uid, uid, uid)
-            for round in range(KILL_ROUNDS):
-                os.kill(-1, signal.SIGKILL)  # (a fork under way when it comes makes no child)
-                if round % 4 == 3 and running_as(uid) == [os.getpid()]:  # only zombies are left (signalled, never gone)
-                    code = 0
-                    break
-        except ProcessLookupError:
-            code = 0  # none left
-        except BaseException:
-            pass
-        os._exit(code)
-    _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 0 or running_as(uid):
-        raise OSError(f"processes of uid {uid} outlived {KILL_ROUNDS} SIGKILLs: {running_as(uid)}")
+def clear(uid: int, places: Iterable[str] = ()) -> list[int]:
+    """Every process of ``uid`` ended, and what it made in ``SHARED_PLACES`` (and ``places``) and in
+    System V IPC removed (module doc); the pids seen before. ``OSError`` saying why where it could not be."""
+    seen = running_as(uid)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", os.path.abspath(__file__), str(uid), *places], env={},
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise OSError(f"clearing uid {uid} took over {TIMEOUT_S:g}s") from None
+    if done.returncode != 0:
+        raise OSError(f"clearing uid {uid} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     return seen
 
 
-def remove_files(uid: int, places=SHARED_PLACES) -> list[Path]:
-    """What ``uid`` made in ``places`` (and in the world-writable directories under them) removed, without
-    following a link it planted; the paths removed."""
-    removed: list[Path] = []
+def _end_processes(uid: int) -> None:
+    """As ``KILLER_UID`` with effective uid ``uid``: SIGKILL to every process of ``uid`` until none is left."""
+    for round in range(KILL_ROUNDS):
+        try:
+            os.kill(-1, signal.SIGKILL)  # (a fork under way when it comes makes no child)
+        except ProcessLookupError:
+            return  # none left
+        if round % 4 == 3 and running_as(uid) == [os.getpid()]:  # only zombies (signalled, never gone)
+            return
+    raise OSError(f"processes of uid {uid} outlived {KILL_ROUNDS} SIGKILLs: {running_as(uid)}")
+
+
+def remove_files(uid: int, places: Iterable[str]) -> list[str]:
+    """What ``uid`` made in ``places`` (and in the world-writable directories under them) removed; the paths.
+    Run as ``uid`` (``_main``): what the uid's own rights cannot remove stays."""
+    removed: list[str] = []
     for place in places:
         _sweep(place, uid, removed, depth=0)
     return removed
 
 
-def _sweep(directory: Path, uid: int, removed: list[Path], depth: int) -> None:
+def _sweep(directory: str, uid: int, removed: list[str], depth: int) -> None:
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -80,15 +98,55 @@ def _sweep(directory: Path, uid: int, removed: list[Path], depth: int) -> None:
             info = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        path = Path(entry.path)
         if info.st_uid == uid:
             try:
                 if stat.S_ISDIR(info.st_mode):
-                    shutil.rmtree(path)  # (descriptor-based: a link inside is removed, never followed)
+                    shutil.rmtree(entry.path)
                 else:
-                    path.unlink()
-                removed.append(path)
+                    os.unlink(entry.path)
+                removed.append(entry.path)
             except OSError:
                 pass
         elif stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH and depth < 8:
-            _sweep(path, uid, removed, depth + 1)  # (another's directory the uid could write in)
+            _sweep(entry.path, uid, removed, depth + 1)  # (another's directory the uid could write in)
+
+
+def remove_ipc(uid: int) -> None:
+    """This uid's System V shared memory, message queues and semaphores removed (as their owner)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, key, remove in (("shm", "shmid", lambda i: libc.shmctl(i, _IPC_RMID, None)),
+                              ("msg", "msqid", lambda i: libc.msgctl(i, _IPC_RMID, None)),
+                              ("sem", "semid", lambda i: libc.semctl(i, 0, _IPC_RMID))):
+        try:
+            header, *rows = (PROC / "sysvipc" / kind).read_text().splitlines()
+        except (OSError, ValueError):
+            continue
+        names = header.split()
+        for row in rows:
+            values = dict(zip(names, row.split()))
+            if str(uid) in (values.get("uid"), values.get("cuid")) and key in values:
+                remove(int(values[key]))
+
+
+def clear_keyrings() -> None:
+    """This (the uid's) user keyrings emptied, where the kernel lets a process use keyrings at all."""
+    number = _SYS_KEYCTL.get(platform.machine())
+    if number is not None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for ring in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING):
+            libc.syscall(number, _KEYCTL_CLEAR, ring)
+
+
+def _main(uid: int, places: list[str]) -> None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(KILLER_UID, uid, KILLER_UID)
+    _end_processes(uid)
+    os.setresuid(uid, uid, uid)  # (nothing of the uid is left to signal or trace this process)
+    remove_files(uid, dict.fromkeys([*SHARED_PLACES, *places]))
+    remove_ipc(uid)
+    clear_keyrings()
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]), sys.argv[2:])

@@ -19,10 +19,11 @@ import pytest
 
 from baton.storage import owned_dirs
 from baton.workers.attempt.job_users import LOCK_DIRS, JobUserError, JobUsers
-from baton.workers.attempt.uid_leftovers import end_processes, running_as
+from baton.workers.attempt import uid_leftovers
+from baton.workers.attempt.uid_leftovers import running_as
 from baton.workers.parallel import failure_report
 
-from tests.helpers import REPO, baton_env, run_baton, wait_for
+from tests.helpers import BATON, REPO, baton_env, run_baton, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="changing user needs root")
 
@@ -145,9 +146,30 @@ def test_a_slots_processes_that_fork_again_and_again_are_all_ended():
         assert running_as(identity.uid) == []
         assert reaper.wait(timeout=30) == 0  # nothing left for it to reap
     finally:
-        end_processes(identity.uid)
+        uid_leftovers.clear(identity.uid)
         reaper.kill()
         reaper.wait()
+        users.release()
+
+
+@pytest.mark.parametrize("signal_name", ["SIGSTOP", "SIGKILL"])
+def test_a_slots_processes_signalling_all_they_can_do_not_stop_their_end(signal_name):
+    """The job's processes send ``kill(-1)`` again and again (each process of their user stopped, or killed):
+    what ends them is not of their user, so it ends them all and returns."""
+    users = JobUsers(job_uids=UIDS)
+    identity = users.lend()
+    code = f"import os, signal\nwhile True:\n    os.kill(-1, signal.{signal_name})\n"
+    attackers = [subprocess.Popen([sys.executable, "-c", code], user=identity.uid, group=identity.gid) for _ in range(3)]
+    try:
+        assert wait_for(lambda: len(running_as(identity.uid)) >= (3 if signal_name == "SIGSTOP" else 1), timeout=30)
+        users.clear(identity)
+        assert all(attacker.wait(timeout=30) == -9 for attacker in attackers)
+        assert running_as(identity.uid) == []
+        assert not users._dirty  # (cleared: lent again as it is)
+    finally:
+        for attacker in attackers:
+            attacker.kill()
+            attacker.wait()
         users.release()
 
 
@@ -159,18 +181,21 @@ def test_what_a_slots_user_made_where_every_user_may_write_is_removed_and_links_
     tag = f"baton-test-left-{os.getpid()}"
     made = [Path(tempfile.gettempdir()) / tag, owned_dirs.SHM / tag, Path(tempfile.gettempdir()) / f"{tag}-dir",
             open_dir / f"{tag}-deeper", Path(tempfile.gettempdir()) / f"{tag}-link"]
-    code = ("import os, sys\n"
+    code = ("import ctypes, os, sys\n"
             "a, b, c, d, link, kept = sys.argv[1:]\n"
             "for path in (a, b, d): open(path, 'w').write('secret')\n"
             "os.mkdir(c); open(os.path.join(c, 'inside'), 'w').write('secret'); os.symlink(kept, os.path.join(c, 'to-kept'))\n"
-            "os.symlink(kept, link)\n")
+            "os.symlink(kept, link)\n"
+            "assert ctypes.CDLL(None).shmget(0, 4096, 0o1600) >= 0\n")  # IPC_PRIVATE, IPC_CREAT | 0600: System V memory
+    shm_of = lambda uid: [row for row in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]  # noqa: E731
+                          if row.split()[7] == str(uid)]
     try:
         done = subprocess.run([sys.executable, "-c", code, *map(str, made), str(kept)], user=identity.uid,
                               group=identity.gid, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert all(os.path.lexists(path) for path in made)
+        assert all(os.path.lexists(path) for path in made) and len(shm_of(identity.uid)) == 1
         users.clear(identity)
-        assert [path for path in made if os.path.lexists(path)] == []
+        assert [path for path in made if os.path.lexists(path)] == [] and shm_of(identity.uid) == []
         assert kept.read_text() == "root's"
     finally:
         for path in made:
@@ -248,3 +273,17 @@ def test_a_file_store_other_users_may_enter_is_refused_where_jobs_run_as_their_o
     FileStore(made)  # a store made by baton is its user's alone
     assert made.stat().st_mode & 0o777 == 0o700
     JobUsers(job_uids=UIDS, claim=False).check_store(made.as_uri())
+
+
+def test_a_root_worker_whose_jobs_could_not_read_its_directory_refuses_to_start_rather_than_run_them_as_root(
+        redis_server, tmp_path):
+    private = tmp_path / "project"
+    private.mkdir(mode=0o700)
+    env = baton_env(BATON_REDIS_URL=redis_server.url, BATON_JOB_USER="", BATON_STORAGE_URL=(tmp_path / "store").as_uri())
+    done = subprocess.run([*BATON, "worker"], cwd=private, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done
+    closed = next(place for place in [*reversed(private.parents), private] if not place.stat().st_mode & 0o001)
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"baton worker: jobs run as users of their own, who cannot read {private} ({closed} is mode "
+        f"{stat.filemode(closed.stat().st_mode)}): make it readable by all (jobs import from it), or set "
+        "BATON_JOB_USER=worker to run them as this worker's user (uid 0)")
