@@ -29,8 +29,9 @@ PROC = Path("/proc")
 KILLER_UID = 2**32 - 2
 """``(uid_t) -2``: no account's, no process's, never a slot (``job_users``)."""
 SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
-"""Where any user may make files (sticky, world-writable): searched, and their world-writable
-directories in turn, for what the uid made."""
+"""Where any user may make files (sticky, world-writable): searched for what the uid made there. A
+directory of another user's that lets all write in it (a drop box) is that user's to keep: what the job
+put there stays."""
 KILL_ROUNDS = 10_000
 TIMEOUT_S = 60.0
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
@@ -80,26 +81,19 @@ def _end_processes(uid: int) -> None:
 
 
 def remove_files(uid: int, places: Iterable[str]) -> list[str]:
-    """What ``uid`` made in ``places`` (and in the world-writable directories under them) removed; the paths.
-    Run as ``uid`` (``_main``): what the uid's own rights cannot remove stays."""
+    """What ``uid`` made in ``places`` removed (its directories whole); the paths. Run as ``uid`` (``_main``):
+    what the uid's own rights cannot remove stays."""
     removed: list[str] = []
     for place in places:
-        _sweep(place, uid, removed, depth=0)
-    return removed
-
-
-def _sweep(directory: str, uid: int, removed: list[str], depth: int) -> None:
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return
-    for entry in entries:
         try:
-            info = entry.stat(follow_symlinks=False)
+            entries = list(os.scandir(place))
         except OSError:
             continue
-        if info.st_uid == uid:
+        for entry in entries:
             try:
+                info = entry.stat(follow_symlinks=False)
+                if info.st_uid != uid:
+                    continue
                 if stat.S_ISDIR(info.st_mode):
                     shutil.rmtree(entry.path)
                 else:
@@ -107,8 +101,7 @@ def _sweep(directory: str, uid: int, removed: list[str], depth: int) -> None:
                 removed.append(entry.path)
             except OSError:
                 pass
-        elif stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH and depth < 8:
-            _sweep(entry.path, uid, removed, depth + 1)  # (another's directory the uid could write in)
+    return removed
 
 
 def remove_ipc(uid: int) -> None:
