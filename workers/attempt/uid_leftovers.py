@@ -14,18 +14,13 @@ leads nowhere a root process would follow it).
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import platform
-import shutil
-import signal
 import stat
-import subprocess
 import sys
-from pathlib import Path
-from typing import Iterable
 
-PROC = Path("/proc")
+# (the interpreter that clears a uid, on the path from one attempt to the next, imports only what it uses)
+PROC = "/proc"
+SIGKILL = 9  # (the signal module's import is the dearest of all here)
 KILLER_UID = 2**32 - 2
 """``(uid_t) -2``: no account's, no process's, never a slot (``job_users``)."""
 SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
@@ -42,21 +37,24 @@ _IPC_RMID = 0
 def running_as(uid: int) -> list[int]:
     """The pids of the live processes (zombies are dead) whose real or effective user is ``uid``."""
     found = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
+    for name in os.listdir(PROC):
+        if name.isdigit():
             try:
-                lines = (entry / "status").read_text().splitlines()
+                with open(f"{PROC}/{name}/status") as status:
+                    lines = status.read().splitlines()
             except OSError:
                 continue
             fields = dict(line.split(":", 1) for line in lines if ":" in line)
             if fields.get("State", "").split()[:1] != ["Z"] and str(uid) in fields.get("Uid", "").split()[:2]:
-                found.append(int(entry.name))
+                found.append(int(name))
     return found
 
 
-def clear(uid: int, places: Iterable[str] = ()) -> list[int]:
+def clear(uid: int, places: tuple[str, ...] | list[str] = ()) -> list[int]:
     """Every process of ``uid`` ended, and what it made in ``SHARED_PLACES`` (and ``places``) and in
     System V IPC removed (module doc); the pids seen before. ``OSError`` saying why where it could not be."""
+    import subprocess
+
     seen = running_as(uid)
     try:
         done = subprocess.run([sys.executable, "-I", "-S", os.path.abspath(__file__), str(uid), *places], env={},
@@ -72,7 +70,7 @@ def _end_processes(uid: int) -> None:
     """As ``KILLER_UID`` with effective uid ``uid``: SIGKILL to every process of ``uid`` until none is left."""
     for round in range(KILL_ROUNDS):
         try:
-            os.kill(-1, signal.SIGKILL)  # (a fork under way when it comes makes no child)
+            os.kill(-1, SIGKILL)  # (a fork under way when it comes makes no child)
         except ProcessLookupError:
             return  # none left
         if round % 4 == 3 and running_as(uid) == [os.getpid()]:  # only zombies (signalled, never gone)
@@ -80,7 +78,7 @@ def _end_processes(uid: int) -> None:
     raise OSError(f"processes of uid {uid} outlived {KILL_ROUNDS} SIGKILLs: {running_as(uid)}")
 
 
-def remove_files(uid: int, places: Iterable[str]) -> list[str]:
+def remove_files(uid: int, places: list[str]) -> list[str]:
     """What ``uid`` made in ``places`` removed (its directories whole); the paths. Run as ``uid`` (``_main``):
     what the uid's own rights cannot remove stays."""
     removed: list[str] = []
@@ -95,6 +93,8 @@ def remove_files(uid: int, places: Iterable[str]) -> list[str]:
                 if info.st_uid != uid:
                     continue
                 if stat.S_ISDIR(info.st_mode):
+                    import shutil
+
                     shutil.rmtree(entry.path)
                 else:
                     os.unlink(entry.path)
@@ -106,28 +106,45 @@ def remove_files(uid: int, places: Iterable[str]) -> list[str]:
 
 def remove_ipc(uid: int) -> None:
     """This uid's System V shared memory, message queues and semaphores removed (as their owner)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for kind, key, remove in (("shm", "shmid", lambda i: libc.shmctl(i, _IPC_RMID, None)),
-                              ("msg", "msqid", lambda i: libc.msgctl(i, _IPC_RMID, None)),
-                              ("sem", "semid", lambda i: libc.semctl(i, 0, _IPC_RMID))):
+    for kind, key in (("shm", "shmid"), ("msg", "msqid"), ("sem", "semid")):
         try:
-            header, *rows = (PROC / "sysvipc" / kind).read_text().splitlines()
+            with open(f"{PROC}/sysvipc/{kind}") as table:
+                header, *rows = table.read().splitlines()
         except (OSError, ValueError):
             continue
         names = header.split()
         for row in rows:
             values = dict(zip(names, row.split()))
             if str(uid) in (values.get("uid"), values.get("cuid")) and key in values:
-                remove(int(values[key]))
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                ident = int(values[key])
+                libc.semctl(ident, 0, _IPC_RMID) if kind == "sem" else getattr(libc, f"{kind}ctl")(ident, _IPC_RMID, None)
 
 
-def clear_keyrings() -> None:
-    """This (the uid's) user keyrings emptied, where the kernel lets a process use keyrings at all."""
-    number = _SYS_KEYCTL.get(platform.machine())
-    if number is not None:
+def clear_keyrings(uid: int) -> None:
+    """This (the uid's) user keyrings emptied, where it holds keys (``/proc/key-users``) and the kernel lets a
+    process use keyrings at all."""
+    try:
+        with open(f"{PROC}/key-users") as users:  # ("UID: USAGE NKEYS/NIKEYS ...": its two keyrings are keys too)
+            holds = any(line.split(":", 1)[0].strip() == str(uid) and _count(line.split(":", 1)[1]) > 2 for line in users)
+    except OSError:
+        return
+    number = _SYS_KEYCTL.get(os.uname().machine)
+    if holds and number is not None:
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         for ring in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING):
             libc.syscall(number, _KEYCTL_CLEAR, ring)
+
+
+def _count(fields: str) -> int:
+    try:
+        return int(fields.split()[1].split("/")[0])
+    except (IndexError, ValueError):
+        return 3  # (a line of another shape: cleared to be sure)
 
 
 def _main(uid: int, places: list[str]) -> None:
@@ -136,9 +153,9 @@ def _main(uid: int, places: list[str]) -> None:
     os.setresuid(KILLER_UID, uid, KILLER_UID)
     _end_processes(uid)
     os.setresuid(uid, uid, uid)  # (nothing of the uid is left to signal or trace this process)
-    remove_files(uid, dict.fromkeys([*SHARED_PLACES, *places]))
+    remove_files(uid, list(dict.fromkeys([*SHARED_PLACES, *places])))
     remove_ipc(uid)
-    clear_keyrings()
+    clear_keyrings(uid)
 
 
 if __name__ == "__main__":

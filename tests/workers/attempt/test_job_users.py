@@ -158,9 +158,19 @@ def test_a_slots_processes_signalling_all_they_can_do_not_stop_their_end(signal_
     what ends them is not of their user, so it ends them all and returns."""
     users = JobUsers(job_uids=UIDS)
     identity = users.lend()
-    code = f"import os, signal\nwhile True:\n    os.kill(-1, signal.{signal_name})\n"
-    attackers = [subprocess.Popen([sys.executable, "-c", code], user=identity.uid, group=identity.gid) for _ in range(3)]
+    # each begins once all are running (one started earlier would stop or kill the next before its exec)
+    code = f"import os, signal, sys\nsys.stdin.read(1)\nwhile True:\n    os.kill(-1, signal.{signal_name})\n"
+    attackers: list[subprocess.Popen] = []
     try:
+        for _ in range(3):
+            attackers.append(subprocess.Popen([sys.executable, "-c", code], user=identity.uid, group=identity.gid,
+                                              stdin=subprocess.PIPE))
+        for attacker in attackers:
+            try:
+                attacker.stdin.write(b"go")
+                attacker.stdin.close()
+            except BrokenPipeError:  # (killed already by one that began)
+                pass
         assert wait_for(lambda: len(running_as(identity.uid)) >= (3 if signal_name == "SIGSTOP" else 1), timeout=30)
         users.clear(identity)
         assert all(attacker.wait(timeout=30) == -9 for attacker in attackers)
