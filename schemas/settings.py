@@ -21,6 +21,7 @@ FAILPOINT_VARIABLES = frozenset({"BATON_FAILPOINT", "BATON_FAILPOINT_PAUSE"})
 """BATON_* variables for tests of what survives a crash or a kill at an exact point (baton.storage.failpoints)."""
 DEFAULT_STORAGE_URL = "file://./baton-data"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_JOB_UIDS = "2000000000-2000000999"
 
 
 def default_redis_notice(environ: Mapping[str, str]) -> str | None:
@@ -99,7 +100,7 @@ class BatonSettings(BaseSettings):
     job_user: str = Field("", description="The user a job's code runs as: unset, a uid of its own per worker process "
                           "where the worker runs as root (from BATON_JOB_UIDS); FIRST-LAST, a uid from that range; a user's "
                           "name, UID or UID:GID; `worker`, the worker's own user (no isolation).")
-    job_uids: str = Field("2000000000-2000000999", description="The uids a root worker gives its jobs (one per worker "
+    job_uids: str = Field(DEFAULT_JOB_UIDS, description="The uids a root worker gives its jobs (one per worker "
                           "process; no account of the machine may use them).")
     redis_ca_certs: str = Field("", description="CA bundle for rediss:// (default: the system's).")
     metrics_port: int = Field(9100, ge=0, le=65535, description="Worker's Prometheus /metrics port; 0 turns it off. "

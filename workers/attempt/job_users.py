@@ -33,10 +33,11 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 from urllib.parse import urlparse
 
 from baton.schemas.messages import JobIdentity
+from baton.schemas.settings import DEFAULT_JOB_UIDS
 from baton.storage import owned_dirs
 from baton.workers.attempt import uid_leftovers
 from baton.workers.attempt.uid_leftovers import running_as
@@ -46,7 +47,7 @@ _log = logging.getLogger("baton.worker")
 HOME_PREFIX = owned_dirs.HOME_PREFIX
 """An attempt's HOME (``owned_dirs``): the worker's directory, holding the job's own ``home``."""
 WORKER = "worker"
-DEFAULT_UIDS = "2000000000-2000000999"
+DEFAULT_UIDS = DEFAULT_JOB_UIDS
 LOCK_DIRS = (Path("/run/baton-job-uids"), Path(tempfile.gettempdir()) / f"baton-job-uids-{os.geteuid()}")
 """Where the slots' locks are kept: the first that is, or can be made, a directory of this user's alone
 (the second where /run is not writable)."""
@@ -261,15 +262,15 @@ class JobUsers:
         return killed
 
     @contextlib.contextmanager
-    def lent(self, gate: Optional[tuple[Path, Path]] = None, read: Iterable[str] = ()) -> Iterator["Tenancy"]:
-        """One attempt's identity (``lend``) for the ``with`` block, its store gate (its directory and
-        socket) and the directories in ``read`` (its shipped code) lent to it; after the block (its
-        processes ended), those taken back and the rest cleared (``clear``)."""
+    def lent(self, gate: Any = None, read: Iterable[str] = ()) -> Iterator["Tenancy"]:
+        """One attempt's identity (``lend``) for the ``with`` block, its store gate (a ``StoreGate``: its
+        ``directory`` and its socket, ``address``) and the directories in ``read`` (its shipped code) lent to it;
+        after the block (its processes ended), those taken back and the rest cleared (``clear``)."""
         tenancy = Tenancy(self.lend(), tuple(read))
         try:
             if gate is not None:
-                grant(gate[0], tenancy.identity, READ)
-                grant(gate[1], tenancy.identity, SOCKET)
+                grant(gate.directory, tenancy.identity, READ)
+                grant(gate.address, tenancy.identity, SOCKET)
             for path in tenancy.read:
                 grant(path, tenancy.identity, READ)
             yield tenancy

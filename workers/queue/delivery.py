@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
@@ -194,7 +193,7 @@ class Held:
             _log.info("job %s: %s", self.job_id, line)
         # the training process's store: its job's objects; its user: the job's own (``job_users``)
         with StoreGate(store, self.job_id, ctx.redact) as gate, \
-                ctx.users.lent((gate.directory, Path(gate.address)), import_path) as tenancy:
+                ctx.users.lent(gate, import_path) as tenancy:
             order = self._order(spec, storage_url).model_copy(update={
                 "import_path": import_path, "setup_log": tuple(setup_log), "store_gate": gate.url,
                 "identity": tenancy.identity})

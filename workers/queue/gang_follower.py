@@ -20,7 +20,6 @@ import logging
 import shutil
 import signal
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import redis
@@ -143,7 +142,7 @@ def _run_node(ctx, gangs: Gangs, job_id: str, gang: Gang, membership: Membership
 
         # the ranks' store: this job's objects only; their user: the job's own on this node (``job_users``)
         with StoreGate(store, job_id, ctx.redact) as gate, \
-                ctx.users.lent((gate.directory, Path(gate.address)), (*import_path, str(scratch))) as tenancy:
+                ctx.users.lent(gate, (*import_path, str(scratch))) as tenancy:
             ranks = start_node(order.model_copy(update={"identity": tenancy.identity}), membership.node, gang.endpoint,
                                gang.secret, lambda message: _log.info("job %s: %s", job_id, message), context(), gate.url)
             try:

@@ -224,7 +224,8 @@ def test_locks_a_jobs_user_plants_do_not_keep_a_worker_from_its_slot_and_zombies
             os.chown(path, first + 10, first + 10)
     zombie = subprocess.Popen(["true"], user=first, group=first)
     try:
-        assert zombie.pid not in running_as(first) and os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)
+        assert os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # (it has exited, and is not reaped)
+        assert zombie.pid not in running_as(first)
         users = JobUsers(job_uids=UIDS)
         assert users.user[0] == first
         info = LOCK_DIRS[0].lstat()
