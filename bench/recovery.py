@@ -22,6 +22,10 @@ for a small and a 25M-parameter model, and through a worker (the job's training 
 metrics rows). ``baton run`` keeps no copies (it has no worker to keep them for it).
 
     python bench/recovery.py [--trials 3] [--cost-repeats 3] [--out bench/results/recovery.json]
+
+``--job-users worker,own`` runs each fault's trials under both users of a root worker's jobs, alternated,
+on two pairs of workers (one queue each): ``BATON_JOB_USER=worker`` (the job as the worker's own user)
+and the default (a uid of its own); ``--faults crash,crash-1`` measures only those.
 """
 from __future__ import annotations
 
@@ -77,10 +81,16 @@ def counting(spec: dict, directory: Path) -> dict:
                                              "kwargs": {"directory": str(directory), **spec["model"]["kwargs"]}}}
 
 
-def trial(client: JobClient, workers: list[WorkerProcess], kind: str, index: int, root: Path) -> dict:
-    directory = root / f"{kind}-{index}"
+JOB_USERS = {"worker": "worker", "own": ""}
+"""``--job-users``: the name in the table, and BATON_JOB_USER."""
+
+
+def trial(client: JobClient, workers: list[WorkerProcess], kind: str, index: int, root: Path,
+          queue: str = "default") -> dict:
+    directory = root / f"{kind}-{index}-{queue}"
     counted_in(directory)
     spec = counting(SPEC, directory)
+    spec["resources"] = {"queue": queue}
     if kind == "crash-1":
         spec["checkpoint"] = {**spec["checkpoint"], "memory_every_steps": 1}
     job = client.submit(spec, f"{kind.lower()}-{index}-{int(time.time())}")
@@ -100,7 +110,7 @@ def trial(client: JobClient, workers: list[WorkerProcess], kind: str, index: int
     if not kind.startswith("crash"):
         holder.proc.wait(timeout=120)
     source = "memory" if re.search(r"resumed in memory", resumed.last_event or "") else "checkpoint"
-    return {"fault": kind, "trial": index, "back_s": back - at, "trained_by_dead": trained,
+    return {"fault": kind, "trial": index, "queue": queue, "back_s": back - at, "trained_by_dead": trained,
             "resumed_from": resumed.resumed_from, "redone": trained - resumed.resumed_from, "source": source,
             "same_worker": resumed.worker == holder.name}
 
@@ -142,10 +152,10 @@ def in_process_cost(spec: dict, repeats: int, root: Path, modes: tuple = ("off",
                         "copier": said[mode]} for mode in modes}
 
 
-def worker_cost(client: JobClient, repeats: int) -> dict:
+def worker_cost(client: JobClient, repeats: int, queue: str) -> dict:
     """The training time of one job (its metrics rows' epoch_s) with copies (auto) and without, on one
-    worker, interleaved."""
-    spec = {**SPEC, "loop": {"epochs": 4}}
+    worker of ``queue``, interleaved."""
+    spec = {**SPEC, "loop": {"epochs": 4}, "resources": {"queue": queue}}
     times: dict[str, list[float]] = {"auto": [], "off": []}
     for r in range(repeats):
         for mode in ("off", "auto"):
@@ -163,7 +173,14 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--cost-repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/recovery.json")
+    parser.add_argument("--faults", default=",".join(FAULTS), help="which faults, of " + ", ".join(FAULTS))
+    parser.add_argument("--job-users", default="", help="worker,own: each trial under both, alternated (module doc)")
     args = parser.parse_args()
+    faults = [f for f in args.faults.split(",") if f]
+    assert set(faults) <= set(FAULTS), f"--faults: of {', '.join(FAULTS)}"
+    users = [u for u in args.job_users.split(",") if u]
+    assert set(users) <= set(JOB_USERS), "--job-users: of worker, own"
+    queues = {f"as-{u}": JOB_USERS[u] for u in users} or {"default": None}
 
     settings = BatonSettings()
     root = Path(tempfile.mkdtemp(prefix="baton-recovery-"))
@@ -174,52 +191,62 @@ def main() -> None:
                                                                                       os.environ.get("PYTHONPATH")]))}
     os.environ.update(env)
     client = JobClient()
-    workers: list[WorkerProcess] = []
+    pairs: dict[str, list[WorkerProcess]] = {queue: [] for queue in queues}
     names = iter(range(1000))
     rows = []
+    through_worker: dict = {}
     try:
-        for kind in FAULTS:
+        for kind in faults:
             for index in range(args.trials):
-                workers = [w for w in workers if w.proc.poll() is None]
-                while len(workers) < 2:
-                    n = next(names)
-                    workers.append(WorkerProcess(f"bench-{n}@local", env, str(root / f"w{n}.log")).start().wait_ready())
-                row = trial(client, workers, kind, index, root)
-                rows.append(row)
-                print(f"  {kind} trial {index}: training again after {row['back_s']:.2f}s, {row['redone']} step(s) "
-                      f"redone (from {row['source']})", flush=True)
-        print("cost through a worker ...", flush=True)
-        through_worker = worker_cost(client, args.cost_repeats)
+                for queue, job_user in queues.items():
+                    pair = pairs[queue] = [w for w in pairs[queue] if w.proc.poll() is None]
+                    while len(pair) < 2:
+                        n = next(names)
+                        wenv = env if job_user is None else {**env, "BATON_JOB_USER": job_user}
+                        pair.append(WorkerProcess(f"bench-{n}@local", wenv, str(root / f"w{n}.log"),
+                                                  queues=queue).start().wait_ready())
+                    row = trial(client, pair, kind, index, root, queue)
+                    rows.append(row)
+                    print(f"  {kind} trial {index} ({queue}): training again after {row['back_s']:.2f}s, {row['redone']} "
+                          f"step(s) redone (from {row['source']})", flush=True)
+        if args.cost_repeats:
+            print("cost through a worker ...", flush=True)
+            through_worker = {queue: worker_cost(client, args.cost_repeats, queue) for queue in queues}
     finally:
-        stop_workers(workers)
+        stop_workers([w for pair in pairs.values() for w in pair])
         redis.stop()
         s3.stop()
-    print("cost in one process ...", flush=True)
-    in_process = {"small": in_process_cost({**SPEC, "loop": {"epochs": 2}}, args.cost_repeats, root / "small",
-                                           ("off", "auto", 1)),
-                  "25M": in_process_cost(LARGE, args.cost_repeats, root / "large")}
+    in_process: dict = {}
+    if args.cost_repeats:
+        print("cost in one process ...", flush=True)
+        in_process = {"small": in_process_cost({**SPEC, "loop": {"epochs": 2}}, args.cost_repeats, root / "small",
+                                               ("off", "auto", 1)),
+                      "25M": in_process_cost(LARGE, args.cost_repeats, root / "large")}
 
     print(f"\nrecovery, {args.trials} trials each (lease TTL {settings.lease_ttl_s:g}s, heartbeat {settings.heartbeat_s:g}s, "
           f"reaper every {settings.reaper_period_s:g}s; {os.cpu_count()} cores)")
-    print(f"{'fault':>8} {'trial':>5} {'back s':>7} {'trained':>8} {'resumed from':>13} {'redone':>7} {'source':>11} "
-          f"{'same worker':>12}")
+    print(f"{'fault':>8} {'queue':>9} {'trial':>5} {'back s':>7} {'trained':>8} {'resumed from':>13} {'redone':>7} "
+          f"{'source':>11} {'same worker':>12}")
     for r in rows:
-        print(f"{r['fault']:>8} {r['trial']:>5} {r['back_s']:>7.2f} {r['trained_by_dead']:>8} {r['resumed_from']:>13} "
-              f"{r['redone']:>7} {r['source']:>11} {str(r['same_worker']):>12}")
+        print(f"{r['fault']:>8} {r['queue']:>9} {r['trial']:>5} {r['back_s']:>7.2f} {r['trained_by_dead']:>8} "
+              f"{r['resumed_from']:>13} {r['redone']:>7} {r['source']:>11} {str(r['same_worker']):>12}")
     summary = {}
-    for kind in FAULTS:
-        mine = [r for r in rows if r["fault"] == kind]
-        summary[kind] = {"back_s_median": statistics.median(r["back_s"] for r in mine),
-                         "back_s_max": max(r["back_s"] for r in mine), "redone_max": max(r["redone"] for r in mine)}
-        print(f"{kind}: training again in {summary[kind]['back_s_median']:.2f}s median, "
-              f"{summary[kind]['back_s_max']:.2f}s max; at most {summary[kind]['redone_max']} step(s) redone")
+    for kind in faults:
+        for queue in queues:
+            mine = [r for r in rows if r["fault"] == kind and r["queue"] == queue]
+            name = kind if len(queues) == 1 else f"{kind} {queue}"
+            summary[name] = {"back_s_median": statistics.median(r["back_s"] for r in mine),
+                             "back_s_max": max(r["back_s"] for r in mine), "redone_max": max(r["redone"] for r in mine)}
+            print(f"{name}: training again in {summary[name]['back_s_median']:.3f}s median, "
+                  f"{summary[name]['back_s_max']:.3f}s max; at most {summary[name]['redone_max']} step(s) redone")
     print("\nin-memory copies (checkpoint.memory_every_steps against off), medians:")
     for name, cost in in_process.items():
         for mode, row in cost.items():
             print(f"  one process, {name} model, {mode}: {row['step_s'] * 1e3:.2f} ms a step ({row['ratio']:.3f}x); "
                   f"{row['copier']}")
-    print(f"  through a worker: {through_worker['train_s_auto']:.2f} against {through_worker['train_s_off']:.2f} s of "
-          f"training ({through_worker['ratio']:.3f}x)")
+    for queue, cost in through_worker.items():
+        print(f"  through a worker ({queue}): {cost['train_s_auto']:.2f} against {cost['train_s_off']:.2f} s of "
+              f"training ({cost['ratio']:.3f}x)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

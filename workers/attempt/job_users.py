@@ -16,7 +16,9 @@
 Each attempt gets a HOME of its own (also its temporary directory), made empty and removed after it. After
 a slot's attempt, every process of the slot's uid is killed and what it made where all users may write
 (``/tmp``, ``/var/tmp``, ``/dev/shm``...) and in System V IPC is removed (``uid_leftovers``: none of it can be
-another's, the uid is this worker's alone), so the next job, of another team, finds nothing of it.
+another's, the uid is this worker's alone), so the next job, of another team, finds nothing of it. That
+clear runs beside what the worker does next (the attempt's release, the next claim), by an interpreter
+started ahead for it; the next attempt is lent the uid only once it has ended.
 
 With the file store, the store's directory must be closed to other users (``check_store``): a job's user
 reaches its objects only through its store gate.
@@ -32,6 +34,7 @@ import pwd
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 from urllib.parse import urlparse
@@ -53,6 +56,9 @@ LOCK_DIRS = (Path("/run/baton-job-uids"), Path(tempfile.gettempdir()) / f"baton-
 (the second where /run is not writable)."""
 LOCK_NAME = "{}.lock"
 PROC = Path("/proc")
+WARM_AFTER_S = 2.0
+"""How long after a clear the next clearing interpreter is started: not while the next attempt's training
+process starts (on a small machine they would share its cores)."""
 
 
 class JobUserError(ValueError):
@@ -139,6 +145,9 @@ class JobUsers:
         health``, ``baton worker`` before it starts its processes)."""
         self._lock_fd: Optional[int] = None
         self._dirty = False  # the slot's uid may hold what an attempt left (``lend`` clears it first)
+        self._clearer: Optional[uid_leftovers.Clearer] = None  # ready for the slot's next clear
+        self._guard = threading.Lock()  # (``_clearer`` and ``_lock_fd``: a timer's thread starts the next)
+        self._clearing: Optional[threading.Thread] = None  # the clear after the last attempt (``lent``)
         self.slot = False  # the uid is this worker's alone (its leftovers are ended by uid)
         self.user: Optional[tuple[int, int, str]] = None  # None: the worker's own user
         self.why_not = "" if may_change_user() else f"this worker (uid {os.geteuid()}) cannot change user"
@@ -200,14 +209,20 @@ class JobUsers:
                 continue
             self._lock_fd = fd
             self._dirty = True  # (a killed worker's slot may have left files: cleared before its first attempt)
+            self._clearer = uid_leftovers.Clearer(keep=(fd,))
             return uid
         raise JobUserError(f"no free uid for this worker's jobs in {uids.start}-{uids.stop - 1} (BATON_JOB_UIDS): "
                            "each worker process holds one")
 
     def release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._settle()
+        with self._guard:
+            if self._clearer is not None:
+                self._clearer.close()
+                self._clearer = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     @staticmethod
     def _lock(uid: int) -> Optional[int]:
@@ -230,7 +245,8 @@ class JobUsers:
         if self.user is None:
             return None
         uid, gid, name = self.user
-        if self.slot and (self._dirty or running_as(uid)):
+        self._settle()
+        if self.slot and self._dirty:  # (a clear that failed, or a slot just claimed)
             self._clear_uid(uid)  # (OSError: this slot is not lent again until it is clear)
         outer = owned_dirs.make(HOME_PREFIX)
         os.chmod(outer, 0o711)
@@ -239,33 +255,64 @@ class JobUsers:
         os.chown(home, uid, gid)
         return JobIdentity(uid=uid, gid=gid, name=name, home=str(home))
 
-    def clear(self, identity: Optional[JobIdentity]) -> list[int]:
+    def clear(self, identity: Optional[JobIdentity]) -> None:
         """After the attempt (its processes ended): a slot's leftover processes killed and what it made where
-        any user may write removed (``uid_leftovers``), its HOME removed; the pids killed. Where the slot
-        could not be cleared, that is logged and the next ``lend`` tries again before lending it."""
+        any user may write removed (``uid_leftovers``), its HOME removed. Where the slot could not be cleared,
+        that is logged and the next ``lend`` tries again before lending it."""
         if identity is None:
-            return []
-        killed: list[int] = []
+            return
         try:
             if self.slot:
-                killed = self._clear_uid(identity.uid)
+                self._clear_uid(identity.uid)
         except OSError as exc:
             _log.error("the job's user %s was not cleared after its attempt: %s", identity.name, exc)
         finally:
             owned_dirs.remove(Path(identity.home).parent)
-        return killed
 
-    def _clear_uid(self, uid: int) -> list[int]:
+    @property
+    def dirty(self) -> bool:
+        """Whether the slot may hold what an attempt left (its clear under way, failed, or not yet begun)."""
+        return self._dirty or self._clearing is not None
+
+    def _clear_uid(self, uid: int) -> None:
         self._dirty = True
-        killed = uid_leftovers.clear(uid, [tempfile.gettempdir()])
+        with self._guard:
+            clearer, self._clearer = self._clearer or uid_leftovers.Clearer(self._keep()), None
+        try:
+            clearer.clear(uid, [tempfile.gettempdir()])
+        finally:
+            timer = threading.Timer(WARM_AFTER_S, self._warm)  # (the next one ready: its start costs most)
+            timer.daemon = True
+            timer.start()
         self._dirty = False
-        return killed
+
+    def _warm(self) -> None:
+        with self._guard:
+            if self._clearer is None and self._lock_fd is not None:
+                self._clearer = uid_leftovers.Clearer(self._keep())
+
+    def _keep(self) -> tuple[int, ...]:
+        return () if self._lock_fd is None else (self._lock_fd,)
+
+    def _clear_later(self, identity: Optional[JobIdentity]) -> None:
+        """``clear`` in a thread of its own: ``lend`` (``_settle``) waits for it."""
+        if identity is None:
+            return
+        self._settle()
+        self._clearing = threading.Thread(target=self.clear, args=(identity,), name="baton-clear-job-user")
+        self._clearing.start()
+
+    def _settle(self) -> None:
+        if self._clearing is not None:
+            self._clearing.join()
+            self._clearing = None
 
     @contextlib.contextmanager
     def lent(self, gate: Any = None, read: Iterable[str] = ()) -> Iterator["Tenancy"]:
         """One attempt's identity (``lend``) for the ``with`` block, its store gate (a ``StoreGate``: its
         ``directory`` and its socket, ``address``) and the directories in ``read`` (its shipped code) lent to it;
-        after the block (its processes ended), those taken back and the rest cleared (``clear``)."""
+        after the block (its processes ended), those taken back and the rest cleared (``clear``, beside what
+        the worker does next: the next ``lend`` waits for it)."""
         tenancy = Tenancy(self.lend(), tuple(read))
         try:
             if gate is not None:
@@ -279,7 +326,7 @@ class JobUsers:
                 for path in tenancy.read:
                     with contextlib.suppress(OSError):
                         take_back(path)
-            self.clear(tenancy.identity)
+            self._clear_later(tenancy.identity)
 
 
 def _known(uid: int) -> bool:

@@ -4,7 +4,7 @@ process's alone (``job_users``), so all of it is the job's: the next job on the 
 runs as the same uid and must find none of it.
 
 ``clear(uid)`` runs this file as a new interpreter (``python -I -S``: the standard library alone, no
-environment, nothing of the worker's threads), which, as root, drops to real and saved uid ``KILLER_UID``
+environment, nothing of the worker's threads; ``Clearer``: one started ahead, waiting), which, as root, drops to real and saved uid ``KILLER_UID``
 and effective uid ``uid``: it may signal the job's processes, and they, whose uid is neither of its
 real or saved ones, may not signal or trace it. It sends ``kill(-1, SIGKILL)`` until none is left (a
 kill reaches every process of the uid at once, a fork under way included: one that forks again and again
@@ -32,6 +32,8 @@ TIMEOUT_S = 60.0
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _KEYCTL_CLEAR, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = 7, -4, -5
 _IPC_RMID = 0
+WAIT = "--wait"
+"""The argument that makes this file wait for its uid and places on stdin (``Clearer``)."""
 
 
 def running_as(uid: int) -> list[int]:
@@ -50,20 +52,42 @@ def running_as(uid: int) -> list[int]:
     return found
 
 
-def clear(uid: int, places: tuple[str, ...] | list[str] = ()) -> list[int]:
-    """Every process of ``uid`` ended, and what it made in ``SHARED_PLACES`` (and ``places``) and in
-    System V IPC removed (module doc); the pids seen before. ``OSError`` saying why where it could not be."""
-    import subprocess
+class Clearer:
+    """A clearing interpreter started before it is needed, waiting for the uid on its stdin: its start is
+    most of a clear's cost, so the worker keeps one ready for after each attempt. ``keep``: file descriptors
+    it holds while it lives (the slot's lock: no other worker takes the uid until its clear has ended, even
+    one whose worker was killed). It runs nothing until told; closed, it exits."""
 
-    seen = running_as(uid)
-    try:
-        done = subprocess.run([sys.executable, "-I", "-S", os.path.abspath(__file__), str(uid), *places], env={},
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise OSError(f"clearing uid {uid} took over {TIMEOUT_S:g}s") from None
-    if done.returncode != 0:
-        raise OSError(f"clearing uid {uid} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-    return seen
+    def __init__(self, keep: tuple[int, ...] = ()):
+        import subprocess
+
+        self._proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), WAIT], env={},
+                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True, pass_fds=keep)
+
+    def clear(self, uid: int, places: "tuple[str, ...] | list[str]" = ()) -> None:
+        """Every process of ``uid`` ended, and what it made in ``SHARED_PLACES`` (and ``places``) and in
+        System V IPC removed (module doc). ``OSError`` saying why where it could not be. Once only."""
+        import subprocess
+
+        try:
+            _, said = self._proc.communicate("\n".join([str(uid), *places]), timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            raise OSError(f"clearing uid {uid} took over {TIMEOUT_S:g}s") from None
+        if self._proc.returncode != 0:
+            raise OSError(f"clearing uid {uid} failed: {(said.strip().splitlines() or ['?'])[-1]}")
+
+    def close(self) -> None:
+        """Its end, unused (it reads an empty stdin and exits)."""
+        if self._proc.poll() is None:
+            self._proc.communicate("", timeout=TIMEOUT_S)
+
+
+def clear(uid: int, places: "tuple[str, ...] | list[str]" = ()) -> None:
+    """``Clearer.clear`` by a clearing interpreter started for it."""
+    Clearer().clear(uid, places)
 
 
 def _end_processes(uid: int) -> None:
@@ -159,4 +183,6 @@ def _main(uid: int, places: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), sys.argv[2:])
+    told = sys.stdin.read().split("\n") if sys.argv[1:] == [WAIT] else sys.argv[1:]
+    if told and told[0]:  # (nothing: closed unused)
+        _main(int(told[0]), [place for place in told[1:] if place])

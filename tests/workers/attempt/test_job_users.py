@@ -118,7 +118,7 @@ def test_what_a_slots_attempt_leaves_is_cleared_after_it():
     os.chown(buffers, identity.uid, identity.gid)
     os.close(owned_dirs._held.pop(buffers))  # as its maker, the job's checkpoint writer, left it: killed
     try:
-        assert escaped.pid in users.clear(identity)
+        users.clear(identity)
         assert escaped.wait(timeout=10) == -9
         assert running_as(identity.uid) == []
         assert not os.path.exists(os.path.dirname(home)) and not buffers.exists()
@@ -126,6 +126,38 @@ def test_what_a_slots_attempt_leaves_is_cleared_after_it():
         escaped.kill()
         owned_dirs.remove(buffers)
         users.release()
+
+
+def test_the_clear_after_an_attempt_runs_beside_the_worker_and_the_next_attempt_waits_for_it():
+    users = JobUsers(job_uids=UIDS)
+    try:
+        with users.lent() as tenancy:
+            identity = tenancy.identity
+            escaped = subprocess.Popen(["sleep", "60"], user=identity.uid, group=identity.gid, start_new_session=True)
+        again = users.lend()  # (at once: the clear may be under way)
+        assert escaped.wait(timeout=10) == -9 and running_as(identity.uid) == []
+        assert not users.dirty and not os.path.exists(os.path.dirname(identity.home))
+        users.clear(again)
+    finally:
+        users.release()
+
+
+def test_a_killed_workers_slot_is_free_again_once_it_is_gone():
+    """The clearing interpreter kept ready holds the slot's lock while it lives, and ends with its worker."""
+    code = ("import os, signal\nfrom baton.workers.attempt.job_users import JobUsers\n"
+            f"users = JobUsers(job_uids={UIDS!r}); print(users.user[0], flush=True); os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=baton_env(), timeout=60)
+    assert done.returncode == -9 and done.stdout.strip() == "2000000500", done
+    users = wait_for(lambda: _taking(UIDS, 2000000500), timeout=30)
+    users.release()
+
+
+def _taking(uids: str, uid: int):
+    users = JobUsers(job_uids=uids)
+    if users.user[0] == uid:
+        return users
+    users.release()
+    return None
 
 
 def test_a_slots_processes_that_fork_again_and_again_are_all_ended():
@@ -161,8 +193,9 @@ def test_a_slots_processes_signalling_all_they_can_do_not_stop_their_end(signal_
     # each begins once all are running (one started earlier would stop or kill the next before its exec)
     code = f"import os, signal, sys\nsys.stdin.read(1)\nwhile True:\n    os.kill(-1, signal.{signal_name})\n"
     attackers: list[subprocess.Popen] = []
+    count = 3 if signal_name == "SIGSTOP" else 1  # (killers all at once may kill each other: one lives on)
     try:
-        for _ in range(3):
+        for _ in range(count):
             attackers.append(subprocess.Popen([sys.executable, "-c", code], user=identity.uid, group=identity.gid,
                                               stdin=subprocess.PIPE))
         for attacker in attackers:
@@ -171,11 +204,11 @@ def test_a_slots_processes_signalling_all_they_can_do_not_stop_their_end(signal_
                 attacker.stdin.close()
             except BrokenPipeError:  # (killed already by one that began)
                 pass
-        assert wait_for(lambda: len(running_as(identity.uid)) >= (3 if signal_name == "SIGSTOP" else 1), timeout=30)
+        assert wait_for(lambda: len(running_as(identity.uid)) >= count, timeout=30)
         users.clear(identity)
         assert all(attacker.wait(timeout=30) == -9 for attacker in attackers)
         assert running_as(identity.uid) == []
-        assert not users._dirty  # (cleared: lent again as it is)
+        assert not users.dirty  # (cleared: lent again as it is)
     finally:
         for attacker in attackers:
             attacker.kill()
