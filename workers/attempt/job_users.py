@@ -215,7 +215,7 @@ class JobUsers:
                            "each worker process holds one")
 
     def release(self) -> None:
-        self._settle()
+        self.settle()
         with self._guard:
             if self._clearer is not None:
                 self._clearer.close()
@@ -245,7 +245,7 @@ class JobUsers:
         if self.user is None:
             return None
         uid, gid, name = self.user
-        self._settle()
+        self.settle()
         if self.slot and self._dirty:  # (a clear that failed, or a slot just claimed)
             self._clear_uid(uid)  # (OSError: this slot is not lent again until it is clear)
         outer = owned_dirs.make(HOME_PREFIX)
@@ -277,7 +277,9 @@ class JobUsers:
     def _clear_uid(self, uid: int) -> None:
         self._dirty = True
         with self._guard:
-            clearer, self._clearer = self._clearer or uid_leftovers.Clearer(self._keep()), None
+            clearer, self._clearer = self._clearer, None
+        if clearer is None or not clearer.alive:  # (none ready yet, or ended by another's signal)
+            clearer = uid_leftovers.Clearer(self._keep())
         try:
             clearer.clear(uid, [tempfile.gettempdir()])
         finally:
@@ -295,14 +297,21 @@ class JobUsers:
         return () if self._lock_fd is None else (self._lock_fd,)
 
     def _clear_later(self, identity: Optional[JobIdentity]) -> None:
-        """``clear`` in a thread of its own: ``lend`` (``_settle``) waits for it."""
+        """``clear`` in a thread of its own: ``lend`` (``settle``) waits for it."""
         if identity is None:
             return
-        self._settle()
-        self._clearing = threading.Thread(target=self.clear, args=(identity,), name="baton-clear-job-user")
-        self._clearing.start()
+        self.settle()
+        clearing = threading.Thread(target=self.clear, args=(identity,), name="baton-clear-job-user")
+        try:
+            clearing.start()
+        except RuntimeError:  # (no thread to be had: cleared here instead)
+            self.clear(identity)
+            return
+        self._clearing = clearing
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
+        """Wait for the clear after the last attempt (``lent``), if it is under way: the uid's processes
+        are then ended, and what they were lent may be removed."""
         if self._clearing is not None:
             self._clearing.join()
             self._clearing = None

@@ -56,14 +56,20 @@ class Clearer:
     """A clearing interpreter started before it is needed, waiting for the uid on its stdin: its start is
     most of a clear's cost, so the worker keeps one ready for after each attempt. ``keep``: file descriptors
     it holds while it lives (the slot's lock: no other worker takes the uid until its clear has ended, even
-    one whose worker was killed). It runs nothing until told; closed, it exits."""
+    one whose worker was killed). It runs nothing until told; closed, it exits. It is in a session of its
+    own: a signal to the worker's process group (a Ctrl-C, a stop of the whole group) that the worker acts
+    on gracefully must not end the process that clears after the attempt the worker stops."""
 
     def __init__(self, keep: tuple[int, ...] = ()):
         import subprocess
 
         self._proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), WAIT], env={},
                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, pass_fds=keep)
+                                      text=True, pass_fds=keep, start_new_session=True)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
 
     def clear(self, uid: int, places: "tuple[str, ...] | list[str]" = ()) -> None:
         """Every process of ``uid`` ended, and what it made in ``SHARED_PLACES`` (and ``places``) and in

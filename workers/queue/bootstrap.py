@@ -176,5 +176,6 @@ def _on_ready(sender, **_) -> None:
 
     signals.worker_shutdown.connect(withdraw, weak=False)
     signals.worker_shutdown.connect(lambda **_: ctx.code.close(), weak=False)  # its unpacked shipped code
+    signals.worker_shutdown.connect(lambda **_: ctx.users.release(), weak=False)  # its last clear ended, its clearer
     prometheus.serve(ctx.settings.metrics_port)
     _log.warning("baton worker %s ready: %s", ctx.worker, device_banner())

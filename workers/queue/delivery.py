@@ -91,6 +91,7 @@ class Delivery:
                     return ended
                 self.attempt, comeback = ended.attempt, ended.death
         finally:
+            self.ctx.users.settle()  # (the copies' directories are lent to its user: none of its processes left)
             self.memory.remove()
 
     def _claim_and_run(self, leadership: Optional["gang_leader.Leadership"], comeback: Optional[Death]) -> "str | Comeback":

@@ -142,6 +142,45 @@ def test_the_clear_after_an_attempt_runs_beside_the_worker_and_the_next_attempt_
         users.release()
 
 
+def test_the_clearer_kept_ready_is_out_of_its_workers_process_group_and_one_that_died_is_replaced():
+    """A Ctrl-C or a stop of the worker's whole group, which the worker acts on gracefully, does not reach
+    it; one ended anyway (here by SIGKILL) is replaced by a new one at the clear."""
+    users = JobUsers(job_uids=UIDS)
+    try:
+        ready = users._clearer._proc
+        assert os.getpgid(ready.pid) not in (os.getpgrp(), 0) and os.getsid(ready.pid) == ready.pid
+        ready.kill()
+        ready.wait()
+        with users.lent() as tenancy:
+            identity = tenancy.identity
+            escaped = subprocess.Popen(["sleep", "60"], user=identity.uid, group=identity.gid, start_new_session=True)
+        users.settle()
+        assert escaped.wait(timeout=10) == -9 and not users.dirty
+    finally:
+        users.release()
+
+
+def test_what_an_attempt_was_lent_to_write_in_can_be_removed_once_its_clear_is_settled(open_dir):
+    """Its processes may go on writing there until its clear ends (``settle``): removed after it, it stays removed."""
+    users = JobUsers(job_uids=UIDS)
+    lent = open_dir / "copies"
+    lent.mkdir(mode=0o700)
+    code = "import os, sys, itertools\nfor n in itertools.count():\n    open(os.path.join(sys.argv[1], str(n)), 'w').close()\n"
+    try:
+        with users.lent() as tenancy:
+            tenancy.write([str(lent)])
+            identity = tenancy.identity
+            writer = subprocess.Popen([sys.executable, "-c", code, str(lent)], user=identity.uid, group=identity.gid,
+                                      start_new_session=True)
+            assert wait_for(lambda: len(os.listdir(lent)) > 10, timeout=30)
+        users.settle()
+        assert writer.wait(timeout=10) == -9
+        owned_dirs.remove_tree(lent)
+        assert not lent.exists()
+    finally:
+        users.release()
+
+
 def test_a_killed_workers_slot_is_free_again_once_it_is_gone():
     """The clearing interpreter kept ready holds the slot's lock while it lives, and ends with its worker."""
     code = ("import os, signal\nfrom baton.workers.attempt.job_users import JobUsers\n"
