@@ -8,6 +8,7 @@ the result bit for bit against ``baton run`` of the same spec.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,9 +50,9 @@ def missing_parts(redis_url: Optional[str], storage_url: Optional[str]) -> Optio
 
 def _start_services(stack: ExitStack, redis_url: Optional[str], storage_url: Optional[str], say: Say) -> tuple[str, str]:
     if redis_url is None:
-        redis = stack.enter_context(_running(RedisServer()))
+        redis = stack.enter_context(_running(RedisServer(password=secrets.token_hex(16))))  # (its jobs hold none)
         redis_url = redis.url
-        say(f"started redis-server on {redis_url}")
+        say(f"started redis-server on 127.0.0.1:{redis.port}, with a password of its own")
     if storage_url is None:
         s3 = stack.enter_context(_running(S3Server()))
         os.environ.update(s3.env())

@@ -27,6 +27,7 @@ def worker(
     settings = _settings()  # one line for a setting that does not validate
     _check_own_store(settings)
     _check_job_user(settings)
+    _warn_open_redis(settings)
     level = logging.getLevelName(loglevel.upper())  # a number for a known level's name
     logging.getLogger("baton").setLevel(level if isinstance(level, int) else logging.INFO)  # (Celery refuses others)
     try:
@@ -87,7 +88,8 @@ def _check_own_store(settings) -> None:
 @app.command()
 def health() -> None:
     """Exit 0 if this machine can reach baton's Redis (BATON_REDIS_URL), 1 otherwise: for HEALTHCHECK
-    and readiness probes. Also says when jobs here would run as the worker's own user (no isolation)."""
+    and readiness probes. Also says when jobs here would run as the worker's own user (no isolation), and when
+    Redis lets in a client without a password."""
     import redis
 
     from baton.storage.records.connection import connect
@@ -102,6 +104,15 @@ def health() -> None:
     typer.echo("ok")
     if users.user is None:  # healthy, but the operator should know
         typer.echo(f"warning: {users.describe()}", err=True)
+    _warn_open_redis(settings)
+
+
+def _warn_open_redis(settings) -> None:
+    from baton.storage.records.connection import open_redis_warning
+
+    said = open_redis_warning(settings)
+    if said is not None:
+        typer.echo(said, err=True)
 
 
 @app.command()

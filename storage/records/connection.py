@@ -27,6 +27,33 @@ def connect(settings: BatonSettings) -> redis.Redis:
                                 socket_connect_timeout=5, socket_timeout=10, **options)
 
 
+def answers_strangers(settings: BatonSettings) -> bool:
+    """Whether the Redis of ``settings`` lets in a client that gives no user and no password (its default user
+    has none): then whoever reaches its address, a job's code on a worker's machine included, may read and
+    change every record of the pool. False where it does not, or cannot be asked (away)."""
+    from redis.connection import parse_url
+
+    options = {**parse_url(settings.redis_url), **ssl_options(settings.redis_url, settings.redis_ca_certs)}
+    options.pop("username", None)
+    options.pop("password", None)
+    stranger = redis.Redis(connection_pool=redis.ConnectionPool(**options, socket_connect_timeout=5, socket_timeout=5))
+    try:
+        return bool(stranger.ping())
+    except redis.RedisError:  # (NOAUTH: a password is asked; or away)
+        return False
+    finally:
+        stranger.close()
+
+
+def open_redis_warning(settings: BatonSettings) -> Optional[str]:
+    """One line for an operator whose Redis ``answers_strangers``, or None."""
+    if not answers_strangers(settings):
+        return None
+    return ("warning: Redis answers without a password: anyone who reaches it, a job's code on this machine "
+            "included, can read and change every job's record; give it one (requirepass, or ACL users: "
+            "docs/security.md) and put it in BATON_REDIS_URL")
+
+
 def text(value: Any) -> str:
     """A Redis answer as the ``str`` it is (the connection decodes responses; redis-py's types say bytes or str)."""
     return value.decode() if isinstance(value, bytes) else str(value)

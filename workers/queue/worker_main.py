@@ -52,7 +52,25 @@ def run_one(name: str, queues: str, loglevel: str) -> None:
     from baton.workers.queue.celery_app import app
 
     warm_forkserver_early()  # its imports overlap Celery's start-up; the worker is ready when both are
+    _quiet_celerys_root_warning()
     app.worker_main(celery_argv(name, queues, loglevel))
+
+
+ROOT_WARNING = "You're running the worker with superuser privileges"
+"""The start of Celery's warning to a worker that runs as root."""
+
+
+def _quiet_celerys_root_warning() -> None:
+    """Celery warns a worker that runs as root that it should not (it would run its tasks as root). A baton
+    worker that may change user runs as root to run each job as a user of its own (``job_users``), never a
+    job's code as root: the warning is dropped there, and kept where jobs run as the worker
+    (``BATON_JOB_USER=worker``)."""
+    import warnings
+
+    from baton.workers.attempt.job_users import WORKER, may_change_user
+
+    if may_change_user() and os.environ.get("BATON_JOB_USER", "").strip() != WORKER:
+        warnings.filterwarnings("ignore", message=ROOT_WARNING)
 
 
 def child_name(name: str, index: int) -> str:

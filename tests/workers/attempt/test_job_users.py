@@ -9,6 +9,7 @@ import grp
 import json
 import os
 import pwd
+import secrets
 import stat
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from baton.jobs.services import RedisServer
 from baton.storage import owned_dirs
 from baton.workers.attempt.job_users import LOCK_DIRS, JobUserError, JobUsers
 from baton.workers.attempt import uid_leftovers
@@ -52,13 +54,23 @@ def test_baton_worker_refuses_a_job_user_it_cannot_honour_before_it_starts(redis
     assert "Traceback" not in done.stderr
 
 
-def test_baton_health_says_when_jobs_would_run_as_the_workers_own_user(redis_server):
+OPEN_REDIS = ("warning: Redis answers without a password: anyone who reaches it, a job's code on this machine "
+              "included, can read and change every job's record")
+
+
+def test_baton_health_says_when_jobs_would_run_as_the_workers_own_user_and_when_redis_lets_strangers_in(redis_server):
     done = run_baton("health", env=baton_env(BATON_REDIS_URL=redis_server.url, BATON_JOB_USER="worker"), timeout=60)
     assert (done.returncode, done.stdout) == (0, "ok\n"), done
     assert done.stderr.startswith("warning: jobs run as this worker's own user, uid 0 (BATON_JOB_USER=worker): "
                                   "a job's code can read this worker's credentials and signal it"), done.stderr
     done = run_baton("health", env=baton_env(BATON_REDIS_URL=redis_server.url, BATON_JOB_USER=""), timeout=60)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", ""), done
+    assert (done.returncode, done.stdout) == (0, "ok\n") and done.stderr.startswith(OPEN_REDIS), done  # (no password)
+    guarded = RedisServer(password=f"pool-{secrets.token_hex(8)}").start()
+    try:
+        done = run_baton("health", env=baton_env(BATON_REDIS_URL=guarded.url, BATON_JOB_USER=""), timeout=60)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", ""), done
+    finally:
+        guarded.stop()
 
 
 def test_each_worker_process_holds_a_uid_of_its_own_and_passes_over_one_in_use():

@@ -73,6 +73,8 @@ def test_the_training_process_sigkilled_resumes_from_memory_on_its_worker(cluste
     final = job.wait(timeout=120, progress=False)
     assert final.state.value == "succeeded", final.error
     assert (final.attempt, final.lost) == (2, 1) and final.worker == holder.name  # a loss, taken back here
+    # Celery's warning to a root worker stands only where the job's code runs as root (the worker's user)
+    assert ("running the worker with superuser privileges" in holder.log()) == (job_user == "worker")
     resumed = re.search(r"resuming from the in-memory copy of step (\d+)", holder.log())
     assert resumed, holder.log()
     assert final.resumed_from == int(resumed[1]) == HELD_AT > durable  # newer than the durable checkpoint
