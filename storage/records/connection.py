@@ -31,12 +31,11 @@ def answers_strangers(settings: BatonSettings) -> bool:
     """Whether the Redis of ``settings`` lets in a client that gives no user and no password (its default user
     has none): then whoever reaches its address, a job's code on a worker's machine included, may read and
     change every record of the pool. False where it does not, or cannot be asked (away)."""
-    from redis.connection import parse_url
+    from urllib.parse import urlsplit, urlunsplit
 
-    options = {**parse_url(settings.redis_url), **ssl_options(settings.redis_url, settings.redis_ca_certs)}
-    options.pop("username", None)
-    options.pop("password", None)
-    stranger = redis.Redis(connection_pool=redis.ConnectionPool(**options, socket_connect_timeout=5, socket_timeout=5))
+    parts = urlsplit(settings.redis_url)
+    anonymous = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # (no user, no password)
+    stranger = connect(settings.model_copy(update={"redis_url": anonymous}))
     try:
         return bool(stranger.ping())
     except redis.RedisError:  # (NOAUTH: a password is asked; or away)

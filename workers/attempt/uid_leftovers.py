@@ -3,8 +3,9 @@ where every user may write, its System V IPC objects and its kernel keyring. The
 process's alone (``job_users``), so all of it is the job's: the next job on the worker, of another team,
 runs as the same uid and must find none of it.
 
-``clear(uid)`` runs this file as a new interpreter (``python -I -S``: the standard library alone, no
-environment, nothing of the worker's threads; ``Clearer``: one started ahead, waiting), which, as root, drops to real and saved uid ``KILLER_UID``
+A ``Clearer`` runs this file as a new interpreter (``python -I -S``: the standard library alone, no
+environment, nothing of the worker's threads), started ahead and waiting for its uid on stdin, which,
+as root, drops to real and saved uid ``KILLER_UID``
 and effective uid ``uid``: it may signal the job's processes, and they, whose uid is neither of its
 real or saved ones, may not signal or trace it. It sends ``kill(-1, SIGKILL)`` until none is left (a
 kill reaches every process of the uid at once, a fork under way included: one that forks again and again
@@ -32,8 +33,6 @@ TIMEOUT_S = 60.0
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _KEYCTL_CLEAR, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = 7, -4, -5
 _IPC_RMID = 0
-WAIT = "--wait"
-"""The argument that makes this file wait for its uid and places on stdin (``Clearer``)."""
 
 
 def running_as(uid: int) -> list[int]:
@@ -63,7 +62,7 @@ class Clearer:
     def __init__(self, keep: tuple[int, ...] = ()):
         import subprocess
 
-        self._proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), WAIT], env={},
+        self._proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)], env={},
                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True, pass_fds=keep, start_new_session=True)
 
@@ -89,11 +88,6 @@ class Clearer:
         """Its end, unused (it reads an empty stdin and exits)."""
         if self._proc.poll() is None:
             self._proc.communicate("", timeout=TIMEOUT_S)
-
-
-def clear(uid: int, places: "tuple[str, ...] | list[str]" = ()) -> None:
-    """``Clearer.clear`` by a clearing interpreter started for it."""
-    Clearer().clear(uid, places)
 
 
 def _end_processes(uid: int) -> None:
@@ -189,6 +183,6 @@ def _main(uid: int, places: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    told = sys.stdin.read().split("\n") if sys.argv[1:] == [WAIT] else sys.argv[1:]
-    if told and told[0]:  # (nothing: closed unused)
+    told = sys.stdin.read().split("\n")  # (the uid, then the places; nothing: closed unused)
+    if told[0]:
         _main(int(told[0]), [place for place in told[1:] if place])

@@ -67,9 +67,10 @@ def _quiet_celerys_root_warning() -> None:
     (``BATON_JOB_USER=worker``)."""
     import warnings
 
+    from baton.schemas.settings import BatonSettings
     from baton.workers.attempt.job_users import WORKER, may_change_user
 
-    if may_change_user() and os.environ.get("BATON_JOB_USER", "").strip() != WORKER:
+    if may_change_user() and BatonSettings().job_user.strip() != WORKER:
         warnings.filterwarnings("ignore", message=ROOT_WARNING)
 
 

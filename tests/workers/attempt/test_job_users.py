@@ -229,7 +229,7 @@ def test_a_slots_processes_that_fork_again_and_again_are_all_ended():
         assert running_as(identity.uid) == []
         assert reaper.wait(timeout=30) == 0  # nothing left for it to reap
     finally:
-        uid_leftovers.clear(identity.uid)
+        uid_leftovers.Clearer().clear(identity.uid)
         reaper.kill()
         reaper.wait()
         users.release()
